@@ -1,0 +1,77 @@
+// Catalog: what a format reader learned about a checkpoint, without its tensor bytes.
+//
+// A Catalog is an ordered list of tensors, each with its dtype, shape and the byte
+// ranges of the source files that hold it, plus a JSON tree of the checkpoint's
+// non-tensor values. It is built once by a format reader and never changes.
+#ifndef CKPTFS_CATALOG_HPP_
+#define CKPTFS_CATALOG_HPP_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckptfs/dtype.hpp"
+#include "ckptfs/source_files.hpp"
+#include "ckptfs/status.hpp"
+
+namespace ckptfs {
+
+// One step of a tensor's original location: a dict key or a list index / int dict key.
+using PathElement = std::variant<std::string, int64_t>;
+
+// `length` bytes of source file `file` starting at `offset`.
+struct Extent {
+  uint32_t file = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// A non-contiguous tensor: element i (multi-index idx) lives at
+// base_offset + itemsize * sum(idx[d] * strides[d]) of `file`. Strides are in elements.
+struct StridedLayout {
+  uint32_t file = 0;
+  uint64_t base_offset = 0;
+  std::vector<uint64_t> strides;
+};
+
+struct TensorEntry {
+  std::string key;                // flattened, e.g. "optimizer.state.0.exp_avg"
+  std::vector<PathElement> path;  // where it sat in the original object
+  DType dtype = DType::kF32;
+  std::vector<uint64_t> shape;
+  // Contiguous tensors: extents that concatenate to the row-major bytes.
+  std::vector<Extent> extents;
+  // Non-contiguous tensors: served contiguous by gathering on read.
+  std::optional<StridedLayout> strided;
+  // Tensors that view the same storage share a non-empty storage id (tied weights).
+  std::string storage_id;
+
+  uint64_t numel() const;
+  uint64_t nbytes() const { return numel() * Info(dtype).itemsize; }
+};
+
+struct Catalog {
+  std::string format;  // "torch-zip", "safetensors", ...
+  std::string source;  // the path the user gave
+  std::shared_ptr<SourceFiles> files = std::make_shared<SourceFiles>();
+  std::vector<TensorEntry> tensors;
+  nlohmann::json metadata = nlohmann::json::object();  // non-tensor values
+  // Files beside a checkpoint in its folder (config.json, tokenizer...), served as is.
+  std::vector<uint32_t> sibling_files;
+};
+
+// Joins a path into a flattened key: string elements as they are, ints in decimal,
+// separated by '.'.
+std::string FlattenKey(const std::vector<PathElement>& path);
+
+// Detects the format of `source` (a file or a folder) and reads its catalog.
+Status OpenCatalog(const std::string& source, std::shared_ptr<const Catalog>* out);
+
+}  // namespace ckptfs
+
+#endif  // CKPTFS_CATALOG_HPP_

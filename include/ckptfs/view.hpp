@@ -1,0 +1,86 @@
+// View: the virtual tree ckptfs presents for a Catalog, and reads of its files.
+//
+// Built once from a Catalog, immutable afterwards. Each file is an ordered list of
+// segments (literal bytes synthesized at build time, byte ranges of source files, or a
+// strided tensor gathered into row-major order), so sizes are exact before any read and
+// any (offset, length) read maps to source ranges by binary search.
+// Thread-safety: all const methods may be called concurrently.
+#ifndef CKPTFS_VIEW_HPP_
+#define CKPTFS_VIEW_HPP_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckptfs/catalog.hpp"
+#include "ckptfs/status.hpp"
+
+namespace ckptfs {
+
+struct ViewOptions {};
+
+// A piece of a virtual file.
+struct Segment {
+  enum class Kind : uint8_t { kLiteral, kExtent, kGather };
+  Kind kind = Kind::kLiteral;
+  uint32_t ref = 0;     // kLiteral: literal index; kExtent: source file; kGather: tensor index
+  uint64_t start = 0;   // offset of this segment in the virtual file
+  uint64_t length = 0;
+  uint64_t source_offset = 0;  // kExtent: where the bytes start in the source file
+};
+
+class View {
+ public:
+  using NodeId = uint32_t;
+  static constexpr NodeId kRoot = 0;
+
+  struct Node {
+    std::string name;
+    NodeId parent = kRoot;
+    bool is_dir = false;
+    std::vector<NodeId> children;  // directories: sorted by name
+    uint64_t size = 0;             // files
+    int64_t mtime_ns = 0;
+    uint32_t first_segment = 0, segment_count = 0;
+    int64_t tensor = -1;           // files: the tensor a per-tensor file holds, or -1
+  };
+
+  static Status Build(std::shared_ptr<const Catalog> catalog, const ViewOptions& options,
+                      std::unique_ptr<View>* out);
+
+  const Catalog& catalog() const { return *catalog_; }
+  size_t node_count() const { return nodes_.size(); }
+  const Node& node(NodeId id) const { return nodes_[id]; }
+  std::optional<NodeId> Child(NodeId dir, std::string_view name) const;
+  // "a/b/c" relative to the root ("" is the root).
+  std::optional<NodeId> Lookup(std::string_view path) const;
+  std::string PathOf(NodeId id) const;
+  // The virtual file that holds tensor `index` on its own ("tensors/<name>").
+  std::string TensorFilePath(size_t index) const;
+
+  // Reads up to `length` bytes at `offset` of file `id` into `out`; *nread is short only
+  // at the end of the file.
+  Status Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* nread) const;
+
+ private:
+  friend class ViewBuilder;
+  View() = default;
+  Status ReadGather(const Segment& seg, uint64_t offset, size_t length, char* out) const;
+
+  std::shared_ptr<const Catalog> catalog_;
+  std::vector<Node> nodes_;
+  std::vector<Segment> segments_;
+  std::vector<std::string> literals_;
+  std::vector<NodeId> tensor_files_;  // tensor index -> its per-tensor file
+};
+
+// What `ls --json` and manifest.json say of one tensor: key, path, dtype (as served),
+// torch_dtype, shape (as served), nbytes and its per-tensor file.
+nlohmann::json TensorSummary(const TensorEntry& tensor);
+
+}  // namespace ckptfs
+
+#endif  // CKPTFS_VIEW_HPP_

@@ -1,0 +1,139 @@
+// `ckptfs ls` and `ckptfs info`: what a checkpoint holds, from its catalog alone
+// (no tensor bytes are read, so both run in time proportional to the tensor count).
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "ckptfs/catalog.hpp"
+#include "ckptfs/view.hpp"
+#include "cli/commands.hpp"
+
+namespace ckptfs::cli {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr char kLsUsage[] =
+    "usage: ckptfs ls [--json] SOURCE\n"
+    "\n"
+    "Lists the tensors of SOURCE in checkpoint order: key, dtype, shape and size in bytes,\n"
+    "as the virtual safetensors files serve them.\n"
+    "  --json   print a JSON array of {key, path, dtype, torch_dtype, shape, nbytes, file}\n";
+
+constexpr char kInfoUsage[] =
+    "usage: ckptfs info [--json] SOURCE\n"
+    "\n"
+    "Prints the format, source files, tensor count, total tensor bytes, bytes per dtype\n"
+    "and a summary of the non-tensor metadata of SOURCE.\n"
+    "  --json   print the same as one JSON object\n";
+
+void WriteAll(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
+
+std::string ShapeText(const json& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i].get<uint64_t>());
+  return s + "]";
+}
+
+// A one-line description of a metadata value: scalars as they are, containers by size.
+std::string Summarize(const json& v) {
+  if (v.is_object()) return "{" + std::to_string(v.size()) + " keys}";
+  if (v.is_array()) return "[" + std::to_string(v.size()) + " items]";
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+}
+
+Status Load(const std::vector<std::string>& positional, std::shared_ptr<const Catalog>* catalog) {
+  return OpenCatalog(positional[0], catalog);
+}
+
+}  // namespace
+
+int RunLs(const Args& args) {
+  if (WantsHelp(args)) return std::fputs(kLsUsage, stdout), 0;
+  std::vector<std::string> flags, positional;
+  if (!SplitArgs(args, {"--json"}, kLsUsage, &flags, &positional)) return 2;
+  if (positional.size() != 1) return UsageError("ls takes one SOURCE", kLsUsage);
+  std::shared_ptr<const Catalog> catalog;
+  if (Status s = Load(positional, &catalog); !s.ok()) return Fail(s);
+
+  if (!flags.empty()) {
+    json out = json::array();
+    for (const TensorEntry& t : catalog->tensors) out.push_back(TensorSummary(t));
+    WriteAll(out.dump(1, ' ', false, json::error_handler_t::replace) + "\n");
+    return 0;
+  }
+  std::vector<json> rows;
+  rows.reserve(catalog->tensors.size());
+  size_t key_w = 3, dtype_w = 5, shape_w = 5;
+  for (const TensorEntry& t : catalog->tensors) {
+    rows.push_back(TensorSummary(t));
+    key_w = std::max(key_w, t.key.size());
+    dtype_w = std::max(dtype_w, rows.back()["dtype"].get_ref<const std::string&>().size());
+    shape_w = std::max(shape_w, ShapeText(rows.back()["shape"]).size());
+  }
+  std::string text;
+  auto pad = [](std::string s, size_t w) { return s.append(w > s.size() ? w - s.size() : 0, ' '); };
+  text += pad("key", key_w) + "  " + pad("dtype", dtype_w) + "  " + pad("shape", shape_w) + "  bytes\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    text += pad(catalog->tensors[i].key, key_w) + "  " + pad(rows[i]["dtype"].get<std::string>(), dtype_w) + "  " +
+            pad(ShapeText(rows[i]["shape"]), shape_w) + "  " + std::to_string(rows[i]["nbytes"].get<uint64_t>()) + "\n";
+  }
+  WriteAll(text);
+  return 0;
+}
+
+int RunInfo(const Args& args) {
+  if (WantsHelp(args)) return std::fputs(kInfoUsage, stdout), 0;
+  std::vector<std::string> flags, positional;
+  if (!SplitArgs(args, {"--json"}, kInfoUsage, &flags, &positional)) return 2;
+  if (positional.size() != 1) return UsageError("info takes one SOURCE", kInfoUsage);
+  std::shared_ptr<const Catalog> catalog;
+  if (Status s = Load(positional, &catalog); !s.ok()) return Fail(s);
+
+  uint64_t total = 0;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> by_dtype;  // torch dtype -> (count, bytes)
+  for (const TensorEntry& t : catalog->tensors) {
+    total += t.nbytes();
+    auto& slot = by_dtype[std::string(Info(t.dtype).torch_name)];
+    slot.first += 1;
+    slot.second += t.nbytes();
+  }
+  json info;
+  info["source"] = catalog->source;
+  info["format"] = catalog->format;
+  info["source_files"] = json::array();
+  for (uint32_t f = 0; f < catalog->files->count(); ++f)
+    info["source_files"].push_back({{"path", catalog->files->path(f)}, {"size", catalog->files->size(f)}});
+  info["tensor_count"] = catalog->tensors.size();
+  info["total_bytes"] = total;
+  info["dtypes"] = json::object();
+  for (const auto& [name, cb] : by_dtype) info["dtypes"][name] = {{"tensors", cb.first}, {"bytes", cb.second}};
+  info["metadata"] = json::object();
+  if (catalog->metadata.is_object())
+    for (auto& [k, v] : catalog->metadata.items()) info["metadata"][k] = Summarize(v);
+
+  if (!flags.empty()) {
+    WriteAll(info.dump(1, ' ', false, json::error_handler_t::replace) + "\n");
+    return 0;
+  }
+  std::string text;
+  text += "source:       " + catalog->source + "\n";
+  text += "format:       " + catalog->format + "\n";
+  text += "tensors:      " + std::to_string(catalog->tensors.size()) + "\n";
+  text += "tensor bytes: " + std::to_string(total) + "\n";
+  text += "files:\n";
+  for (uint32_t f = 0; f < catalog->files->count(); ++f)
+    text += "  " + catalog->files->path(f) + "  (" + std::to_string(catalog->files->size(f)) + " bytes)\n";
+  text += "dtypes:\n";
+  for (const auto& [name, cb] : by_dtype)
+    text += "  " + name + ": " + std::to_string(cb.first) + " tensors, " + std::to_string(cb.second) + " bytes\n";
+  if (!info["metadata"].empty()) {
+    text += "metadata:\n";
+    for (auto& [k, v] : info["metadata"].items()) text += "  " + k + ": " + v.get<std::string>() + "\n";
+  }
+  WriteAll(text);
+  return 0;
+}
+
+}  // namespace ckptfs::cli

@@ -1,0 +1,73 @@
+// Bounds-checked little-endian decoding of an in-memory byte range.
+//
+// Every getter returns false instead of reading past the end, so parsers can turn
+// any truncation into a clear Corruption status.
+#ifndef CKPTFS_FORMAT_BYTE_READER_HPP_
+#define CKPTFS_FORMAT_BYTE_READER_HPP_
+
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace ckptfs {
+
+class ByteReader {
+ public:
+  explicit ByteReader(std::string_view bytes) : bytes_(bytes) {}
+
+  size_t position() const { return pos_; }
+  size_t remaining() const { return bytes_.size() - pos_; }
+  bool at_end() const { return pos_ == bytes_.size(); }
+
+  bool Skip(size_t n) {
+    if (n > remaining()) return false;
+    pos_ += n;
+    return true;
+  }
+  bool Bytes(size_t n, std::string_view* out) {
+    if (n > remaining()) return false;
+    *out = bytes_.substr(pos_, n);
+    pos_ += n;
+    return true;
+  }
+  bool U8(uint8_t* v) { return Fixed(v); }
+  bool U16(uint16_t* v) { return Fixed(v); }
+  bool U32(uint32_t* v) { return Fixed(v); }
+  bool U64(uint64_t* v) { return Fixed(v); }
+  // Reads up to and excluding the next '\n', consuming the newline.
+  bool Line(std::string_view* out) {
+    size_t nl = bytes_.find('\n', pos_);
+    if (nl == std::string_view::npos) return false;
+    *out = bytes_.substr(pos_, nl - pos_);
+    pos_ = nl + 1;
+    return true;
+  }
+
+ private:
+  template <typename T>
+  bool Fixed(T* v) {
+    if (sizeof(T) > remaining()) return false;
+    T x = 0;
+    // Little-endian on the wire; assemble bytewise so the host order does not matter.
+    for (size_t i = 0; i < sizeof(T); ++i)
+      x |= static_cast<T>(static_cast<uint8_t>(bytes_[pos_ + i])) << (8 * i);
+    *v = x;
+    pos_ += sizeof(T);
+    return true;
+  }
+
+  std::string_view bytes_;
+  size_t pos_ = 0;
+};
+
+// a + b and a * b without wrapping; false on overflow.
+inline bool CheckedAdd(uint64_t a, uint64_t b, uint64_t* out) {
+  return !__builtin_add_overflow(a, b, out);
+}
+inline bool CheckedMul(uint64_t a, uint64_t b, uint64_t* out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+
+}  // namespace ckptfs
+
+#endif  // CKPTFS_FORMAT_BYTE_READER_HPP_

@@ -1,0 +1,145 @@
+// Reader for checkpoint folders: Hugging Face style model folders (sharded or single
+// safetensors / torch .bin files, with or without a *.index.json) and plain folders of
+// .safetensors files. Everything else in the folder is passed through as a sibling file.
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "format/readers.hpp"
+
+namespace ckptfs {
+namespace {
+
+using json = nlohmann::json;
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+bool IsSafetensors(std::string_view name) { return EndsWith(name, ".safetensors"); }
+bool IsTorchFile(std::string_view name) {
+  return EndsWith(name, ".bin") || EndsWith(name, ".pt") || EndsWith(name, ".pth");
+}
+bool IsIndex(std::string_view name) {
+  return EndsWith(name, ".safetensors.index.json") || EndsWith(name, ".bin.index.json");
+}
+
+// Regular, non-hidden files of `dir`, sorted by name.
+Status ListFiles(const std::string& dir, std::vector<std::string>* names) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return Status::FromErrno(dir, "cannot open folder", errno);
+  while (struct dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name.empty() || name[0] == '.') continue;
+    struct stat st;
+    if (::stat((dir + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode)) names->push_back(name);
+  }
+  ::closedir(d);
+  std::sort(names->begin(), names->end());
+  return Status::OK();
+}
+
+// The shard file names an index maps weights to, and the weight -> shard map itself.
+Status ReadIndex(const std::string& path, std::vector<std::string>* shards,
+                 std::unordered_map<std::string, std::string>* weight_map, json* index_metadata) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::FromErrno(path, "cannot open", errno);
+  std::stringstream text;
+  text << in.rdbuf();
+  json doc = json::parse(text.str(), nullptr, false);
+  if (doc.is_discarded() || !doc.is_object() || !doc.contains("weight_map") || !doc["weight_map"].is_object())
+    return Status::Corruption(path, "index is not a JSON object with a weight_map");
+  std::set<std::string> unique;
+  for (auto& [key, shard] : doc["weight_map"].items()) {
+    if (!shard.is_string()) return Status::Corruption(path, "weight_map value of '" + key + "' is not a string");
+    const std::string name = shard.get<std::string>();
+    if (name.empty() || name[0] == '/' || name.find("..") != std::string::npos)
+      return Status::Corruption(path, "weight_map names shard '" + name + "' outside the folder");
+    unique.insert(name);
+    (*weight_map)[key] = name;
+  }
+  shards->assign(unique.begin(), unique.end());  // transformers loads sorted(set(values))
+  if (doc.contains("metadata")) *index_metadata = doc["metadata"];
+  return Status::OK();
+}
+
+void MergeInto(json* into, const json& from) {
+  if (!from.is_object()) return;
+  for (auto& [k, v] : from.items()) (*into)[k] = v;
+}
+
+}  // namespace
+
+Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog) {
+  std::vector<std::string> names;
+  CKPTFS_RETURN_IF_ERROR(ListFiles(dir, &names));
+  std::vector<std::string> indexes;
+  for (const auto& n : names)
+    if (IsIndex(n)) indexes.push_back(n);
+  // Prefer safetensors when a folder holds both formats, as transformers does.
+  std::sort(indexes.begin(), indexes.end(), [](const std::string& a, const std::string& b) {
+    return EndsWith(a, ".safetensors.index.json") > EndsWith(b, ".safetensors.index.json");
+  });
+
+  std::vector<std::string> weights;
+  std::unordered_map<std::string, std::string> weight_map;
+  json index_metadata;
+  std::string index_used;
+  if (!indexes.empty()) {
+    index_used = indexes.front();
+    CKPTFS_RETURN_IF_ERROR(ReadIndex(dir + "/" + index_used, &weights, &weight_map, &index_metadata));
+  } else {
+    for (const auto& n : names)
+      if (IsSafetensors(n)) weights.push_back(n);
+    if (weights.empty())
+      for (const auto& n : names)
+        if (IsTorchFile(n)) weights.push_back(n);
+  }
+  if (weights.empty())
+    return Status::InvalidArgument(dir, "no checkpoint files (.safetensors, .bin, .pt) in this folder");
+  catalog->format = IsSafetensors(weights.front()) ? "safetensors-folder" : "torch-zip-folder";
+
+  std::unordered_set<std::string> seen;
+  for (const auto& w : weights) {
+    const std::string path = dir + "/" + w;
+    const size_t first = catalog->tensors.size();
+    json meta;
+    CKPTFS_RETURN_IF_ERROR(IsSafetensors(w) ? ReadSafetensorsFile(path, catalog, &meta)
+                                            : ReadTorchZip(path, catalog, &meta));
+    MergeInto(&catalog->metadata, meta);
+    for (size_t i = first; i < catalog->tensors.size(); ++i) {
+      const std::string& key = catalog->tensors[i].key;
+      if (!seen.insert(key).second) return Status::Corruption(path, "tensor '" + key + "' also appears in another file");
+      if (!index_used.empty()) {
+        auto it = weight_map.find(key);
+        if (it == weight_map.end() || it->second != w)
+          return Status::Corruption(dir + "/" + index_used, "tensor '" + key + "' is in " + w +
+                                                                 " but the index maps it to " +
+                                                                 (it == weight_map.end() ? "no shard" : it->second));
+      }
+    }
+  }
+  if (seen.size() != weight_map.size() && !index_used.empty()) {
+    for (const auto& [key, shard] : weight_map)
+      if (!seen.count(key))
+        return Status::Corruption(dir + "/" + index_used, "tensor '" + key + "' is missing from " + shard);
+  }
+  if (!index_used.empty() && !index_metadata.is_null()) catalog->metadata["index_metadata"] = index_metadata;
+
+  std::unordered_set<std::string> used(weights.begin(), weights.end());
+  for (const auto& n : names) {
+    if (used.count(n) || IsIndex(n)) continue;
+    uint32_t index;
+    CKPTFS_RETURN_IF_ERROR(catalog->files->Add(dir + "/" + n, &index));
+    catalog->sibling_files.push_back(index);
+  }
+  return Status::OK();
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,73 @@
+// A pickle reader that never executes anything.
+//
+// It runs the pickle virtual machine (protocols 0-5) symbolically: GLOBAL yields a
+// name, REDUCE/NEWOBJ/BUILD yield an Object node that records what *would* have been
+// called, with its arguments and state. Nothing is imported, called or evaluated.
+// Interpreting those nodes (e.g. torch's _rebuild_tensor_v2) is the caller's job.
+//
+// Globals that exist to run code (os.system, subprocess.*, builtins.eval, ...) make
+// the parse fail with kRefused, because no checkpoint needs them and torch.load
+// without weights_only would execute them.
+#ifndef CKPTFS_FORMAT_PICKLE_HPP_
+#define CKPTFS_FORMAT_PICKLE_HPP_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ckptfs/status.hpp"
+
+namespace ckptfs {
+
+struct PyValue;
+// Values point into the arena of the Pickle that owns them.
+using PyRef = PyValue*;
+
+struct PyValue {
+  enum class Kind {
+    kNone, kBool, kInt, kBigInt, kFloat, kStr, kBytes,
+    kTuple, kList, kDict, kSet,
+    kGlobal,      // module + name
+    kObject,      // a call or instantiation that was not performed
+    kPersistent,  // a persistent id (torch: storage references)
+  };
+  Kind kind = Kind::kNone;
+
+  bool b = false;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;       // kStr, kBytes, kBigInt (as "0x..." two's complement hex), kGlobal module
+  std::string name;    // kGlobal name
+
+  std::vector<PyRef> items;                      // kTuple, kList, kSet; kObject appended items
+  std::vector<std::pair<PyRef, PyRef>> entries;  // kDict; kObject set items
+
+  // kObject: callable(*args) [with kwargs], then BUILD(state). kPersistent: pid in `args`.
+  PyRef callable;
+  PyRef args;
+  PyRef kwargs;
+  PyRef state;
+
+  bool IsGlobal(std::string_view module, std::string_view global_name) const {
+    return kind == Kind::kGlobal && s == module && name == global_name;
+  }
+  // For a kObject whose callable is a kGlobal: "module.name"; otherwise "".
+  std::string CallableName() const;
+};
+
+// A parsed pickle. Values may be shared (memo) or even cyclic, so they live in one
+// arena and are freed together; walkers must bound their own recursion.
+struct Pickle {
+  std::vector<std::unique_ptr<PyValue>> arena;
+  PyRef root = nullptr;
+};
+
+// Parses one pickle from `bytes`. `where` names the file in error messages.
+Status ParsePickle(std::string_view bytes, std::string_view where, Pickle* result);
+
+}  // namespace ckptfs
+
+#endif  // CKPTFS_FORMAT_PICKLE_HPP_

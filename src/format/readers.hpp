@@ -1,0 +1,28 @@
+// Format readers: each appends what it learns from its source files to a Catalog.
+// They parse metadata only (zip directories, pickles, headers) and never read or
+// execute tensor data. See doc/FORMATS.md for the rules each one enforces.
+#ifndef CKPTFS_FORMAT_READERS_HPP_
+#define CKPTFS_FORMAT_READERS_HPP_
+
+#include <string>
+
+#include "ckptfs/catalog.hpp"
+#include "ckptfs/status.hpp"
+
+namespace ckptfs {
+
+// A torch.save zip file (.pt/.bin, torch >= 1.6). Its non-tensor values are stored in
+// `*metadata` (a JSON tree mirroring the saved object, tensors left out).
+Status ReadTorchZip(const std::string& path, Catalog* catalog, nlohmann::json* metadata);
+
+// One .safetensors file; its "__metadata__" strings go to `*metadata`.
+Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, nlohmann::json* metadata);
+
+// Reads the checkpoint in folder `dir`: sharded safetensors with an index, a folder of
+// .safetensors files, or torch .bin/.pt files (with or without pytorch_model.bin.index.json).
+// Other regular files in the folder become sibling files, served unchanged.
+Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog);
+
+}  // namespace ckptfs
+
+#endif  // CKPTFS_FORMAT_READERS_HPP_

@@ -1,0 +1,118 @@
+// Reader for safetensors files, validating headers the way the reference implementation
+// does (huggingface/safetensors safetensors/src/tensor.rs `read_metadata`, `validate`;
+// summarized in ../shared/reference/torch-safetensors-dcp.md section D.2).
+#include <algorithm>
+
+#include "format/byte_reader.hpp"
+#include "format/readers.hpp"
+
+namespace ckptfs {
+namespace {
+
+using json = nlohmann::json;
+
+// safetensors' MAX_HEADER_SIZE.
+constexpr uint64_t kMaxHeaderSize = 100'000'000;
+
+struct Parsed {
+  std::string key;
+  DType dtype;
+  std::vector<uint64_t> shape;
+  uint64_t begin, end;
+};
+
+bool AsUint(const json& j, uint64_t* out) {
+  if (!j.is_number_unsigned()) return false;
+  *out = j.get<uint64_t>();
+  return true;
+}
+
+}  // namespace
+
+Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, json* metadata) {
+  uint32_t file;
+  CKPTFS_RETURN_IF_ERROR(catalog->files->Add(path, &file));
+  const uint64_t size = catalog->files->size(file);
+  auto bad = [&](const std::string& what) { return Status::Corruption(path, "safetensors: " + what); };
+  if (size < 8) return bad("file is shorter than its 8-byte header length");
+  char len_bytes[8];
+  CKPTFS_RETURN_IF_ERROR(catalog->files->ReadExact(file, 0, 8, len_bytes));
+  uint64_t header_len;
+  ByteReader(std::string_view(len_bytes, 8)).U64(&header_len);
+  if (header_len > kMaxHeaderSize)
+    return bad("header length " + std::to_string(header_len) + " exceeds the 100 MB limit");
+  if (header_len > size - 8) return bad("header length " + std::to_string(header_len) + " runs past the end of the file");
+  std::string header(header_len, '\0');
+  CKPTFS_RETURN_IF_ERROR(catalog->files->ReadExact(file, 8, header_len, header.data()));
+  json doc = json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) return bad("header is not a JSON object");
+
+  std::vector<Parsed> tensors;
+  tensors.reserve(doc.size());
+  *metadata = json::object();
+  for (auto& [key, value] : doc.items()) {
+    if (key == "__metadata__") {
+      if (!value.is_object()) return bad("__metadata__ is not an object");
+      for (auto& [mk, mv] : value.items())
+        if (!mv.is_string()) return bad("__metadata__ value of '" + mk + "' is not a string");
+      *metadata = value;
+      continue;
+    }
+    Parsed p;
+    p.key = key;
+    if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets"))
+      return bad("tensor '" + key + "' lacks dtype, shape or data_offsets");
+    const json& dt = value["dtype"];
+    auto dtype = dt.is_string() ? DTypeFromSafetensorsName(dt.get<std::string>()) : std::nullopt;
+    if (!dtype) return bad("tensor '" + key + "' has an unknown dtype " + dt.dump());
+    p.dtype = *dtype;
+    const json& shape = value["shape"];
+    const json& offsets = value["data_offsets"];
+    if (!shape.is_array()) return bad("tensor '" + key + "' has a malformed shape");
+    uint64_t numel = 1;
+    for (const json& d : shape) {
+      uint64_t dim;
+      if (!AsUint(d, &dim)) return bad("tensor '" + key + "' has a malformed shape");
+      if (!CheckedMul(numel, dim, &numel)) return bad("tensor '" + key + "' shape overflows");
+      p.shape.push_back(dim);
+    }
+    if (!offsets.is_array() || offsets.size() != 2 || !AsUint(offsets[0], &p.begin) || !AsUint(offsets[1], &p.end) ||
+        p.end < p.begin)
+      return bad("tensor '" + key + "' has malformed data_offsets");
+    uint64_t nbytes;
+    if (!CheckedMul(numel, Info(p.dtype).itemsize, &nbytes)) return bad("tensor '" + key + "' size overflows");
+    if (p.end - p.begin != nbytes)
+      return bad("tensor '" + key + "' spans " + std::to_string(p.end - p.begin) + " bytes but its dtype and shape need " +
+                 std::to_string(nbytes));
+    tensors.push_back(std::move(p));
+  }
+
+  // Sorted by offsets, tensors must tile the byte buffer exactly: no gaps, no overlaps,
+  // nothing after the last one.
+  std::sort(tensors.begin(), tensors.end(),
+            [](const Parsed& a, const Parsed& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+  uint64_t expected = 0;
+  for (const Parsed& p : tensors) {
+    if (p.begin != expected)
+      return bad("tensor '" + p.key + "' starts at " + std::to_string(p.begin) + (p.begin < expected ? ", overlapping" : ", leaving a gap after") +
+                 " the previous tensor (expected " + std::to_string(expected) + ")");
+    expected = p.end;
+  }
+  const uint64_t data_start = 8 + header_len;
+  if (expected != size - data_start)
+    return bad("tensors cover " + std::to_string(expected) + " bytes but the data buffer holds " +
+               std::to_string(size - data_start));
+
+  for (Parsed& p : tensors) {
+    TensorEntry t;
+    t.key = p.key;
+    t.path = {p.key};
+    t.dtype = p.dtype;
+    t.shape = std::move(p.shape);
+    if (p.end > p.begin) t.extents.push_back(Extent{file, data_start + p.begin, p.end - p.begin});
+    catalog->tensors.push_back(std::move(t));
+  }
+  return Status::OK();
+}
+
+}  // namespace ckptfs

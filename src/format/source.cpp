@@ -1,0 +1,74 @@
+// Format detection: which reader a source path needs.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "format/readers.hpp"
+
+namespace ckptfs {
+
+uint64_t TensorEntry::numel() const {
+  uint64_t n = 1;
+  for (uint64_t d : shape) n *= d;  // readers reject shapes whose product overflows
+  return n;
+}
+
+std::string FlattenKey(const std::vector<PathElement>& path) {
+  std::string key;
+  for (size_t i = 0; i < path.size(); ++i) {
+    if (i) key += '.';
+    if (const auto* s = std::get_if<std::string>(&path[i])) key += *s;
+    else key += std::to_string(std::get<int64_t>(path[i]));
+  }
+  return key;
+}
+
+namespace {
+
+// Reads up to 16 leading bytes of `path` to tell the formats apart.
+Status Sniff(const std::string& path, std::string* head) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(path, "cannot open", errno);
+  char buf[16];
+  ssize_t n = ::pread(fd, buf, sizeof buf, 0);
+  int err = errno;
+  ::close(fd);
+  if (n < 0) return Status::FromErrno(path, "cannot read", err);
+  head->assign(buf, static_cast<size_t>(n));
+  return Status::OK();
+}
+
+}  // namespace
+
+Status OpenCatalog(const std::string& source, std::shared_ptr<const Catalog>* out) {
+  auto catalog = std::make_shared<Catalog>();
+  catalog->source = source;
+  struct stat st;
+  if (::stat(source.c_str(), &st) != 0) return Status::FromErrno(source, "cannot access", errno);
+  if (S_ISDIR(st.st_mode)) {
+    CKPTFS_RETURN_IF_ERROR(ReadCheckpointFolder(source, catalog.get()));
+  } else if (S_ISREG(st.st_mode)) {
+    std::string head;
+    CKPTFS_RETURN_IF_ERROR(Sniff(source, &head));
+    if (head.size() >= 4 && head.compare(0, 4, "PK\x03\x04", 4) == 0) {
+      catalog->format = "torch-zip";
+      CKPTFS_RETURN_IF_ERROR(ReadTorchZip(source, catalog.get(), &catalog->metadata));
+    } else if (head.size() >= 9 && head[8] == '{') {
+      catalog->format = "safetensors";
+      CKPTFS_RETURN_IF_ERROR(ReadSafetensorsFile(source, catalog.get(), &catalog->metadata));
+    } else if (!head.empty() && static_cast<uint8_t>(head[0]) == 0x80) {
+      return Status::NotSupported(source, "legacy (pre-1.6) torch.save format; re-save it with a newer torch");
+    } else {
+      return Status::InvalidArgument(source, "not a recognized checkpoint (expected a torch zip or safetensors file)");
+    }
+  } else {
+    return Status::InvalidArgument(source, "not a file or folder");
+  }
+  *out = std::move(catalog);
+  return Status::OK();
+}
+
+}  // namespace ckptfs

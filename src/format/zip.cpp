@@ -1,0 +1,198 @@
+#include "format/zip.hpp"
+
+#include <algorithm>
+
+#include "format/byte_reader.hpp"
+
+namespace ckptfs {
+namespace {
+
+constexpr uint32_t kLocalHeaderSig = 0x04034b50;      // PK\3\4
+constexpr uint32_t kCentralHeaderSig = 0x02014b50;    // PK\1\2
+constexpr uint32_t kEndOfCentralDirSig = 0x06054b50;  // PK\5\6
+constexpr uint32_t kZip64EndSig = 0x06064b50;         // PK\6\6
+constexpr uint32_t kZip64LocatorSig = 0x07064b50;     // PK\6\7
+constexpr size_t kEocdSize = 22;
+constexpr size_t kZip64LocatorSize = 20;
+constexpr size_t kZip64EndSize = 56;
+constexpr size_t kCentralHeaderSize = 46;
+constexpr size_t kLocalHeaderSize = 30;
+constexpr size_t kMaxCommentSize = 0xFFFF;
+constexpr uint16_t kZip64ExtraId = 0x0001;
+constexpr uint16_t kFlagEncrypted = 0x0001;
+// A central directory larger than this is not a checkpoint we want to hold in memory
+// (1 GiB is ~10 million entries).
+constexpr uint64_t kMaxCentralDirSize = uint64_t{1} << 30;
+
+}  // namespace
+
+Status ZipArchive::Corrupt(std::string_view what) const {
+  return Status::Corruption(files_->path(file_), what);
+}
+
+Status ZipArchive::Open(const SourceFiles& files, uint32_t file) {
+  files_ = &files;
+  file_ = file;
+  entries_.clear();
+  by_name_.clear();
+  const uint64_t size = files.size(file);
+  if (size < kEocdSize) return Corrupt("not a zip archive: too short for an end-of-central-directory record");
+
+  // The EOCD sits in the last 22 + up to 65535 comment bytes; scan backwards.
+  const uint64_t tail_len = std::min<uint64_t>(size, kEocdSize + kMaxCommentSize);
+  std::string tail(tail_len, '\0');
+  CKPTFS_RETURN_IF_ERROR(files.ReadExact(file, size - tail_len, tail_len, tail.data()));
+  size_t eocd = std::string::npos;
+  for (size_t pos = tail_len - kEocdSize + 1; pos-- > 0;) {
+    ByteReader r(std::string_view(tail).substr(pos));
+    uint32_t sig;
+    uint16_t comment_len = 0;
+    if (!r.U32(&sig) || sig != kEndOfCentralDirSig) continue;
+    r.Skip(16);
+    if (r.U16(&comment_len) && pos + kEocdSize + comment_len == tail_len) {
+      eocd = pos;
+      break;
+    }
+  }
+  if (eocd == std::string::npos) return Corrupt("not a zip archive: no end-of-central-directory record");
+
+  ByteReader r(std::string_view(tail).substr(eocd + 4));
+  uint16_t disk = 0, cd_disk = 0, disk_entries = 0, total_entries = 0;
+  uint32_t cd_size32 = 0, cd_offset32 = 0;
+  r.U16(&disk), r.U16(&cd_disk), r.U16(&disk_entries), r.U16(&total_entries);
+  r.U32(&cd_size32), r.U32(&cd_offset32);
+  uint64_t entry_count = total_entries, cd_size = cd_size32, cd_offset = cd_offset32;
+  const uint64_t eocd_offset = size - tail_len + eocd;
+
+  // zip64: a locator right before the EOCD points at the zip64 end record.
+  bool zip64 = false;
+  if (eocd_offset >= kZip64LocatorSize) {
+    char loc[kZip64LocatorSize];
+    CKPTFS_RETURN_IF_ERROR(files.ReadExact(file, eocd_offset - kZip64LocatorSize, sizeof loc, loc));
+    ByteReader lr(std::string_view(loc, sizeof loc));
+    uint32_t sig, zip64_disk, disks;
+    uint64_t end_offset;
+    lr.U32(&sig), lr.U32(&zip64_disk), lr.U64(&end_offset), lr.U32(&disks);
+    if (sig == kZip64LocatorSig) {
+      if (end_offset > size - kZip64LocatorSize - kEocdSize ||
+          size - kZip64LocatorSize - kEocdSize - end_offset < kZip64EndSize)
+        return Corrupt("zip64 locator points outside the file");
+      char end[kZip64EndSize];
+      CKPTFS_RETURN_IF_ERROR(files.ReadExact(file, end_offset, sizeof end, end));
+      ByteReader er(std::string_view(end, sizeof end));
+      uint32_t end_sig, disk32, cd_disk32;
+      uint64_t record_size, count_disk, count_total;
+      uint16_t made_by, needed;
+      er.U32(&end_sig), er.U64(&record_size), er.U16(&made_by), er.U16(&needed);
+      er.U32(&disk32), er.U32(&cd_disk32), er.U64(&count_disk), er.U64(&count_total);
+      er.U64(&cd_size), er.U64(&cd_offset);
+      if (end_sig != kZip64EndSig) return Corrupt("zip64 end-of-central-directory record has a bad signature");
+      if (disk32 != 0 || cd_disk32 != 0) return Corrupt("multi-disk zip archives are not supported");
+      entry_count = count_total;
+      zip64 = true;
+    }
+  }
+  if (!zip64 && (disk != 0 || cd_disk != 0)) return Corrupt("multi-disk zip archives are not supported");
+
+  uint64_t cd_end;
+  if (!CheckedAdd(cd_offset, cd_size, &cd_end) || cd_end > eocd_offset)
+    return Corrupt("central directory lies outside the file");
+  if (cd_size > kMaxCentralDirSize) return Corrupt("central directory is implausibly large");
+  if (entry_count > cd_size / kCentralHeaderSize)
+    return Corrupt("central directory is too small for its entry count");
+  std::string cd(cd_size, '\0');
+  CKPTFS_RETURN_IF_ERROR(files.ReadExact(file, cd_offset, cd_size, cd.data()));
+  return ParseCentralDirectory(cd, entry_count);
+}
+
+Status ZipArchive::ParseCentralDirectory(std::string_view cd, uint64_t entry_count) {
+  const uint64_t file_size = files_->size(file_);
+  ByteReader r(cd);
+  entries_.reserve(entry_count);
+  for (uint64_t i = 0; i < entry_count; ++i) {
+    uint32_t sig, crc, csize32, usize32, lho32, external_attr;
+    uint16_t made_by, needed, flags, method, mtime, mdate, name_len, extra_len, comment_len;
+    uint16_t disk_start, internal_attr;
+    if (!r.U32(&sig) || sig != kCentralHeaderSig)
+      return Corrupt("central directory entry " + std::to_string(i) + " has a bad signature");
+    if (!(r.U16(&made_by) && r.U16(&needed) && r.U16(&flags) && r.U16(&method) && r.U16(&mtime) &&
+          r.U16(&mdate) && r.U32(&crc) && r.U32(&csize32) && r.U32(&usize32) && r.U16(&name_len) &&
+          r.U16(&extra_len) && r.U16(&comment_len) && r.U16(&disk_start) && r.U16(&internal_attr) &&
+          r.U32(&external_attr) && r.U32(&lho32)))
+      return Corrupt("central directory entry " + std::to_string(i) + " is truncated");
+    std::string_view name, extra;
+    if (!r.Bytes(name_len, &name) || !r.Bytes(extra_len, &extra) || !r.Skip(comment_len))
+      return Corrupt("central directory entry " + std::to_string(i) + " is truncated");
+
+    ZipEntry e;
+    e.name.assign(name);
+    e.flags = flags;
+    e.method = method;
+    e.compressed_size = csize32;
+    e.uncompressed_size = usize32;
+    e.local_header_offset = lho32;
+    // zip64 extra: only the fields whose 32-bit value is saturated, in this order.
+    ByteReader xr(extra);
+    while (xr.remaining() >= 4) {
+      uint16_t id = 0, len = 0;
+      std::string_view body;
+      xr.U16(&id), xr.U16(&len);
+      if (!xr.Bytes(len, &body)) return Corrupt("entry '" + e.name + "' has a truncated extra field");
+      if (id != kZip64ExtraId) continue;
+      ByteReader zr(body);
+      if (usize32 == 0xFFFFFFFF && !zr.U64(&e.uncompressed_size)) return Corrupt("entry '" + e.name + "' has a short zip64 field");
+      if (csize32 == 0xFFFFFFFF && !zr.U64(&e.compressed_size)) return Corrupt("entry '" + e.name + "' has a short zip64 field");
+      if (lho32 == 0xFFFFFFFF && !zr.U64(&e.local_header_offset)) return Corrupt("entry '" + e.name + "' has a short zip64 field");
+    }
+    if (flags & kFlagEncrypted) return Status::NotSupported(files_->path(file_), "entry '" + e.name + "' is encrypted");
+    if (method == kMethodStored && e.compressed_size != e.uncompressed_size)
+      return Corrupt("stored entry '" + e.name + "' has different compressed and uncompressed sizes");
+    uint64_t end;
+    if (!CheckedAdd(e.local_header_offset, kLocalHeaderSize, &end) || !CheckedAdd(end, e.compressed_size, &end) ||
+        end > file_size)
+      return Corrupt("entry '" + e.name + "' extends past the end of the file");
+    entries_.push_back(std::move(e));
+  }
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (!by_name_.emplace(entries_[i].name, i).second)
+      return Corrupt("duplicate entry name '" + entries_[i].name + "'");
+  }
+  return Status::OK();
+}
+
+const ZipEntry* ZipArchive::Find(std::string_view name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &entries_[it->second];
+}
+
+Status ZipArchive::DataOffset(const ZipEntry& entry, uint64_t* offset) const {
+  char header[kLocalHeaderSize];
+  CKPTFS_RETURN_IF_ERROR(files_->ReadExact(file_, entry.local_header_offset, sizeof header, header));
+  ByteReader r(std::string_view(header, sizeof header));
+  uint32_t sig;
+  uint16_t name_len, extra_len;
+  r.U32(&sig);
+  r.Skip(22);
+  r.U16(&name_len), r.U16(&extra_len);
+  if (sig != kLocalHeaderSig) return Corrupt("local header of '" + entry.name + "' has a bad signature");
+  uint64_t data = entry.local_header_offset + kLocalHeaderSize + name_len + extra_len;
+  uint64_t end;
+  if (!CheckedAdd(data, entry.compressed_size, &end) || end > files_->size(file_))
+    return Corrupt("data of '" + entry.name + "' extends past the end of the file");
+  *offset = data;
+  return Status::OK();
+}
+
+Status ZipArchive::ReadStored(const ZipEntry& entry, uint64_t max_size, std::string* out) const {
+  if (entry.method != kMethodStored)
+    return Status::NotSupported(files_->path(file_), "record '" + entry.name + "' is compressed (method " +
+                                                         std::to_string(entry.method) + "); only stored records are supported");
+  if (entry.uncompressed_size > max_size)
+    return Corrupt("record '" + entry.name + "' is implausibly large (" + std::to_string(entry.uncompressed_size) + " bytes)");
+  uint64_t offset;
+  CKPTFS_RETURN_IF_ERROR(DataOffset(entry, &offset));
+  out->resize(entry.uncompressed_size);
+  return files_->ReadExact(file_, offset, out->size(), out->data());
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,58 @@
+// A read-only view of a ZIP archive's central directory (PKWARE APPNOTE 6.3),
+// enough to find stored records and their data offsets. Handles zip64 and the
+// data-descriptor flag as torch.save writes them (../shared/reference/
+// torch-safetensors-dcp.md, A.3). Never inflates or reads record contents itself.
+#ifndef CKPTFS_FORMAT_ZIP_HPP_
+#define CKPTFS_FORMAT_ZIP_HPP_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "ckptfs/source_files.hpp"
+#include "ckptfs/status.hpp"
+
+namespace ckptfs {
+
+struct ZipEntry {
+  std::string name;
+  uint16_t flags = 0;
+  uint16_t method = 0;  // 0 = stored, 8 = deflate
+  uint64_t compressed_size = 0;
+  uint64_t uncompressed_size = 0;
+  uint64_t local_header_offset = 0;
+};
+
+class ZipArchive {
+ public:
+  static constexpr uint16_t kMethodStored = 0;
+
+  // Parses the end records and central directory of source file `file`.
+  Status Open(const SourceFiles& files, uint32_t file);
+
+  const std::vector<ZipEntry>& entries() const { return entries_; }
+  // The entry named exactly `name`, or nullptr.
+  const ZipEntry* Find(std::string_view name) const;
+
+  // Where `entry`'s data begins in the file, from its local header (whose extra field
+  // differs from the central one in torch files). Checks that the data fits the file.
+  Status DataOffset(const ZipEntry& entry, uint64_t* offset) const;
+
+  // Reads a whole stored record into `out`, refusing records above `max_size` bytes.
+  Status ReadStored(const ZipEntry& entry, uint64_t max_size, std::string* out) const;
+
+ private:
+  Status ParseCentralDirectory(std::string_view cd, uint64_t entry_count);
+  Status Corrupt(std::string_view what) const;
+
+  const SourceFiles* files_ = nullptr;
+  uint32_t file_ = 0;
+  std::vector<ZipEntry> entries_;
+  std::unordered_map<std::string_view, size_t> by_name_;
+};
+
+}  // namespace ckptfs
+
+#endif  // CKPTFS_FORMAT_ZIP_HPP_

@@ -1,0 +1,268 @@
+// Builds the virtual tree (the mount layout of ../shared/design/ARCHITECTURE.md):
+//   model.safetensors, tensors/<escaped key>.safetensors, manifest.json, metadata.json,
+//   and the sibling files of a model folder, passed through unchanged.
+#include <algorithm>
+#include <numeric>
+#include <map>
+#include <set>
+
+#include "ckptfs/names.hpp"
+#include "ckptfs/view.hpp"
+#include "view/safetensors_header.hpp"
+
+namespace ckptfs {
+
+using json = nlohmann::json;
+
+class ViewBuilder {
+ public:
+  ViewBuilder(std::shared_ptr<const Catalog> catalog, View* view) : catalog_(*catalog), view_(view) {
+    view_->catalog_ = std::move(catalog);
+  }
+
+  Status Build();
+
+ private:
+  View::NodeId AddNode(View::NodeId parent, std::string name, bool is_dir);
+  void AddLiteral(std::string bytes, uint64_t* pos);
+  void AddTensorData(size_t index, uint64_t* pos);
+  void FinishFile(View::NodeId id, uint64_t size, int64_t mtime_ns);
+  int64_t TensorMTime(size_t index) const;
+  void BuildModelFile(View::NodeId root, json* model_offsets);
+  Status BuildTensorFiles(View::NodeId root);
+  void BuildManifest(View::NodeId root, const json& model_offsets);
+
+  const Catalog& catalog_;
+  View* view_;
+  int64_t newest_mtime_ = 0;
+  std::set<std::string> hidden_siblings_;
+};
+
+View::NodeId ViewBuilder::AddNode(View::NodeId parent, std::string name, bool is_dir) {
+  View::NodeId id = static_cast<View::NodeId>(view_->nodes_.size());
+  View::Node node;
+  node.name = std::move(name);
+  node.parent = parent;
+  node.is_dir = is_dir;
+  node.mtime_ns = newest_mtime_;
+  node.first_segment = static_cast<uint32_t>(view_->segments_.size());
+  view_->nodes_.push_back(std::move(node));
+  if (id != View::kRoot) view_->nodes_[parent].children.push_back(id);
+  return id;
+}
+
+void ViewBuilder::AddLiteral(std::string bytes, uint64_t* pos) {
+  Segment seg;
+  seg.kind = Segment::Kind::kLiteral;
+  seg.ref = static_cast<uint32_t>(view_->literals_.size());
+  seg.start = *pos;
+  seg.length = bytes.size();
+  *pos += bytes.size();
+  view_->literals_.push_back(std::move(bytes));
+  view_->segments_.push_back(seg);
+}
+
+void ViewBuilder::AddTensorData(size_t index, uint64_t* pos) {
+  const TensorEntry& t = catalog_.tensors[index];
+  if (t.strided && t.numel() > 0) {
+    Segment seg;
+    seg.kind = Segment::Kind::kGather;
+    seg.ref = static_cast<uint32_t>(index);
+    seg.start = *pos;
+    seg.length = t.nbytes();
+    *pos += seg.length;
+    view_->segments_.push_back(seg);
+    return;
+  }
+  for (const Extent& e : t.extents) {
+    if (e.length == 0) continue;
+    Segment seg;
+    seg.kind = Segment::Kind::kExtent;
+    seg.ref = e.file;
+    seg.start = *pos;
+    seg.length = e.length;
+    seg.source_offset = e.offset;
+    *pos += e.length;
+    view_->segments_.push_back(seg);
+  }
+}
+
+void ViewBuilder::FinishFile(View::NodeId id, uint64_t size, int64_t mtime_ns) {
+  View::Node& n = view_->nodes_[id];
+  n.size = size;
+  n.mtime_ns = mtime_ns;
+  n.segment_count = static_cast<uint32_t>(view_->segments_.size() - n.first_segment);
+}
+
+int64_t ViewBuilder::TensorMTime(size_t index) const {
+  const TensorEntry& t = catalog_.tensors[index];
+  int64_t m = 0;
+  for (const Extent& e : t.extents) m = std::max(m, catalog_.files->identity(e.file).mtime_ns);
+  if (t.strided) m = std::max(m, catalog_.files->identity(t.strided->file).mtime_ns);
+  return m == 0 ? newest_mtime_ : m;
+}
+
+void ViewBuilder::BuildModelFile(View::NodeId root, json* model_offsets) {
+  // Lay data out by descending item size (the reference writer's order), keeping catalog
+  // order among equals: every tensor is then aligned to its element size.
+  const auto& tensors = catalog_.tensors;
+  std::vector<size_t> order(tensors.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return Info(ServedAs(tensors[a].dtype).dtype).itemsize > Info(ServedAs(tensors[b].dtype).dtype).itemsize;
+  });
+  std::vector<HeaderEntry> entries;
+  entries.reserve(order.size());
+  uint64_t offset = 0;
+  for (size_t i : order) {
+    HeaderEntry e;
+    e.key = tensors[i].key;
+    ServedDTypeAndShape(tensors[i], &e.dtype, &e.shape);
+    e.begin = offset;
+    offset += tensors[i].nbytes();
+    e.end = offset;
+    entries.push_back(std::move(e));
+  }
+  std::string header = SafetensorsHeader(entries);
+  const uint64_t data_start = header.size();
+  *model_offsets = json::array();
+  std::vector<std::pair<uint64_t, uint64_t>> ranges(tensors.size());
+  for (size_t k = 0; k < order.size(); ++k)
+    ranges[order[k]] = {data_start + entries[k].begin, data_start + entries[k].end};
+  for (const auto& r : ranges) model_offsets->push_back({r.first, r.second});
+
+  View::NodeId id = AddNode(root, "model.safetensors", false);
+  uint64_t pos = 0;
+  AddLiteral(std::move(header), &pos);
+  for (size_t i : order) AddTensorData(i, &pos);
+  FinishFile(id, pos, newest_mtime_);
+}
+
+Status ViewBuilder::BuildTensorFiles(View::NodeId root) {
+  View::NodeId dir = AddNode(root, "tensors", true);
+  std::set<std::string> names;
+  view_->tensor_files_.resize(catalog_.tensors.size());
+  for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
+    const TensorEntry& t = catalog_.tensors[i];
+    std::string name = TensorFileName(t.key);
+    if (!names.insert(name).second)
+      return Status::NotSupported(catalog_.source, "two tensor keys map to the file name '" + name + "'");
+    HeaderEntry e;
+    e.key = t.key;
+    ServedDTypeAndShape(t, &e.dtype, &e.shape);
+    e.end = t.nbytes();
+    View::NodeId id = AddNode(dir, std::move(name), false);
+    view_->nodes_[id].tensor = static_cast<int64_t>(i);
+    uint64_t pos = 0;
+    AddLiteral(SafetensorsHeader({e}), &pos);
+    AddTensorData(i, &pos);
+    FinishFile(id, pos, TensorMTime(i));
+    view_->tensor_files_[i] = id;
+  }
+  return Status::OK();
+}
+
+void ViewBuilder::BuildManifest(View::NodeId root, const json& model_offsets) {
+  json m;
+  m["ckptfs_manifest_version"] = 1;
+  json files = json::array();
+  for (uint32_t f = 0; f < catalog_.files->count(); ++f)
+    files.push_back({{"path", catalog_.files->path(f)},
+                     {"size", catalog_.files->size(f)},
+                     {"mtime_ns", catalog_.files->identity(f).mtime_ns}});
+  m["source"] = {{"path", catalog_.source}, {"format", catalog_.format}, {"files", std::move(files)}};
+  m["model_file"] = "model.safetensors";
+  // Storage shared by several tensors (tied weights): name the group on each member.
+  std::map<std::string, int> sharing;
+  for (const TensorEntry& t : catalog_.tensors)
+    if (!t.storage_id.empty()) ++sharing[t.storage_id];
+  json tensors = json::array();
+  for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
+    const TensorEntry& t = catalog_.tensors[i];
+    json entry = TensorSummary(t);
+    entry["model_offsets"] = model_offsets[i];
+    if (!t.storage_id.empty() && sharing[t.storage_id] > 1) entry["shared_storage"] = t.storage_id;
+    if (view_->nodes_[view_->tensor_files_[i]].name.find('~') != std::string::npos &&
+        view_->nodes_[view_->tensor_files_[i]].name.size() == kMaxFileName)
+      entry["file_name_shortened"] = true;
+    tensors.push_back(std::move(entry));
+  }
+  m["tensors"] = std::move(tensors);
+  if (!hidden_siblings_.empty()) m["hidden_sibling_files"] = hidden_siblings_;
+
+  View::NodeId id = AddNode(root, "manifest.json", false);
+  uint64_t pos = 0;
+  AddLiteral(m.dump(1, ' ', false, json::error_handler_t::replace) + "\n", &pos);
+  FinishFile(id, pos, newest_mtime_);
+}
+
+Status ViewBuilder::Build() {
+  for (uint32_t f = 0; f < catalog_.files->count(); ++f)
+    newest_mtime_ = std::max(newest_mtime_, catalog_.files->identity(f).mtime_ns);
+  View::NodeId root = AddNode(View::kRoot, "", true);
+
+  json model_offsets;
+  BuildModelFile(root, &model_offsets);
+  CKPTFS_RETURN_IF_ERROR(BuildTensorFiles(root));
+  View::NodeId meta = AddNode(root, "metadata.json", false);
+  uint64_t pos = 0;
+  AddLiteral(catalog_.metadata.dump(1, ' ', false, json::error_handler_t::replace) + "\n", &pos);
+  FinishFile(meta, pos, newest_mtime_);
+
+  std::set<std::string> ours = {"model.safetensors", "tensors", "metadata.json", "manifest.json"};
+  for (uint32_t f : catalog_.sibling_files) {
+    const std::string& path = catalog_.files->path(f);
+    std::string name = path.substr(path.rfind('/') + 1);
+    if (ours.count(name)) {
+      hidden_siblings_.insert(name);  // the generated file of that name wins
+      continue;
+    }
+    View::NodeId id = AddNode(root, name, false);
+    uint64_t spos = 0;
+    Segment seg;
+    seg.kind = Segment::Kind::kExtent;
+    seg.ref = f;
+    seg.length = catalog_.files->size(f);
+    if (seg.length > 0) view_->segments_.push_back(seg);
+    spos = seg.length;
+    FinishFile(id, spos, catalog_.files->identity(f).mtime_ns);
+  }
+  BuildManifest(root, model_offsets);
+
+  for (View::Node& n : view_->nodes_) {
+    if (!n.is_dir) continue;
+    std::sort(n.children.begin(), n.children.end(),
+              [&](View::NodeId a, View::NodeId b) { return view_->nodes_[a].name < view_->nodes_[b].name; });
+  }
+  return Status::OK();
+}
+
+json TensorSummary(const TensorEntry& t) {
+  std::string_view dtype;
+  std::vector<uint64_t> shape;
+  ServedDTypeAndShape(t, &dtype, &shape);
+  json path = json::array();
+  for (const PathElement& p : t.path) {
+    if (const auto* s = std::get_if<std::string>(&p)) path.push_back(*s);
+    else path.push_back(std::get<int64_t>(p));
+  }
+  return {{"key", t.key},
+          {"path", std::move(path)},
+          {"dtype", dtype},
+          {"torch_dtype", Info(t.dtype).torch_name},
+          {"shape", std::move(shape)},
+          {"nbytes", t.nbytes()},
+          {"file", "tensors/" + TensorFileName(t.key)}};
+}
+
+Status View::Build(std::shared_ptr<const Catalog> catalog, const ViewOptions& options,
+                   std::unique_ptr<View>* out) {
+  (void)options;
+  std::unique_ptr<View> view(new View());
+  ViewBuilder builder(std::move(catalog), view.get());
+  CKPTFS_RETURN_IF_ERROR(builder.Build());
+  *out = std::move(view);
+  return Status::OK();
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,36 @@
+// Synthesis of safetensors headers for virtual files.
+#ifndef CKPTFS_VIEW_SAFETENSORS_HEADER_HPP_
+#define CKPTFS_VIEW_SAFETENSORS_HEADER_HPP_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckptfs/catalog.hpp"
+
+namespace ckptfs {
+
+// One tensor as a safetensors header describes it.
+struct HeaderEntry {
+  std::string_view key;
+  std::string_view dtype;  // safetensors dtype string
+  std::vector<uint64_t> shape;
+  uint64_t begin = 0, end = 0;  // relative to the data buffer
+};
+
+// How tensor `t` is written in safetensors: dtype string and shape (complex types
+// safetensors cannot name get their real view, see ServedAs).
+void ServedDTypeAndShape(const TensorEntry& t, std::string_view* dtype, std::vector<uint64_t>* shape);
+
+// The 8-byte length plus the JSON header, `{"__metadata__":{"format":"pt"}, ...}` with
+// entries in the given (data) order, space-padded to a multiple of 8 as the reference
+// writer does, so the data buffer that follows starts 8-aligned.
+std::string SafetensorsHeader(const std::vector<HeaderEntry>& entries);
+
+// `s` as a JSON string literal (quotes included).
+void AppendJsonString(std::string* out, std::string_view s);
+
+}  // namespace ckptfs
+
+#endif  // CKPTFS_VIEW_SAFETENSORS_HEADER_HPP_

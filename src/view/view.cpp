@@ -1,0 +1,151 @@
+// Reads of virtual files: segment lookup by binary search, then literal copies, source
+// preads, or a gather of strided tensor elements.
+#include <algorithm>
+#include <cstring>
+
+#include "ckptfs/view.hpp"
+
+namespace ckptfs {
+namespace {
+
+// A gather reads the source span covering the requested elements in one pread when it
+// is at most this large, and falls back to one pread per contiguous run otherwise.
+constexpr uint64_t kMaxGatherSpan = uint64_t{64} << 20;
+// Elements gathered per step, bounding the scratch memory of one read.
+constexpr uint64_t kGatherChunkElements = uint64_t{1} << 18;
+
+}  // namespace
+
+std::optional<View::NodeId> View::Child(NodeId dir, std::string_view name) const {
+  const Node& d = nodes_[dir];
+  if (!d.is_dir) return std::nullopt;
+  auto it = std::lower_bound(d.children.begin(), d.children.end(), name,
+                             [&](NodeId id, std::string_view n) { return nodes_[id].name < n; });
+  if (it == d.children.end() || nodes_[*it].name != name) return std::nullopt;
+  return *it;
+}
+
+std::optional<View::NodeId> View::Lookup(std::string_view path) const {
+  NodeId id = kRoot;
+  while (!path.empty()) {
+    size_t slash = path.find('/');
+    std::string_view part = path.substr(0, slash);
+    path = slash == std::string_view::npos ? std::string_view() : path.substr(slash + 1);
+    if (part.empty() || part == ".") continue;
+    auto child = Child(id, part);
+    if (!child) return std::nullopt;
+    id = *child;
+  }
+  return id;
+}
+
+std::string View::PathOf(NodeId id) const {
+  std::string path;
+  while (id != kRoot) {
+    path = nodes_[id].name + (path.empty() ? "" : "/" + path);
+    id = nodes_[id].parent;
+  }
+  return path;
+}
+
+std::string View::TensorFilePath(size_t index) const { return PathOf(tensor_files_[index]); }
+
+Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* nread) const {
+  *nread = 0;
+  const Node& n = nodes_[id];
+  if (n.is_dir) return Status::InvalidArgument(PathOf(id), "is a directory");
+  if (offset >= n.size || length == 0) return Status::OK();
+  const uint64_t end = std::min<uint64_t>(n.size, offset + std::min<uint64_t>(length, n.size - offset));
+  const Segment* first = segments_.data() + n.first_segment;
+  const Segment* last = first + n.segment_count;
+  const Segment* seg = std::upper_bound(first, last, offset, [](uint64_t off, const Segment& s) { return off < s.start; }) - 1;
+  uint64_t pos = offset;
+  uint32_t checked_file = UINT32_MAX;
+  for (; pos < end && seg < last; ++seg) {
+    const uint64_t in_seg = pos - seg->start;
+    const uint64_t piece = std::min(seg->length - in_seg, end - pos);
+    char* dst = out + (pos - offset);
+    switch (seg->kind) {
+      case Segment::Kind::kLiteral:
+        std::memcpy(dst, literals_[seg->ref].data() + in_seg, piece);
+        break;
+      case Segment::Kind::kExtent:
+        // Refuse to serve bytes of a file that changed since it was indexed; once per
+        // file per read keeps the cost to a stat or two.
+        if (seg->ref != checked_file) {
+          CKPTFS_RETURN_IF_ERROR(catalog_->files->CheckUnchanged(seg->ref));
+          checked_file = seg->ref;
+        }
+        CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(seg->ref, seg->source_offset + in_seg, piece, dst));
+        break;
+      case Segment::Kind::kGather:
+        CKPTFS_RETURN_IF_ERROR(ReadGather(*seg, in_seg, piece, dst));
+        break;
+    }
+    pos += piece;
+  }
+  *nread = pos - offset;
+  return Status::OK();
+}
+
+Status View::ReadGather(const Segment& seg, uint64_t offset, size_t length, char* out) const {
+  const TensorEntry& t = catalog_->tensors[seg.ref];
+  const StridedLayout& layout = *t.strided;
+  const uint64_t itemsize = Info(t.dtype).itemsize;
+  const size_t ndim = t.shape.size();
+  CKPTFS_RETURN_IF_ERROR(catalog_->files->CheckUnchanged(layout.file));
+
+  std::vector<char> elems, span;
+  std::vector<uint64_t> src;  // source element offset of each output element in the chunk
+  uint64_t first_elem = offset / itemsize;
+  const uint64_t end_elem = (offset + length + itemsize - 1) / itemsize;
+  while (first_elem < end_elem) {
+    const uint64_t count = std::min(kGatherChunkElements, end_elem - first_elem);
+    // Multi-index of first_elem, then walk forward like an odometer.
+    std::vector<uint64_t> idx(ndim);
+    uint64_t rem = first_elem, off = 0;
+    for (size_t d = ndim; d-- > 0;) {
+      idx[d] = rem % t.shape[d];
+      rem /= t.shape[d];
+      off += idx[d] * layout.strides[d];
+    }
+    src.resize(count);
+    uint64_t lo = off, hi = off;
+    for (uint64_t k = 0; k < count; ++k) {
+      src[k] = off;
+      lo = std::min(lo, off);
+      hi = std::max(hi, off);
+      for (size_t d = ndim; d-- > 0;) {
+        off += layout.strides[d];
+        if (++idx[d] < t.shape[d]) break;
+        off -= idx[d] * layout.strides[d];
+        idx[d] = 0;
+      }
+    }
+    elems.resize(count * itemsize);
+    const uint64_t span_bytes = (hi - lo + 1) * itemsize;
+    if (span_bytes <= kMaxGatherSpan) {
+      span.resize(span_bytes);
+      CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(layout.file, layout.base_offset + lo * itemsize, span_bytes, span.data()));
+      for (uint64_t k = 0; k < count; ++k)
+        std::memcpy(elems.data() + k * itemsize, span.data() + (src[k] - lo) * itemsize, itemsize);
+    } else {
+      for (uint64_t k = 0; k < count;) {
+        uint64_t run = 1;
+        while (k + run < count && src[k + run] == src[k] + run) ++run;
+        CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(layout.file, layout.base_offset + src[k] * itemsize,
+                                                          run * itemsize, elems.data() + k * itemsize));
+        k += run;
+      }
+    }
+    // Copy the requested bytes of this chunk (the first and last element may be partial).
+    const uint64_t chunk_begin = first_elem * itemsize;
+    const uint64_t copy_from = std::max(chunk_begin, offset);
+    const uint64_t copy_to = std::min(chunk_begin + count * itemsize, offset + length);
+    std::memcpy(out + (copy_from - offset), elems.data() + (copy_from - chunk_begin), copy_to - copy_from);
+    first_elem += count;
+  }
+  return Status::OK();
+}
+
+}  // namespace ckptfs
