@@ -1,10 +1,11 @@
-// ckptfs: the command line front end. The FUSE-free subcommands live here; the mount
-// (`ckptfs SOURCE MOUNTPOINT`) is provided by the FUSE daemon.
+// ckptfs: the command line front end. `ckptfs SOURCE MOUNTPOINT` (or `ckptfs mount ...`)
+// mounts through the FUSE daemon; the other subcommands work without FUSE.
 #include <cstdio>
 #include <cstring>
 #include <string>
 
 #include "cli/commands.hpp"
+#include "fuse/daemon.hpp"
 
 namespace ckptfs::cli {
 
@@ -55,7 +56,11 @@ constexpr char kUsage[] =
     "Presents a machine-learning checkpoint (torch .pt/.bin, safetensors file or folder)\n"
     "as safetensors files, reading tensor bytes lazily from the source.\n"
     "\n"
+    "       ckptfs SOURCE MOUNTPOINT [-o OPTION,...] [-f] [-d] [-s]\n"
+    "\n"
     "commands:\n"
+    "  mount SOURCE MOUNTPOINT\n"
+    "                   mount SOURCE read-only (the default command); see 'ckptfs mount --help'\n"
     "  ls SOURCE        list tensors: key, dtype, shape, bytes (--json for JSON)\n"
     "  info SOURCE      format, source files, tensor count, total bytes, metadata\n"
     "  cat SOURCE PATH  write one virtual file (e.g. model.safetensors) to stdout\n"
@@ -68,6 +73,9 @@ constexpr char kUsage[] =
 
 int main(int argc, char** argv) {
   using namespace ckptfs::cli;
+  // mount(8) runs "mount.ckptfs SOURCE DIR -o ..." for the bare fstab type "ckptfs".
+  const std::string self = argv[0];
+  if (self.substr(self.rfind('/') + 1) == "mount.ckptfs") return ckptfs::fuse::RunMount(argc - 1, argv + 1, true);
   if (argc < 2) {
     std::fputs(kUsage, stderr);
     return 2;
@@ -82,6 +90,6 @@ int main(int argc, char** argv) {
   if (command == "info") return RunInfo(args);
   if (command == "cat") return RunCat(args);
   if (command == "export") return RunExport(args);
-  std::fprintf(stderr, "ckptfs: unknown command '%s'\n%s", command.c_str(), kUsage);
-  return 2;
+  if (command == "mount") return ckptfs::fuse::RunMount(argc - 2, argv + 2, false);
+  return ckptfs::fuse::RunMount(argc - 1, argv + 1, false);
 }

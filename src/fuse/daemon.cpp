@@ -1,0 +1,200 @@
+// Mount start-up, in the order libfuse 3.14 expects: parse options, open and index the
+// source while stderr still reaches the user, create the session, mount, daemonize,
+// run the loop, unmount. A source that cannot be read is refused before anything is
+// mounted.
+#include "fuse/daemon.hpp"
+
+#include <fcntl.h>
+#include <syslog.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "fuse/filesystem.hpp"
+
+namespace ckptfs::fuse {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: ckptfs SOURCE MOUNTPOINT [-o OPTION,...] [-f] [-d] [-s]\n"
+    "       ckptfs mount SOURCE MOUNTPOINT [...]\n"
+    "\n"
+    "Mounts the checkpoint SOURCE (torch .pt/.bin, safetensors file, or a model folder)\n"
+    "read-only at MOUNTPOINT: model.safetensors, tensors/<key>.safetensors, manifest.json,\n"
+    "metadata.json and the folder's other files. Returns once the mount is ready;\n"
+    "unmount with 'fusermount3 -u MOUNTPOINT'.\n"
+    "\n"
+    "  -f            stay in the foreground\n"
+    "  -d            debug output (implies -f)\n"
+    "  -s            single-threaded\n"
+    "  -o allow_other, -o auto_unmount, -o max_threads=N, ...  see below\n"
+    "\n";
+
+// Options mount(8) and fstab hand to helpers that mean nothing to a FUSE daemon.
+bool IsMountOnlyOption(const std::string& opt) {
+  static const char* const kIgnored[] = {"auto", "noauto", "user", "nouser", "users", "_netdev",
+                                         "nofail", "defaults", "rw", "ro"};
+  for (const char* k : kIgnored)
+    if (opt == k) return true;
+  return opt.rfind("x-", 0) == 0 || opt.rfind("comment=", 0) == 0;
+}
+
+// fuse_opt treats ',' and '\' specially inside -o values.
+std::string EscapeOptionValue(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == ',' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+void SyslogLog(enum fuse_log_level level, const char* fmt, va_list ap) { vsyslog(level, fmt, ap); }
+
+// fuse_daemonize points fds 0-2 at /dev/null; make sure none of our own descriptors
+// can land there first and be clobbered.
+void OccupyStandardFds() {
+  for (;;) {
+    int fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (fd < 0) return;
+    if (fd > 2) {
+      ::close(fd);
+      return;
+    }
+  }
+}
+
+struct ParsedCommandLine {
+  std::string source;
+  std::string mountpoint;
+  std::vector<std::string> flags;    // passed to libfuse as they are
+  std::vector<std::string> options;  // -o values, one per entry
+  bool help = false;
+};
+
+bool Parse(int argc, char** argv, bool as_mount_helper, ParsedCommandLine* cl) {
+  std::vector<std::string> positional;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-o" || (a.rfind("-o", 0) == 0 && a.size() > 2)) {
+      std::string list = a.size() > 2 ? a.substr(2) : (i + 1 < argc ? argv[++i] : "");
+      size_t start = 0;
+      while (start <= list.size()) {
+        size_t comma = list.find(',', start);
+        std::string opt = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        if (!opt.empty() && !IsMountOnlyOption(opt)) cl->options.push_back(opt);
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+    } else if (a == "-h" || a == "--help") {
+      cl->help = true;
+    } else if (!a.empty() && a[0] == '-') {
+      // mount(8) passes -s (sloppy), -f (fake), -n, -v to helpers: not libfuse's -s/-f.
+      if (!as_mount_helper) cl->flags.push_back(a);
+    } else {
+      positional.push_back(a);
+    }
+  }
+  if (cl->help) return true;
+  if (positional.size() != 2) {
+    std::fprintf(stderr, "ckptfs: expected SOURCE and MOUNTPOINT\n%s", kUsage);
+    return false;
+  }
+  cl->source = positional[0];
+  cl->mountpoint = positional[1];
+  return true;
+}
+
+// A FUSE argument vector that owns its strings.
+struct FuseArgs {
+  std::vector<std::string> storage;
+  std::vector<char*> argv;
+  fuse_args args = FUSE_ARGS_INIT(0, nullptr);
+
+  explicit FuseArgs(std::vector<std::string> a) : storage(std::move(a)) {
+    for (auto& s : storage) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    args.argc = static_cast<int>(storage.size());
+    args.argv = argv.data();
+    args.allocated = 0;
+  }
+  ~FuseArgs() { fuse_opt_free_args(&args); }
+};
+
+}  // namespace
+
+int RunMount(int argc, char** argv, bool as_mount_helper) {
+  ParsedCommandLine cl;
+  if (!Parse(argc, argv, as_mount_helper, &cl)) return 2;
+  if (cl.help) {
+    std::fputs(kUsage, stdout);
+    fuse_cmdline_help();
+    fuse_lowlevel_help();
+    return 0;
+  }
+
+  char resolved[PATH_MAX];
+  std::string source = ::realpath(cl.source.c_str(), resolved) ? std::string(resolved) : cl.source;
+  std::vector<std::string> fuse_argv = {"ckptfs", cl.mountpoint};
+  for (auto& f : cl.flags) fuse_argv.push_back(f);
+  std::string opts = "ro,default_permissions,subtype=ckptfs,fsname=" + EscapeOptionValue(source);
+  for (auto& o : cl.options) opts += "," + o;
+  fuse_argv.push_back("-o");
+  fuse_argv.push_back(opts);
+  FuseArgs args(std::move(fuse_argv));
+
+  fuse_cmdline_opts fopts{};
+  if (fuse_parse_cmdline(&args.args, &fopts) != 0) return 2;
+  std::unique_ptr<char, decltype(&std::free)> mountpoint(fopts.mountpoint, &std::free);
+  if (fopts.show_version) {
+    std::printf("ckptfs %s\n", "0.1.0");
+    fuse_lowlevel_version();
+    return 0;
+  }
+
+  OccupyStandardFds();
+  Filesystem fs;
+  fs.uid = ::getuid();
+  fs.gid = ::getgid();
+  std::shared_ptr<const Catalog> catalog;
+  Status s = OpenCatalog(source, &catalog);
+  if (s.ok()) s = View::Build(std::move(catalog), ViewOptions{}, &fs.view);
+  if (!s.ok()) {
+    std::fprintf(stderr, "ckptfs: %s\n", s.message().c_str());
+    return 1;
+  }
+  for (View::NodeId id = 0; id < fs.view->node_count(); ++id) fs.total_bytes += fs.view->node(id).size;
+
+  fuse_session* se = fuse_session_new(&args.args, &Operations(), sizeof(fuse_lowlevel_ops), &fs);
+  if (!se) return 1;
+  int status = 1;
+  if (fuse_set_signal_handlers(se) == 0) {
+    if (fuse_session_mount(se, mountpoint.get()) == 0) {
+      if (!fopts.foreground) fuse_set_log_func(SyslogLog);
+      // In the background case the parent exits only after the child is set up, and the
+      // mount already exists: the command returns with the mount ready.
+      if (fuse_daemonize(fopts.foreground) == 0) {
+        if (fopts.singlethread) {
+          status = fuse_session_loop(se);
+        } else {
+          fuse_loop_config* config = fuse_loop_cfg_create();
+          fuse_loop_cfg_set_clone_fd(config, static_cast<unsigned>(fopts.clone_fd));
+          fuse_loop_cfg_set_max_threads(config, fopts.max_threads);
+          status = fuse_session_loop_mt(se, config);
+          fuse_loop_cfg_destroy(config);
+        }
+      }
+      fuse_session_unmount(se);
+    }
+    fuse_remove_signal_handlers(se);
+  }
+  fuse_session_destroy(se);
+  return status == 0 ? 0 : 1;
+}
+
+}  // namespace ckptfs::fuse

@@ -1,0 +1,272 @@
+#include "fuse/filesystem.hpp"
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace ckptfs::fuse {
+namespace {
+
+// The tree never changes while mounted: let the kernel cache names and attributes.
+constexpr double kCacheSeconds = 86400.0;
+constexpr blksize_t kBlockSize = 1 << 20;
+constexpr const char* kXattrDType = "user.ckptfs.dtype";
+constexpr const char* kXattrShape = "user.ckptfs.shape";
+
+Filesystem& Fs(fuse_req_t req) { return *static_cast<Filesystem*>(fuse_req_userdata(req)); }
+
+// Inode numbers are node ids shifted by one so the root is FUSE_ROOT_ID.
+View::NodeId NodeOf(fuse_ino_t ino) { return static_cast<View::NodeId>(ino - FUSE_ROOT_ID); }
+fuse_ino_t InodeOf(View::NodeId id) { return static_cast<fuse_ino_t>(id) + FUSE_ROOT_ID; }
+bool Valid(const Filesystem& fs, fuse_ino_t ino) {
+  return ino >= FUSE_ROOT_ID && NodeOf(ino) < fs.view->node_count();
+}
+
+struct stat AttrOf(const Filesystem& fs, View::NodeId id) {
+  const View::Node& n = fs.view->node(id);
+  struct stat st {};
+  st.st_ino = InodeOf(id);
+  st.st_uid = fs.uid;
+  st.st_gid = fs.gid;
+  if (n.is_dir) {
+    st.st_mode = S_IFDIR | 0555;
+    st.st_nlink = 2;
+    for (View::NodeId c : n.children) st.st_nlink += fs.view->node(c).is_dir ? 1 : 0;
+  } else {
+    st.st_mode = S_IFREG | 0444;
+    st.st_nlink = 1;
+    st.st_size = static_cast<off_t>(n.size);
+    st.st_blocks = static_cast<blkcnt_t>((n.size + 511) / 512);
+  }
+  st.st_blksize = kBlockSize;
+  st.st_mtim.tv_sec = n.mtime_ns / 1000000000;
+  st.st_mtim.tv_nsec = n.mtime_ns % 1000000000;
+  st.st_ctim = st.st_mtim;
+  st.st_atim = st.st_mtim;
+  return st;
+}
+
+// No exception may cross into libfuse's C frames: any escapee becomes EIO.
+template <typename Body>
+void Guard(fuse_req_t req, Body body) {
+  try {
+    body();
+  } catch (...) {
+    fuse_log(FUSE_LOG_ERR, "ckptfs: internal error in a request handler\n");
+    fuse_reply_err(req, EIO);
+  }
+}
+
+void OpInit(void* userdata, fuse_conn_info* conn) {
+  // libfuse derives max_pages from max_write; 1 MiB requests cut per-request overhead.
+  conn->max_write = kMaxRequestBytes;
+  conn->want &= ~FUSE_CAP_SPLICE_READ;
+  (void)userdata;
+}
+
+void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Guard(req, [&] {
+    Filesystem& fs = Fs(req);
+    if (!Valid(fs, parent)) return (void)fuse_reply_err(req, ENOENT);
+    auto child = fs.view->Child(NodeOf(parent), name);
+    if (!child) {
+      fuse_entry_param e{};  // ino 0: a cacheable negative entry
+      e.entry_timeout = kCacheSeconds;
+      return (void)fuse_reply_entry(req, &e);
+    }
+    fuse_entry_param e{};
+    e.ino = InodeOf(*child);
+    e.attr = AttrOf(fs, *child);
+    e.attr_timeout = kCacheSeconds;
+    e.entry_timeout = kCacheSeconds;
+    fuse_reply_entry(req, &e);
+  });
+}
+
+void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  Guard(req, [&] {
+    Filesystem& fs = Fs(req);
+    if (!Valid(fs, ino)) return (void)fuse_reply_err(req, ENOENT);
+    struct stat st = AttrOf(fs, NodeOf(ino));
+    fuse_reply_attr(req, &st, kCacheSeconds);
+  });
+}
+
+void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Guard(req, [&] {
+    Filesystem& fs = Fs(req);
+    if (!Valid(fs, ino)) return (void)fuse_reply_err(req, ENOENT);
+    if (!fs.view->node(NodeOf(ino)).is_dir) return (void)fuse_reply_err(req, ENOTDIR);
+    fi->cache_readdir = 1;
+    fi->keep_cache = 1;
+    fuse_reply_open(req, fi);
+  });
+}
+
+void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file_info*) {
+  Guard(req, [&] {
+    Filesystem& fs = Fs(req);
+    if (!Valid(fs, ino)) return (void)fuse_reply_err(req, ENOENT);
+    const View::Node& dir = fs.view->node(NodeOf(ino));
+    // Entry k: 0 ".", 1 "..", k >= 2 the (sorted) children; the offset passed back is k + 1.
+    std::vector<char> buf(size);
+    size_t used = 0;
+    for (size_t k = static_cast<size_t>(offset); k < dir.children.size() + 2; ++k) {
+      struct stat st {};
+      const char* name;
+      if (k == 0) {
+        name = ".";
+        st.st_ino = ino;
+        st.st_mode = S_IFDIR;
+      } else if (k == 1) {
+        name = "..";
+        st.st_ino = InodeOf(dir.parent);
+        st.st_mode = S_IFDIR;
+      } else {
+        View::NodeId c = dir.children[k - 2];
+        name = fs.view->node(c).name.c_str();
+        st.st_ino = InodeOf(c);
+        st.st_mode = fs.view->node(c).is_dir ? S_IFDIR : S_IFREG;
+      }
+      size_t need = fuse_add_direntry(req, buf.data() + used, size - used, name, &st, static_cast<off_t>(k + 1));
+      if (need > size - used) break;
+      used += need;
+    }
+    fuse_reply_buf(req, buf.data(), used);
+  });
+}
+
+void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Guard(req, [&] {
+    Filesystem& fs = Fs(req);
+    if (!Valid(fs, ino)) return (void)fuse_reply_err(req, ENOENT);
+    if (fs.view->node(NodeOf(ino)).is_dir) return (void)fuse_reply_err(req, EISDIR);
+    if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return (void)fuse_reply_err(req, EROFS);
+    // Contents never change under an open file: keep the page cache across opens. No
+    // direct_io, so shared and private mmap both work.
+    fi->keep_cache = 1;
+    fuse_reply_open(req, fi);
+  });
+}
+
+void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file_info*) {
+  Guard(req, [&] {
+    Filesystem& fs = Fs(req);
+    if (!Valid(fs, ino) || offset < 0) return (void)fuse_reply_err(req, EINVAL);
+    // One reusable buffer per worker thread: libfuse's workers live for the mount.
+    thread_local std::vector<char> buf;
+    if (buf.size() < size) buf.resize(size);
+    size_t n = 0;
+    Status s = fs.view->Read(NodeOf(ino), static_cast<uint64_t>(offset), size, buf.data(), &n);
+    if (!s.ok()) {
+      fuse_log(FUSE_LOG_ERR, "ckptfs: read of %s failed: %s\n", fs.view->PathOf(NodeOf(ino)).c_str(),
+               s.message().c_str());
+      return (void)fuse_reply_err(req, s.ToErrno());
+    }
+    fuse_reply_buf(req, buf.data(), n);
+  });
+}
+
+void OpStatfs(fuse_req_t req, fuse_ino_t) {
+  Guard(req, [&] {
+    Filesystem& fs = Fs(req);
+    const uint64_t bytes = fs.total_bytes;
+    struct statvfs sv {};
+    sv.f_bsize = kBlockSize;
+    sv.f_frsize = kBlockSize;
+    sv.f_blocks = (bytes + kBlockSize - 1) / kBlockSize;
+    sv.f_files = fs.view->node_count();
+    sv.f_namemax = 255;
+    fuse_reply_statfs(req, &sv);
+  });
+}
+
+// The xattr value of `name` for node `id`, or false when it has none.
+bool XattrValue(const Filesystem& fs, View::NodeId id, std::string_view name, std::string* value) {
+  const View::Node& n = fs.view->node(id);
+  if (n.tensor < 0) return false;
+  nlohmann::json summary = TensorSummary(fs.view->catalog().tensors[static_cast<size_t>(n.tensor)]);
+  if (name == kXattrDType) *value = summary["dtype"].get<std::string>();
+  else if (name == kXattrShape) *value = summary["shape"].dump();
+  else return false;
+  return true;
+}
+
+void ReplyXattr(fuse_req_t req, const std::string& value, size_t size) {
+  if (size == 0) fuse_reply_xattr(req, value.size());
+  else if (size < value.size()) fuse_reply_err(req, ERANGE);
+  else fuse_reply_buf(req, value.data(), value.size());
+}
+
+void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  Guard(req, [&] {
+    Filesystem& fs = Fs(req);
+    std::string value;
+    if (!Valid(fs, ino) || !XattrValue(fs, NodeOf(ino), name, &value)) return (void)fuse_reply_err(req, ENODATA);
+    ReplyXattr(req, value, size);
+  });
+}
+
+void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  Guard(req, [&] {
+    Filesystem& fs = Fs(req);
+    if (!Valid(fs, ino)) return (void)fuse_reply_err(req, ENOENT);
+    std::string names;
+    if (fs.view->node(NodeOf(ino)).tensor >= 0) {
+      names.append(kXattrDType).push_back('\0');
+      names.append(kXattrShape).push_back('\0');
+    }
+    ReplyXattr(req, names, size);
+  });
+}
+
+// Every modifying operation: the tree is read-only.
+void OpSetattr(fuse_req_t req, fuse_ino_t, struct stat*, int, fuse_file_info*) { fuse_reply_err(req, EROFS); }
+void OpMknod(fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) { fuse_reply_err(req, EROFS); }
+void OpMkdir(fuse_req_t req, fuse_ino_t, const char*, mode_t) { fuse_reply_err(req, EROFS); }
+void OpUnlink(fuse_req_t req, fuse_ino_t, const char*) { fuse_reply_err(req, EROFS); }
+void OpSymlink(fuse_req_t req, const char*, fuse_ino_t, const char*) { fuse_reply_err(req, EROFS); }
+void OpRename(fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned) { fuse_reply_err(req, EROFS); }
+void OpLink(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) { fuse_reply_err(req, EROFS); }
+void OpCreate(fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*) { fuse_reply_err(req, EROFS); }
+void OpSetxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) { fuse_reply_err(req, EROFS); }
+void OpRemovexattr(fuse_req_t req, fuse_ino_t, const char*) { fuse_reply_err(req, EROFS); }
+
+fuse_lowlevel_ops MakeOperations() {
+  fuse_lowlevel_ops ops{};
+  ops.init = OpInit;
+  ops.lookup = OpLookup;
+  ops.getattr = OpGetattr;
+  ops.opendir = OpOpendir;
+  ops.readdir = OpReaddir;
+  ops.open = OpOpen;
+  ops.read = OpRead;
+  ops.statfs = OpStatfs;
+  ops.getxattr = OpGetxattr;
+  ops.listxattr = OpListxattr;
+  ops.setattr = OpSetattr;
+  ops.mknod = OpMknod;
+  ops.mkdir = OpMkdir;
+  ops.unlink = OpUnlink;
+  ops.rmdir = OpUnlink;
+  ops.symlink = OpSymlink;
+  ops.rename = OpRename;
+  ops.link = OpLink;
+  ops.create = OpCreate;
+  ops.setxattr = OpSetxattr;
+  ops.removexattr = OpRemovexattr;
+  return ops;
+}
+
+}  // namespace
+
+const fuse_lowlevel_ops& Operations() {
+  static const fuse_lowlevel_ops ops = MakeOperations();
+  return ops;
+}
+
+}  // namespace ckptfs::fuse

@@ -1,0 +1,34 @@
+// The libfuse3 low-level handlers that put a View behind a mount point.
+//
+// Handlers only translate: look up nodes, fill attributes, copy bytes out of
+// View::Read, map Status to errno. The tree is immutable, so inode numbers are node
+// ids + 1 (FUSE_ROOT_ID is the root), entries and attributes are cached for a day, and
+// forget is a no-op.
+#ifndef CKPTFS_FUSE_FILESYSTEM_HPP_
+#define CKPTFS_FUSE_FILESYSTEM_HPP_
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include <memory>
+
+#include "ckptfs/view.hpp"
+
+namespace ckptfs::fuse {
+
+// Largest read the kernel is asked to send in one request (max_pages = 256).
+constexpr unsigned kMaxRequestBytes = 1u << 20;
+
+struct Filesystem {
+  std::unique_ptr<View> view;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  uint64_t total_bytes = 0;  // sum of file sizes, for statfs
+};
+
+// The operations table; session userdata must be a Filesystem*.
+const fuse_lowlevel_ops& Operations();
+
+}  // namespace ckptfs::fuse
+
+#endif  // CKPTFS_FUSE_FILESYSTEM_HPP_
