@@ -14,8 +14,8 @@ produces the same bytes torch 2.7+ writes (checked byte for byte against
 torch.save at start-up), except that tensor data are left as holes (f.seek), so
 the files take almost no disk space.
 
-Every timed command runs in a fresh process; wall time and the child's max RSS
-come from os.wait4. Run by hand from the repo root:
+Every timed command runs in a fresh process; peak RSS comes from GNU time
+(/usr/bin/time) when present. Run by hand from the repo root:
 
     python tests/bench/bench_ls_scaling.py --ckptfs build/ckptfs
 """
@@ -385,11 +385,28 @@ class Run:
     stderr: str
 
 
+def _find_gnu_time() -> str | None:
+    try:
+        out = subprocess.run(["/usr/bin/time", "--version"], capture_output=True, text=True)
+        return "/usr/bin/time" if "GNU" in out.stdout + out.stderr else None
+    except OSError:
+        return None
+
+
+# A direct child's ru_maxrss is at least the parent's RSS: Linux carries the old
+# mm's high-water mark across exec, and this script holds torch and 100k tensors.
+# GNU time is a small process, so the maxrss it reports for its own child is clean.
+GNU_TIME = _find_gnu_time()
+
+
 def run_measured(argv: list[str], stdout_path: Path) -> Run:
-    """Run argv in a fresh process; wall time and its own max RSS (os.wait4)."""
+    """Run argv in a fresh process: wall time, and its max RSS via GNU time (or,
+    without it, os.wait4, which then over-reports; see GNU_TIME)."""
+    rss_path = stdout_path.with_suffix(".rss")
+    full = [GNU_TIME, "-f", "%M", "-o", str(rss_path), "--", *argv] if GNU_TIME else argv
     with open(stdout_path, "wb") as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err)
+        proc = subprocess.Popen(full, stdout=out, stderr=err)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)  # Popen must not wait again
@@ -399,7 +416,11 @@ def run_measured(argv: list[str], stdout_path: Path) -> Run:
         shown = " ".join("-c <script>" if "\n" in a else a for a in map(str, argv))
         raise RuntimeError(f"{shown} exited {proc.returncode}: "
                            f"{stderr.strip()[-2000:]}")
-    return Run(wall, usage.ru_maxrss, stdout_path, stderr)  # ru_maxrss is KiB on Linux
+    max_rss_kib = usage.ru_maxrss  # KiB on Linux
+    if GNU_TIME:
+        max_rss_kib = int(rss_path.read_text().split()[-1])
+        rss_path.unlink()
+    return Run(wall, max_rss_kib, stdout_path, stderr)
 
 
 # What a user would otherwise run to list a checkpoint. Prints the listing to stdout
@@ -615,7 +636,7 @@ def main() -> int:
         else:
             for p in made_here:
                 p.unlink(missing_ok=True)
-        for scratch in workdir.glob("*.out"):
+        for scratch in [*workdir.glob("*.out"), *workdir.glob("*.rss")]:
             scratch.unlink()
         (workdir / "ls.json").unlink(missing_ok=True)
         if created_workdir and not any(workdir.iterdir()):
@@ -623,8 +644,10 @@ def main() -> int:
 
 
 def print_table(ckpts, ls, tl, torch_shared, args):
+    rss_how = ("GNU time" if GNU_TIME else
+               "os.wait4, WITHOUT GNU time: includes this script's own RSS, an upper bound")
     print(f"\nmedian of {args.repeats} runs ({args.sparse_repeats} for ckptfs ls on the "
-          f"sparse files); RSS = peak RSS of the process")
+          f"sparse files); RSS = peak RSS of the process ({rss_how})")
     cols = (f"{'checkpoint':<28}{'tensors':>8}{'file size':>12}{'on disk':>10}  |"
             f"{'ckptfs ls':>11}{'RSS':>10}  |{'torch.load':>12}{'process':>10}{'RSS':>10}"
             f"  |{'speedup':>8}")

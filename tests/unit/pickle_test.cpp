@@ -1,0 +1,346 @@
+// The non-executing pickle machine on hand-assembled opcode streams (protocols 0, 2, 4),
+// malformed streams, and the globals it must refuse.
+#define BOOST_TEST_MODULE pickle_test
+#include <boost/test/unit_test.hpp>
+
+#include "format/pickle.hpp"
+#include "test_util.hpp"
+
+using ckptfs::ParsePickle;
+using ckptfs::Pickle;
+using ckptfs::PyRef;
+using ckptfs::PyValue;
+using ckptfs::Status;
+using K = PyValue::Kind;
+using namespace ckptfs_test;
+
+namespace {
+
+constexpr std::string_view kWhere = "ck.pt: data.pkl";
+
+Pickle MustParse(std::string_view bytes) {
+  Pickle p;
+  Status s = ParsePickle(bytes, kWhere, &p);
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  BOOST_REQUIRE(p.root != nullptr);
+  return p;
+}
+
+Status ParseStatus(std::string_view bytes) {
+  Pickle p;
+  return ParsePickle(bytes, kWhere, &p);
+}
+
+void CheckFails(std::string_view bytes, Status::Code code, std::string_view expected_part) {
+  Status s = ParseStatus(bytes);
+  BOOST_TEST(!s.ok());
+  BOOST_TEST(static_cast<int>(s.code()) == static_cast<int>(code), s.message());
+  BOOST_TEST(StartsWith(s.message(), std::string(kWhere) + ": "), s.message());
+  BOOST_TEST(Contains(s.message(), expected_part), s.message());
+}
+
+// The value of `dict` under string key `key` (dict entries keep insertion order).
+const PyValue* Get(const PyValue* dict, std::string_view key) {
+  for (const auto& [k, v] : dict->entries)
+    if (k->kind == K::kStr && k->s == key) return v;
+  BOOST_FAIL("no key " << key);
+  return nullptr;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(protocol2_dict_of_scalars) {
+  PickleBuilder p;
+  p.Proto(2).EmptyDict().BinPut(0).Mark();
+  p.BinUnicode("k1").BinInt1(200);
+  p.BinUnicode("k2").BinInt2(0xBEEF);  // BININT2 is unsigned
+  p.BinUnicode("k3").BinInt(-123456);
+  p.BinUnicode("k4").BinFloat(1e-3);
+  p.BinUnicode("k5").Long1(std::string("\x00\x00\x00\x00\x00\x00\x00\x00\x01", 9));  // 2**64
+  p.BinUnicode("k6").Long1("\xff");                                                   // -1
+  p.BinUnicode("k7").Long1(std::string("\x00\x00\x00\x00\x01", 5));                 // 2**32
+  p.BinUnicode("k8").Long1("");                                                       // 0
+  p.BinUnicode("k9").Long1(std::string("\x00\x00\x00\x00\x00\x00\x00\x80", 8));       // -2**63
+  p.BinUnicode("k10").Long1(std::string("\x00\x00\x00\x00\x00\x00\x00\x00\xff", 9));  // -2**64
+  p.BinUnicode("n").None().BinUnicode("t").Op(0x88).BinUnicode("f").Op(0x89);
+  p.BinUnicode("caf\xc3\xa9").BinUnicode("");
+  p.SetItems().Stop();
+  Pickle pk = MustParse(p.bytes());
+  const PyValue* d = pk.root;
+  BOOST_REQUIRE(d->kind == K::kDict);
+  BOOST_REQUIRE_EQUAL(d->entries.size(), 14u);
+  BOOST_TEST(d->entries[0].first->s == "k1");
+  BOOST_TEST(d->entries[13].first->s == "caf\xc3\xa9");
+  BOOST_TEST((Get(d, "k1")->kind == K::kInt));
+  BOOST_TEST(Get(d, "k1")->i == 200);
+  BOOST_TEST(Get(d, "k2")->i == 0xBEEF);
+  BOOST_TEST(Get(d, "k3")->i == -123456);
+  BOOST_TEST((Get(d, "k4")->kind == K::kFloat));
+  BOOST_TEST(Get(d, "k4")->f == 1e-3);
+  BOOST_TEST((Get(d, "k5")->kind == K::kBigInt));
+  BOOST_TEST(Get(d, "k5")->s == "0x010000000000000000");
+  BOOST_TEST(Get(d, "k6")->i == -1);
+  BOOST_TEST(Get(d, "k7")->i == 4294967296LL);
+  BOOST_TEST((Get(d, "k8")->kind == K::kInt));
+  BOOST_TEST(Get(d, "k8")->i == 0);
+  BOOST_TEST(Get(d, "k9")->i == INT64_MIN);
+  BOOST_TEST(Get(d, "k10")->s == "0xff0000000000000000");
+  BOOST_TEST((Get(d, "n")->kind == K::kNone));
+  BOOST_TEST((Get(d, "t")->kind == K::kBool));
+  BOOST_TEST(Get(d, "t")->b == true);
+  BOOST_TEST(Get(d, "f")->b == false);
+  BOOST_TEST(Get(d, "caf\xc3\xa9")->s == "");
+}
+
+BOOST_AUTO_TEST_CASE(tuples_lists_and_sets) {
+  PickleBuilder p;  // TUPLE1/2/3, MARK+TUPLE, APPENDS, APPEND, LIST, ADDITEMS
+  p.Proto(2).Mark();
+  p.EmptyTuple();
+  p.BinInt1(1).Op(0x85);
+  p.BinInt1(1).BinInt1(2).Tuple2();
+  p.BinInt1(1).BinInt1(2).BinInt1(3).Op(0x87);
+  p.Mark().BinInt1(4).BinInt1(5).BinInt1(6).BinInt1(7).Tuple();
+  p.EmptyList().Mark().BinInt1(8).BinInt1(9).Op('e').BinInt1(10).Op('a');
+  p.Mark().BinInt1(11).Op('l');
+  p.Op(0x8f).Mark().BinInt1(12).Op(0x90);  // EMPTY_SET, ADDITEMS
+  p.Tuple().Stop();
+  Pickle pk = MustParse(p.bytes());
+  const PyValue* t = pk.root;
+  BOOST_REQUIRE(t->kind == K::kTuple);
+  BOOST_REQUIRE_EQUAL(t->items.size(), 8u);
+  BOOST_TEST(t->items[0]->items.size() == 0u);
+  BOOST_TEST(t->items[1]->items.size() == 1u);
+  BOOST_TEST(t->items[2]->items.size() == 2u);
+  BOOST_TEST(t->items[3]->items.size() == 3u);
+  BOOST_TEST(t->items[3]->items[2]->i == 3);
+  BOOST_TEST(t->items[4]->items.size() == 4u);
+  BOOST_TEST(t->items[4]->items[3]->i == 7);
+  const PyValue* list = t->items[5];
+  BOOST_REQUIRE(list->kind == K::kList);
+  BOOST_REQUIRE_EQUAL(list->items.size(), 3u);
+  BOOST_TEST(list->items[0]->i == 8);
+  BOOST_TEST(list->items[2]->i == 10);
+  BOOST_TEST((t->items[6]->kind == K::kList));
+  BOOST_TEST(t->items[6]->items.at(0)->i == 11);
+  BOOST_TEST((t->items[7]->kind == K::kSet));
+  BOOST_TEST(t->items[7]->items.at(0)->i == 12);
+}
+
+BOOST_AUTO_TEST_CASE(memo_binput_binget_share_values) {
+  PickleBuilder p;
+  p.Proto(2).Mark().BinUnicode("shared").BinPut(3).EmptyList().BinPut(200).BinGet(3).BinGet(200);
+  p.Op('j').Raw(LE32(200));  // LONG_BINGET
+  p.Tuple().Stop();
+  Pickle pk = MustParse(p.bytes());
+  const auto& items = pk.root->items;
+  BOOST_REQUIRE_EQUAL(items.size(), 5u);
+  BOOST_TEST(items[2] == items[0]);  // the same node, not a copy
+  BOOST_TEST(items[3] == items[1]);
+  BOOST_TEST(items[4] == items[1]);
+  BOOST_TEST(items[2]->s == "shared");
+}
+
+BOOST_AUTO_TEST_CASE(memoize_numbers_by_memo_size) {
+  PickleBuilder p;
+  p.Proto(4).Mark().ShortBinUnicode("x").Op(0x94).ShortBinUnicode("y").Op(0x94);
+  p.BinGet(1).BinGet(0).Tuple().Stop();
+  Pickle pk = MustParse(p.bytes());
+  const auto& items = pk.root->items;
+  BOOST_REQUIRE_EQUAL(items.size(), 4u);
+  BOOST_TEST(items[2]->s == "y");
+  BOOST_TEST(items[3]->s == "x");
+  BOOST_TEST(items[2] == items[1]);
+}
+
+BOOST_AUTO_TEST_CASE(protocol4_frame_stack_global_newobj_build) {
+  // What `pickle.dumps(OrderedDict(), protocol=4)`-style streams look like: framed,
+  // names as SHORT_BINUNICODE, classes through STACK_GLOBAL, objects via NEWOBJ + BUILD.
+  PickleBuilder body;
+  body.ShortBinUnicode("collections").Op(0x94).ShortBinUnicode("OrderedDict").Op(0x94).Op(0x93).Op(0x94);
+  body.EmptyTuple().Op(0x81).Op(0x94);  // NEWOBJ
+  body.EmptyDict().ShortBinUnicode("version").BinInt1(1).SetItem().Op('b');  // BUILD
+  body.Stop();
+  PickleBuilder p;
+  p.Proto(4).Frame(body.bytes().size()).Raw(body.bytes());
+  Pickle pk = MustParse(p.bytes());
+  const PyValue* obj = pk.root;
+  BOOST_REQUIRE(obj->kind == K::kObject);
+  BOOST_TEST(obj->CallableName() == "collections.OrderedDict");
+  BOOST_TEST(obj->callable->IsGlobal("collections", "OrderedDict"));
+  BOOST_REQUIRE(obj->args);
+  BOOST_TEST((obj->args->kind == K::kTuple));
+  BOOST_TEST(obj->args->items.empty());
+  BOOST_TEST(obj->kwargs == nullptr);
+  BOOST_REQUIRE(obj->state);
+  BOOST_TEST((obj->state->kind == K::kDict));
+  BOOST_TEST(Get(obj->state, "version")->i == 1);
+}
+
+BOOST_AUTO_TEST_CASE(reduce_and_setitems_on_an_object) {
+  // torch state_dicts: OrderedDict() by REDUCE, items by SETITEMS, _metadata by BUILD.
+  PickleBuilder p;
+  p.Proto(2).Global("collections", "OrderedDict").BinPut(0).EmptyTuple().Reduce().BinPut(1);
+  p.Mark().BinUnicode("w").BinInt1(7).BinUnicode("b").BinInt1(8).SetItems();
+  p.EmptyDict().Op('b').Stop();
+  Pickle pk = MustParse(p.bytes());
+  const PyValue* obj = pk.root;
+  BOOST_REQUIRE(obj->kind == K::kObject);
+  BOOST_TEST(obj->CallableName() == "collections.OrderedDict");
+  BOOST_REQUIRE_EQUAL(obj->entries.size(), 2u);
+  BOOST_TEST(obj->entries[1].first->s == "b");
+  BOOST_TEST(obj->entries[1].second->i == 8);
+  BOOST_TEST((obj->state->kind == K::kDict));
+}
+
+BOOST_AUTO_TEST_CASE(binpersid_wraps_the_storage_tuple) {
+  PickleBuilder p;
+  p.Proto(2).Mark().BinUnicode("storage").Global("torch", "FloatStorage").BinUnicode("0").BinUnicode("cpu");
+  p.BinInt2(512).Tuple().BinPersId().Stop();
+  Pickle pk = MustParse(p.bytes());
+  const PyValue* pid = pk.root;
+  BOOST_REQUIRE(pid->kind == K::kPersistent);
+  BOOST_REQUIRE(pid->args);
+  BOOST_REQUIRE_EQUAL(pid->args->items.size(), 5u);
+  BOOST_TEST(pid->args->items[0]->s == "storage");
+  BOOST_TEST(pid->args->items[1]->IsGlobal("torch", "FloatStorage"));
+  BOOST_TEST(pid->args->items[4]->i == 512);
+}
+
+BOOST_AUTO_TEST_CASE(protocol0_text_opcodes) {
+  std::string bytes =
+      "(dp0\n"
+      "S'name'\np1\nS'demo'\np2\ns"
+      "S'n'\nI-42\ns"
+      "S'big'\nI123456789012345678901234567890\ns"
+      "S'long'\nL7L\ns"
+      "S'flag'\nI01\ns"
+      "S'x'\nF0.25\ns"
+      "S'u'\nVh\xc3\xa9llo\ns"
+      "S'again'\ng1\ns"
+      "S'set'\nc__builtin__\nset\n((lp3\nI5\natRs"
+      "S'ns'\n(I1\nI2\niargparse\nNamespace\ns"
+      ".";
+  Pickle pk = MustParse(bytes);
+  const PyValue* d = pk.root;
+  BOOST_REQUIRE(d->kind == K::kDict);
+  BOOST_REQUIRE_EQUAL(d->entries.size(), 10u);
+  BOOST_TEST(Get(d, "name")->s == "demo");
+  BOOST_TEST(Get(d, "n")->i == -42);
+  BOOST_TEST((Get(d, "big")->kind == K::kBigInt));
+  BOOST_TEST(Get(d, "big")->s == "123456789012345678901234567890");
+  BOOST_TEST(Get(d, "long")->i == 7);
+  BOOST_TEST((Get(d, "flag")->kind == K::kBool));
+  BOOST_TEST(Get(d, "flag")->b == true);
+  BOOST_TEST(Get(d, "x")->f == 0.25);
+  BOOST_TEST(Get(d, "u")->s == "h\xc3\xa9llo");
+  BOOST_TEST(Get(d, "again") == d->entries[0].first);  // GET of memo 1: the 'name' key
+  const PyValue* set = Get(d, "set");
+  BOOST_TEST(set->CallableName() == "__builtin__.set");
+  BOOST_TEST(set->args->items.at(0)->items.at(0)->i == 5);
+  const PyValue* ns = Get(d, "ns");  // INST
+  BOOST_TEST(ns->CallableName() == "argparse.Namespace");
+  BOOST_REQUIRE_EQUAL(ns->args->items.size(), 2u);
+  BOOST_TEST(ns->args->items[1]->i == 2);
+}
+
+BOOST_AUTO_TEST_CASE(unknown_benign_global_becomes_an_object) {
+  PickleBuilder p;
+  p.Proto(2).Global("argparse", "Namespace").EmptyTuple().Reduce();
+  p.EmptyDict().BinUnicode("lr").BinFloat(0.5).SetItem().Op('b').Stop();
+  Pickle pk = MustParse(p.bytes());
+  BOOST_TEST((pk.root->kind == K::kObject));
+  BOOST_TEST(pk.root->CallableName() == "argparse.Namespace");
+  BOOST_TEST(Get(pk.root->state, "lr")->f == 0.5);
+}
+
+// ---- malformed streams -------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(truncated_inside_an_opcode) {
+  using C = Status::Code;
+  CheckFails(std::string("\x80\x02X\x05\x00\x00\x00" "ab", 9), C::kCorruption, "length runs past the end of the pickle");
+  CheckFails(std::string("\x80\x02J\x01\x00", 5), C::kCorruption, "truncated pickle at byte 2");
+  CheckFails(std::string("\x80", 1), C::kCorruption, "truncated pickle at byte 0");
+  CheckFails("\x80\x02G\x3f\xf0", C::kCorruption, "truncated pickle");
+  CheckFails("ctorch\nFloatSt", C::kCorruption, "truncated pickle");
+  CheckFails(std::string("\x80\x02N", 3), C::kCorruption, "pickle ends without STOP");
+  CheckFails("", C::kCorruption, "pickle ends without STOP");
+}
+
+BOOST_AUTO_TEST_CASE(every_prefix_of_a_valid_pickle_fails_cleanly) {
+  PickleBuilder p;
+  p.Proto(2).EmptyDict().BinPut(0).Mark().BinUnicode("model").BinPut(1);
+  PickleTensor(&p, "FloatStorage", "0", 6, 0, {2, 3}, {3, 1});
+  p.BinUnicode("lr").BinFloat(0.1).BinUnicode("big").Long1(std::string(12, '\x7f')).SetItems().Stop();
+  const std::string& full = p.bytes();
+  MustParse(full);
+  for (size_t n = 0; n < full.size(); ++n) {
+    Status s = ParseStatus(std::string_view(full).substr(0, n));
+    BOOST_TEST(static_cast<int>(s.code()) == static_cast<int>(Status::Code::kCorruption), "prefix " << n << ": " << s.message());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(unknown_opcode) {
+  CheckFails(std::string("\x80\x02\xff.", 4), Status::Code::kCorruption, "unknown opcode 0xff at byte 2");
+}
+
+BOOST_AUTO_TEST_CASE(unsupported_protocol) {
+  CheckFails(std::string("\x80\x06N.", 4), Status::Code::kCorruption, "unsupported pickle protocol 6");
+}
+
+BOOST_AUTO_TEST_CASE(stack_underflow) {
+  CheckFails(std::string("\x80\x02R.", 4), Status::Code::kCorruption, "stack underflow");
+  CheckFails(std::string("\x80\x02K\x01s.", 6), Status::Code::kCorruption, "stack underflow");
+  // Values below a MARK are out of reach until the mark is popped.
+  CheckFails(std::string("\x80\x02K\x01(\x85.", 7), Status::Code::kCorruption, "stack underflow");
+  CheckFails(std::string("\x80\x02K\x01t.", 6), Status::Code::kCorruption, "MARK expected");
+  CheckFails(std::string("\x80\x02NN.", 5), Status::Code::kCorruption, "STOP with a malformed stack");
+}
+
+BOOST_AUTO_TEST_CASE(get_of_a_missing_memo_key) {
+  CheckFails(std::string("\x80\x02Nq\x01h\x07.", 8), Status::Code::kCorruption, "memo key 7 was never stored");
+  CheckFails("g12\n.", Status::Code::kCorruption, "memo key 12 was never stored");
+}
+
+BOOST_AUTO_TEST_CASE(ext_opcodes_are_not_supported) {
+  CheckFails(std::string("\x80\x02\x82\x01.", 5), Status::Code::kNotSupported, "extension registry");
+}
+
+// ---- globals that would run code -----------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(os_system_is_refused) {
+  PickleBuilder p;
+  p.Proto(2).Global("os", "system").Mark().BinUnicode("echo pwned").Tuple().Reduce().Stop();
+  Status s = ParseStatus(p.bytes());
+  BOOST_TEST(static_cast<int>(s.code()) == static_cast<int>(Status::Code::kRefused));
+  BOOST_TEST(StartsWith(s.message(), std::string(kWhere) + ": "), s.message());
+  BOOST_TEST(Contains(s.message(), "os.system"), s.message());
+}
+
+BOOST_AUTO_TEST_CASE(code_running_globals_are_refused_however_named) {
+  struct Case { std::string module, name; };
+  const Case cases[] = {{"builtins", "eval"}, {"subprocess", "Popen"}, {"__builtin__", "exec"},
+                        {"posix", "system"}, {"os.path", "join"}, {"builtins", "getattr"},
+                        {"importlib", "import_module"}, {"operator", "attrgetter"}, {"runpy", "run_path"}};
+  for (const Case& c : cases) {
+    // Through STACK_GLOBAL (protocol 4)...
+    PickleBuilder p;
+    p.Proto(4).ShortBinUnicode(c.module).ShortBinUnicode(c.name).Op(0x93);
+    p.Mark().ShortBinUnicode("id").Tuple().Reduce().Stop();
+    Status s = ParseStatus(p.bytes());
+    BOOST_TEST(static_cast<int>(s.code()) == static_cast<int>(Status::Code::kRefused), c.module << "." << c.name);
+    BOOST_TEST(Contains(s.message(), c.module + "." + c.name), s.message());
+    // ...and through INST (protocol 0), which calls without REDUCE.
+    std::string inst = "(S'id'\ni" + c.module + "\n" + c.name + "\n.";
+    s = ParseStatus(inst);
+    BOOST_TEST(static_cast<int>(s.code()) == static_cast<int>(Status::Code::kRefused), inst);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(harmless_builtins_are_not_refused) {
+  for (std::string_view name : {"set", "slice", "complex", "bytearray"}) {
+    PickleBuilder p;
+    p.Proto(2).Global("builtins", name).EmptyTuple().Reduce().Stop();
+    Pickle pk = MustParse(p.bytes());
+    BOOST_TEST(pk.root->CallableName() == "builtins." + std::string(name));
+  }
+}
