@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace ckptfs_test {
@@ -89,6 +90,8 @@ inline uint32_t Crc32(std::string_view data) {
 inline std::string PaddingExtra(uint16_t n) { return "FB" + LE16(n) + std::string(n, 'Z'); }
 
 struct ZipEntrySpec {
+  ZipEntrySpec(std::string n, std::string d) : name(std::move(n)), data(std::move(d)) {}
+
   std::string name;
   std::string data;  // written as is, whatever `method` says
   uint16_t method = 0;
@@ -102,6 +105,15 @@ struct ZipEntrySpec {
   bool data_descriptor = false;
   // Declared uncompressed size when it differs from data.size() (method 8 entries).
   int64_t uncompressed_size = -1;
+
+  // Chainable setters: ZipEntrySpec("a/b", bytes).LocalExtra(PaddingExtra(60)).
+  ZipEntrySpec& Method(uint16_t m, uint64_t usize) { method = m; uncompressed_size = static_cast<int64_t>(usize); return *this; }
+  ZipEntrySpec& Flags(uint16_t f) { flags = f; return *this; }
+  ZipEntrySpec& LocalExtra(std::string x) { local_extra = std::move(x); return *this; }
+  ZipEntrySpec& CentralExtra(std::string x) { central_extra = std::move(x); return *this; }
+  ZipEntrySpec& Zip64Sizes() { zip64_sizes = true; return *this; }
+  ZipEntrySpec& Zip64Offset() { zip64_offset = true; return *this; }
+  ZipEntrySpec& DataDescriptor() { data_descriptor = true; return *this; }
 };
 
 // Where the parts of a built archive landed, so tests can patch them.
