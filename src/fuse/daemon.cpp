@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "fuse/filesystem.hpp"
+#include "fuse/source_watcher.hpp"
 
 namespace ckptfs::fuse {
 namespace {
@@ -179,6 +180,9 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
       // In the background case the parent exits only after the child is set up, and the
       // mount already exists: the command returns with the mount ready.
       if (fuse_daemonize(fopts.foreground) == 0) {
+        SourceWatcher watcher;
+        if (!watcher.Start(se, &fs))
+          fuse_log(FUSE_LOG_WARNING, "ckptfs: cannot watch the source files; changes are caught on read only\n");
         if (fopts.singlethread) {
           status = fuse_session_loop(se);
         } else {

@@ -42,9 +42,9 @@ void CheckCorruption(const Opened& o, std::string_view expected_part) {
 // in its local header only.
 std::string ThreeEntries(ZipLayout* layout, bool zip64_end = false, std::string_view comment = "") {
   ZipBuilder b;
-  b.Add({.name = "arch/data.pkl", .data = "hello pickle"});
-  b.Add({.name = "arch/data/0", .data = PatternBytes(100, 1), .local_extra = PaddingExtra(60)});
-  b.Add({.name = "arch/empty", .data = ""});
+  b.Add(ZipEntrySpec("arch/data.pkl", "hello pickle"));
+  b.Add(ZipEntrySpec("arch/data/0", PatternBytes(100, 1)).LocalExtra(PaddingExtra(60)));
+  b.Add(ZipEntrySpec("arch/empty", ""));
   return b.Build(zip64_end, comment, layout);
 }
 
@@ -127,12 +127,11 @@ BOOST_AUTO_TEST_CASE(zip64_end_records_are_used) {
 
 BOOST_AUTO_TEST_CASE(zip64_extra_fields_replace_saturated_central_values) {
   ZipBuilder b;
-  b.Add({.name = "a/small", .data = "abc"});
-  b.Add({.name = "a/sizes", .data = PatternBytes(40, 2), .zip64_sizes = true});
-  b.Add({.name = "a/offset", .data = PatternBytes(24, 3), .zip64_offset = true});
+  b.Add(ZipEntrySpec("a/small", "abc"));
+  b.Add(ZipEntrySpec("a/sizes", PatternBytes(40, 2)).Zip64Sizes());
+  b.Add(ZipEntrySpec("a/offset", PatternBytes(24, 3)).Zip64Offset());
   // All three zip64 fields, plus an unrelated extra block after the zip64 one.
-  b.Add({.name = "a/both", .data = PatternBytes(8, 4), .central_extra = PaddingExtra(3),
-         .zip64_sizes = true, .zip64_offset = true});
+  b.Add(ZipEntrySpec("a/both", PatternBytes(8, 4)).CentralExtra(PaddingExtra(3)).Zip64Sizes().Zip64Offset());
   ZipLayout lay;
   Opened o(b.Build(true, "", &lay));
   BOOST_REQUIRE_MESSAGE(o.status.ok(), o.status.message());
@@ -158,10 +157,8 @@ BOOST_AUTO_TEST_CASE(zip64_extra_fields_replace_saturated_central_values) {
 
 BOOST_AUTO_TEST_CASE(data_descriptor_entries_take_sizes_from_the_central_directory) {
   ZipBuilder b;
-  b.Add({.name = "t/data.pkl", .data = "pickle bytes", .flags = 0x0800, .local_extra = PaddingExtra(17),
-         .data_descriptor = true});
-  b.Add({.name = "t/data/0", .data = PatternBytes(64, 5), .flags = 0x0800, .local_extra = PaddingExtra(0),
-         .data_descriptor = true});
+  b.Add(ZipEntrySpec("t/data.pkl", "pickle bytes").Flags(0x0800).LocalExtra(PaddingExtra(17)).DataDescriptor());
+  b.Add(ZipEntrySpec("t/data/0", PatternBytes(64, 5)).Flags(0x0800).LocalExtra(PaddingExtra(0)).DataDescriptor());
   ZipLayout lay;
   Opened o(b.Build(true, "", &lay));
   BOOST_REQUIRE_MESSAGE(o.status.ok(), o.status.message());
@@ -275,8 +272,8 @@ BOOST_AUTO_TEST_CASE(stored_entry_with_differing_sizes) {
 
 BOOST_AUTO_TEST_CASE(duplicate_names) {
   ZipBuilder b;
-  b.Add({.name = "x/a", .data = "1"});
-  b.Add({.name = "x/a", .data = "2"});
+  b.Add(ZipEntrySpec("x/a", "1"));
+  b.Add(ZipEntrySpec("x/a", "2"));
   Opened o(b.Build());
   CheckCorruption(o, "duplicate entry name 'x/a'");
 }
@@ -284,14 +281,14 @@ BOOST_AUTO_TEST_CASE(duplicate_names) {
 BOOST_AUTO_TEST_CASE(truncated_extra_field_and_short_zip64_block) {
   ZipBuilder b;
   // An extra block header claiming 200 bytes of body, with 4 present.
-  b.Add({.name = "x/a", .data = "1", .central_extra = LE16(0x7075) + LE16(200) + "abcd"});
+  b.Add(ZipEntrySpec("x/a", "1").CentralExtra(LE16(0x7075) + LE16(200) + "abcd"));
   Opened o(b.Build());
   CheckCorruption(o, "entry 'x/a' has a truncated extra field");
 
   // Saturated sizes but a zip64 block holding only one of the two 8-byte values.
   ZipLayout lay;
   ZipBuilder b2;
-  b2.Add({.name = "x/b", .data = "12345678", .central_extra = LE16(0x0001) + LE16(8) + LE64(8)});
+  b2.Add(ZipEntrySpec("x/b", "12345678").CentralExtra(LE16(0x0001) + LE16(8) + LE64(8)));
   std::string bytes = b2.Build(false, "", &lay);
   PatchLE(&bytes, lay.central_offsets[0] + 20, 0xFFFFFFFF, 4);
   PatchLE(&bytes, lay.central_offsets[0] + 24, 0xFFFFFFFF, 4);
@@ -331,8 +328,8 @@ BOOST_AUTO_TEST_CASE(local_extra_running_past_eof) {
 
 BOOST_AUTO_TEST_CASE(encrypted_entry_is_not_supported) {
   ZipBuilder b;
-  b.Add({.name = "x/plain", .data = "ok"});
-  b.Add({.name = "x/secret", .data = "0123456789ab", .flags = 0x0001});
+  b.Add(ZipEntrySpec("x/plain", "ok"));
+  b.Add(ZipEntrySpec("x/secret", "0123456789ab").Flags(0x0001));
   Opened o(b.Build());
   BOOST_TEST(static_cast<int>(o.status.code()) == static_cast<int>(Status::Code::kNotSupported));
   BOOST_TEST(o.status.message() == o.path + ": entry 'x/secret' is encrypted");
@@ -341,7 +338,7 @@ BOOST_AUTO_TEST_CASE(encrypted_entry_is_not_supported) {
 BOOST_AUTO_TEST_CASE(read_stored_on_a_deflated_entry_is_not_supported) {
   ZipBuilder b;
   // The payload need not be real deflate data: the reader must refuse before inflating.
-  b.Add({.name = "x/deflated", .data = std::string("\x4b\x4c\x4a\x06\x00", 5), .method = 8, .uncompressed_size = 3});
+  b.Add(ZipEntrySpec("x/deflated", std::string("\x4b\x4c\x4a\x06\x00", 5)).Method(8, 3));
   Opened o(b.Build(true));
   BOOST_REQUIRE_MESSAGE(o.status.ok(), o.status.message());
   const ZipEntry& e = o.zip.entries().at(0);
