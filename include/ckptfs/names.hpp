@@ -15,8 +15,8 @@ constexpr std::string_view kTensorFileSuffix = ".safetensors";
 // "%" -> "%25" and "/" -> "%2F", so every key maps to one legal name and back. A name
 // that would exceed kMaxFileName is cut (at a UTF-8 character boundary) and gets
 // "~" + 16 hex digits of XXH3-64(key) before the suffix; such names are not reversible
-// by UnescapeKey and are listed in manifest.json.
-std::string TensorFileName(std::string_view key);
+// by UnescapeKey and are listed in manifest.json; `*shortened` (if given) tells which.
+std::string TensorFileName(std::string_view key, bool* shortened = nullptr);
 
 // Inverse of the escaping (without the suffix); nullopt for a malformed escape.
 std::optional<std::string> UnescapeKey(std::string_view escaped);

@@ -77,6 +77,10 @@ class View {
   std::vector<NodeId> tensor_files_;  // tensor index -> its per-tensor file
 };
 
+// How tensor `t` is written in safetensors: dtype string and shape (complex types
+// safetensors cannot name get their real view, see ServedAs).
+void ServedDTypeAndShape(const TensorEntry& t, std::string_view* dtype, std::vector<uint64_t>* shape);
+
 // What `ls --json` and manifest.json say of one tensor: key, path, dtype (as served),
 // torch_dtype, shape (as served), nbytes and its per-tensor file.
 nlohmann::json TensorSummary(const TensorEntry& tensor);

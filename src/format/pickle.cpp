@@ -1,5 +1,6 @@
 #include "format/pickle.hpp"
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cstdlib>
@@ -57,7 +58,8 @@ bool RunsCode(std::string_view module, std::string_view name) {
 
 class Machine {
  public:
-  Machine(std::string_view bytes, std::string_view where, Pickle* out) : r_(bytes), where_(where), out_(out) {}
+  Machine(std::string_view bytes, std::string_view where, Pickle* out)
+      : r_(bytes), where_(where), out_(out), dense_limit_(bytes.size()) {}
 
   Status Run();
 
@@ -68,8 +70,7 @@ class Machine {
   Status Truncated() const { return Fail("truncated pickle"); }
 
   PyRef Make(PyValue::Kind kind) {
-    out_->arena.push_back(std::make_unique<PyValue>());
-    PyRef v = out_->arena.back().get();
+    PyRef v = out_->New();
     v->kind = kind;
     return v;
   }
@@ -108,9 +109,10 @@ class Machine {
     n->i = v;
     return Push(std::move(n));
   }
+  // `s` must point into the pickle's kept bytes or a kept string.
   Status PushStr(std::string_view s, PyValue::Kind kind) {
     auto n = Make(kind);
-    n->s.assign(s);
+    n->s = s;
     return Push(std::move(n));
   }
   Status ReadLen(size_t width, uint64_t* len) {
@@ -134,16 +136,26 @@ class Machine {
   Status Call(PyRef callable, PyRef args, PyRef kwargs);
   Status SetItems(std::vector<PyRef> kv);
   Status Append(std::vector<PyRef> values);
+  // Picklers number memo slots 0, 1, 2, ...: a dense vector holds them. Each PUT costs at
+  // least two bytes, so a legitimate index is below the pickle's size; others go to a map.
   Status Memoize(uint64_t index) {
     PyRef top = nullptr;
     CKPTFS_RETURN_IF_ERROR(Top(&top));
-    memo_[index] = std::move(top);
+    if (index < dense_limit_) {
+      if (index >= memo_.size()) memo_.resize(std::max<uint64_t>(index + 1, memo_.size() * 2), nullptr);
+      memo_[index] = top;
+    } else {
+      sparse_memo_[index] = top;
+    }
+    ++memo_count_;
     return Status::OK();
   }
   Status Get(uint64_t index) {
-    auto it = memo_.find(index);
-    if (it == memo_.end()) return Fail("memo key " + std::to_string(index) + " was never stored");
-    return Push(it->second);
+    PyRef v = nullptr;
+    if (index < memo_.size()) v = memo_[index];
+    else if (auto it = sparse_memo_.find(index); it != sparse_memo_.end()) v = it->second;
+    if (!v) return Fail("memo key " + std::to_string(index) + " was never stored");
+    return Push(v);
   }
   Status Step(uint8_t op, bool* stop);
 
@@ -153,7 +165,10 @@ class Machine {
   size_t op_pos_ = 0;
   std::vector<PyRef> stack_;
   std::vector<size_t> marks_;
-  std::unordered_map<uint64_t, PyRef> memo_;
+  uint64_t dense_limit_ = 0;
+  std::vector<PyRef> memo_;
+  std::unordered_map<uint64_t, PyRef> sparse_memo_;
+  uint64_t memo_count_ = 0;  // MEMOIZE's next index
 };
 
 Status Machine::PushLong(std::string_view le) {
@@ -172,7 +187,7 @@ Status Machine::PushLong(std::string_view le) {
     hex += kHex[byte >> 4];
     hex += kHex[byte & 15];
   }
-  return PushStr(hex, PyValue::Kind::kBigInt);
+  return PushStr(out_->Keep(std::move(hex)), PyValue::Kind::kBigInt);
 }
 
 Status Machine::PushGlobal(std::string_view module, std::string_view name) {
@@ -180,8 +195,8 @@ Status Machine::PushGlobal(std::string_view module, std::string_view name) {
     return Status::Refused(where_, "pickle references " + std::string(module) + "." + std::string(name) +
                                        ", which would run code when loaded; refusing it");
   auto g = Make(PyValue::Kind::kGlobal);
-  g->s.assign(module);
-  g->name.assign(name);
+  g->s = module;
+  g->name = name;
   return Push(std::move(g));
 }
 
@@ -434,7 +449,7 @@ Status Machine::Step(uint8_t op, bool* stop) {
     }
     case BINPUT: { uint8_t v = 0; if (!r_.U8(&v)) return Truncated(); return Memoize(v); }
     case LONG_BINPUT: { uint32_t v = 0; if (!r_.U32(&v)) return Truncated(); return Memoize(v); }
-    case MEMOIZE: return Memoize(memo_.size());
+    case MEMOIZE: return Memoize(memo_count_);
     case GET: {
       if (!r_.Line(&text)) return Truncated();
       uint64_t idx = 0;
@@ -461,13 +476,36 @@ Status Machine::Step(uint8_t op, bool* stop) {
 
 std::string PyValue::CallableName() const {
   if (kind != Kind::kObject || !callable || callable->kind != Kind::kGlobal) return "";
-  return callable->s + "." + callable->name;
+  return std::string(callable->s) + "." + std::string(callable->name);
+}
+
+PyRef Pickle::New() {
+  if (used_in_last_ == kChunk) {
+    chunks_.push_back(std::make_unique<PyValue[]>(kChunk));
+    used_in_last_ = 0;
+  }
+  return &chunks_.back()[used_in_last_++];
+}
+
+std::string_view Pickle::Keep(std::string text) { return kept_.emplace_back(std::move(text)); }
+
+std::string_view Pickle::KeepBytes(std::string_view bytes) {
+  bytes_ = std::make_unique<char[]>(bytes.size());
+  std::memcpy(bytes_.get(), bytes.data(), bytes.size());
+  return std::string_view(bytes_.get(), bytes.size());
+}
+
+void Pickle::Clear() {
+  root = nullptr;
+  chunks_.clear();
+  used_in_last_ = kChunk;
+  bytes_.reset();
+  kept_.clear();
 }
 
 Status ParsePickle(std::string_view bytes, std::string_view where, Pickle* result) {
-  result->arena.clear();
-  result->root = nullptr;
-  Machine m(bytes, where, result);
+  result->Clear();
+  Machine m(result->KeepBytes(bytes), where, result);
   return m.Run();
 }
 

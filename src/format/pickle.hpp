@@ -12,6 +12,7 @@
 #define CKPTFS_FORMAT_PICKLE_HPP_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -39,8 +40,11 @@ struct PyValue {
   bool b = false;
   int64_t i = 0;
   double f = 0;
-  std::string s;       // kStr, kBytes, kBigInt (as "0x..." two's complement hex), kGlobal module
-  std::string name;    // kGlobal name
+  // kStr, kBytes, kBigInt (LONG1/LONG4: "0x..." two's complement hex; protocol-0 LONG:
+  // decimal), kGlobal module. Views into
+  // the owning Pickle, valid as long as it lives.
+  std::string_view s;
+  std::string_view name;  // kGlobal name
 
   std::vector<PyRef> items;                      // kTuple, kList, kSet; kObject appended items
   std::vector<std::pair<PyRef, PyRef>> entries;  // kDict; kObject set items
@@ -59,10 +63,26 @@ struct PyValue {
 };
 
 // A parsed pickle. Values may be shared (memo) or even cyclic, so they live in one
-// arena and are freed together; walkers must bound their own recursion.
-struct Pickle {
-  std::vector<std::unique_ptr<PyValue>> arena;
+// arena and are freed together; walkers must bound their own recursion. Moving a Pickle
+// keeps every PyRef and string view valid.
+class Pickle {
+ public:
   PyRef root = nullptr;
+
+  // A new value owned by this pickle.
+  PyRef New();
+  // Keeps `text` alive as long as the pickle; returns a view of the kept copy.
+  std::string_view Keep(std::string text);
+  // Keeps a copy of the pickle's bytes, which string values point into.
+  std::string_view KeepBytes(std::string_view bytes);
+  void Clear();
+
+ private:
+  static constexpr size_t kChunk = 4096;  // values per arena chunk
+  std::vector<std::unique_ptr<PyValue[]>> chunks_;
+  size_t used_in_last_ = kChunk;
+  std::unique_ptr<char[]> bytes_;
+  std::deque<std::string> kept_;
 };
 
 // Parses one pickle from `bytes`. `where` names the file in error messages.

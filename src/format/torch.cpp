@@ -5,9 +5,9 @@
 // of the stored data/<key> records, containers are flattened to dotted keys, and every
 // other value becomes JSON metadata. Layout facts: ../shared/reference/
 // torch-safetensors-dcp.md sections A.2-A.5.
+#include <algorithm>
 #include <cmath>
-#include <unordered_map>
-#include <unordered_set>
+#include <optional>
 
 #include "format/byte_reader.hpp"
 #include "format/pickle.hpp"
@@ -51,14 +51,23 @@ class TorchZipReader {
   uint32_t file_ = 0;
   ZipArchive zip_;
   std::string prefix_;  // "<archive>/"
-  std::unordered_map<std::string, StorageRecord> storages_;
-  std::unordered_set<std::string> keys_;
+  // Storage records found so far, by the index of their zip entry.
+  std::vector<std::optional<StorageRecord>> storages_;
+  std::string record_name_;  // scratch for "<archive>/data/<key>", reused to avoid allocations
 };
 
-bool IsCall(const PyValue* v, std::string_view name) {
-  return v->kind == Kind::kObject && v->callable && v->callable->kind == Kind::kGlobal &&
-         v->CallableName() == name;
+// "module.name" of a GLOBAL, without allocating.
+bool IsGlobal(const PyValue* g, std::string_view qualified) {
+  return g && g->kind == Kind::kGlobal && qualified.size() == g->s.size() + 1 + g->name.size() &&
+         qualified.substr(0, g->s.size()) == g->s && qualified[g->s.size()] == '.' &&
+         qualified.substr(g->s.size() + 1) == g->name;
 }
+
+bool IsCall(const PyValue* v, std::string_view qualified) {
+  return v->kind == Kind::kObject && IsGlobal(v->callable, qualified);
+}
+
+std::string QualifiedName(const PyValue* g) { return std::string(g->s) + "." + std::string(g->name); }
 
 const PyValue* Arg(const PyValue* call, size_t i) {
   if (!call->args || call->args->kind != Kind::kTuple || i >= call->args->items.size()) return nullptr;
@@ -110,10 +119,22 @@ Status TorchZipReader::Read(json* metadata) {
   Pickle pickle;
   CKPTFS_RETURN_IF_ERROR(ParsePickle(pickle_bytes, path_ + ": " + prefix_ + "data.pkl", &pickle));
 
+  storages_.resize(zip_.entries().size());
+  const size_t first_tensor = catalog_->tensors.size();
   std::vector<PathElement> path;
   bool keep = false;
   CKPTFS_RETURN_IF_ERROR(Walk(pickle.root, &path, 0, metadata, &keep));
   if (!keep) *metadata = json::object();
+
+  // Two tensors whose paths flatten to one key (e.g. {"a.b": x, "a": {"b": y}}) cannot
+  // both be served; find them by sorting rather than hashing every key.
+  std::vector<const std::string*> keys;
+  keys.reserve(catalog_->tensors.size() - first_tensor);
+  for (size_t i = first_tensor; i < catalog_->tensors.size(); ++i) keys.push_back(&catalog_->tensors[i].key);
+  std::sort(keys.begin(), keys.end(), [](const std::string* a, const std::string* b) { return *a < *b; });
+  for (size_t i = 1; i < keys.size(); ++i)
+    if (*keys[i] == *keys[i - 1])
+      return Status::NotSupported(path_, "two tensors flatten to the same key '" + *keys[i] + "'");
   return Status::OK();
 }
 
@@ -129,25 +150,26 @@ Status TorchZipReader::Storage(const PyValue* pid, std::optional<DType> tensor_d
   if (f[0]->kind != Kind::kStr || f[0]->s != "storage" || f[1]->kind != Kind::kGlobal ||
       f[2]->kind != Kind::kStr || !AsUint(f[4], &numel))
     return Bad("malformed storage persistent id");
-  *key = f[2]->s;
+  key->assign(f[2]->s);
   uint64_t itemsize = 1;
   if (f[1]->name == "UntypedStorage") {
     if (!tensor_dtype) return Bad("storage '" + *key + "' is untyped but the tensor names no dtype");
     *dtype = *tensor_dtype;
   } else {
     auto sd = DTypeFromStorageClass(f[1]->name);
-    if (!sd) return Status::NotSupported(path_, "storage class " + f[1]->s + "." + f[1]->name + " is not supported");
+    if (!sd) return Status::NotSupported(path_, "storage class " + QualifiedName(f[1]) + " is not supported");
     *dtype = tensor_dtype ? *tensor_dtype : *sd;
     itemsize = Info(*sd).itemsize;
   }
   uint64_t nbytes;
   if (!CheckedMul(numel, itemsize, &nbytes)) return Bad("storage '" + *key + "' size overflows");
 
-  auto it = storages_.find(*key);
-  if (it == storages_.end()) {
-    const std::string name = prefix_ + "data/" + *key;
-    const ZipEntry* e = zip_.Find(name);
-    if (!e) return Bad("the pickle references storage '" + *key + "' but the archive has no record " + name);
+  record_name_.assign(prefix_).append("data/").append(*key);
+  const ZipEntry* e = zip_.Find(record_name_);
+  if (!e) return Bad("the pickle references storage '" + *key + "' but the archive has no record " + record_name_);
+  std::optional<StorageRecord>& slot = storages_[static_cast<size_t>(e - zip_.entries().data())];
+  if (!slot) {
+    const std::string& name = record_name_;
     if (e->method != ZipArchive::kMethodStored)
       return Status::NotSupported(path_, "record " + name + " is compressed (method " + std::to_string(e->method) +
                                              "); tensor data must be stored uncompressed");
@@ -157,23 +179,25 @@ Status TorchZipReader::Storage(const PyValue* pid, std::optional<DType> tensor_d
     StorageRecord r;
     r.nbytes = nbytes;
     CKPTFS_RETURN_IF_ERROR(zip_.DataOffset(*e, &r.data_offset));
-    it = storages_.emplace(*key, r).first;
-  } else if (it->second.nbytes != nbytes) {
+    slot = r;
+  } else if (slot->nbytes != nbytes) {
     return Bad("storage '" + *key + "' is referenced with two different sizes");
   }
-  *rec = it->second;
+  *rec = *slot;
   return Status::OK();
 }
 
 Status TorchZipReader::AsTensor(const PyValue* v, int depth, TensorEntry* t, bool* is_tensor) {
   *is_tensor = false;
-  if (v->kind != Kind::kObject || depth > kMaxDepth) return Status::OK();
-  const std::string callable = v->CallableName();
-  if (callable == "torch._utils._rebuild_parameter" || callable == "torch._utils._rebuild_parameter_with_state") {
+  if (v->kind != Kind::kObject || depth > kMaxDepth || !v->callable || v->callable->kind != Kind::kGlobal)
+    return Status::OK();
+  const PyValue* callable = v->callable;
+  if (IsGlobal(callable, "torch._utils._rebuild_parameter") ||
+      IsGlobal(callable, "torch._utils._rebuild_parameter_with_state")) {
     const PyValue* data = Arg(v, 0);
     return data ? AsTensor(data, depth + 1, t, is_tensor) : Status::OK();
   }
-  if (callable == "torch._tensor._rebuild_from_type_v2") {
+  if (IsGlobal(callable, "torch._tensor._rebuild_from_type_v2")) {
     // (func, new_type, args, state): the tensor is func(*args), then retyped.
     const PyValue* func = Arg(v, 0);
     const PyValue* args = Arg(v, 2);
@@ -184,16 +208,16 @@ Status TorchZipReader::AsTensor(const PyValue* v, int depth, TensorEntry* t, boo
     call.args = const_cast<PyValue*>(args);
     return AsTensor(&call, depth + 1, t, is_tensor);
   }
-  const bool v2 = callable == "torch._utils._rebuild_tensor_v2";
-  const bool v3 = callable == "torch._utils._rebuild_tensor_v3";
-  if (!v2 && !v3 && callable != "torch._utils._rebuild_tensor") return Status::OK();
+  const bool v2 = IsGlobal(callable, "torch._utils._rebuild_tensor_v2");
+  const bool v3 = IsGlobal(callable, "torch._utils._rebuild_tensor_v3");
+  if (!v2 && !v3 && !IsGlobal(callable, "torch._utils._rebuild_tensor")) return Status::OK();
 
   // (storage, storage_offset, size, stride, requires_grad, hooks[, dtype (v3)][, metadata])
   std::optional<DType> tensor_dtype;
   if (v3) {
     const PyValue* d = Arg(v, 6);
     if (!d || d->kind != Kind::kGlobal || d->s != "torch" || !(tensor_dtype = DTypeFromTorchName(d->name)))
-      return Status::NotSupported(path_, "tensor with an unsupported dtype " + (d && d->kind == Kind::kGlobal ? d->s + "." + d->name : std::string("?")));
+      return Status::NotSupported(path_, "tensor with an unsupported dtype " + (d && d->kind == Kind::kGlobal ? QualifiedName(d) : std::string("?")));
   }
   uint64_t offset;
   std::vector<uint64_t> stride;
@@ -238,8 +262,6 @@ Status TorchZipReader::AsTensor(const PyValue* v, int depth, TensorEntry* t, boo
 Status TorchZipReader::AddTensor(TensorEntry t, const std::vector<PathElement>& path) {
   t.path = path;
   t.key = path.empty() ? "tensor" : FlattenKey(path);
-  if (!keys_.insert(t.key).second)
-    return Status::NotSupported(path_, "two tensors flatten to the same key '" + t.key + "'");
   catalog_->tensors.push_back(std::move(t));
   return Status::OK();
 }
@@ -267,7 +289,7 @@ Status TorchZipReader::Walk(const PyValue* v, std::vector<PathElement>* path, in
     bool dropped = false;
     for (const auto& [k, val] : mapping->entries) {
       PathElement elem;
-      if (k->kind == Kind::kStr) elem = k->s;
+      if (k->kind == Kind::kStr) elem = std::string(k->s);
       else if (k->kind == Kind::kInt) elem = k->i;
       else {
         // Tuple or float keys: their JSON text is the key.
@@ -321,7 +343,7 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
       return Status::OK();
     case Kind::kStr: *out = v->s; return Status::OK();
     case Kind::kBytes: *out = json{{"$bytes", v->s.size()}}; return Status::OK();
-    case Kind::kGlobal: *out = json{{"$global", v->s + "." + v->name}}; return Status::OK();
+    case Kind::kGlobal: *out = json{{"$global", QualifiedName(v)}}; return Status::OK();
     case Kind::kPersistent: {
       json pid;
       std::vector<PathElement> none;

@@ -23,6 +23,9 @@ constexpr uint16_t kFlagEncrypted = 0x0001;
 // A central directory larger than this is not a checkpoint we want to hold in memory
 // (1 GiB is ~10 million entries).
 constexpr uint64_t kMaxCentralDirSize = uint64_t{1} << 30;
+// Bytes read at once when looking up a local header: many small records' headers per read,
+// little waste when records are far apart.
+constexpr uint64_t kHeaderWindow = 16 << 10;
 
 }  // namespace
 
@@ -166,9 +169,14 @@ const ZipEntry* ZipArchive::Find(std::string_view name) const {
 }
 
 Status ZipArchive::DataOffset(const ZipEntry& entry, uint64_t* offset) const {
-  char header[kLocalHeaderSize];
-  CKPTFS_RETURN_IF_ERROR(files_->ReadExact(file_, entry.local_header_offset, sizeof header, header));
-  ByteReader r(std::string_view(header, sizeof header));
+  const uint64_t at = entry.local_header_offset;
+  if (at < window_start_ || at + kLocalHeaderSize > window_start_ + window_.size()) {
+    // Open() checked that local header + 30 bytes lies inside the file.
+    window_.resize(std::min(kHeaderWindow, files_->size(file_) - at));
+    window_start_ = at;
+    CKPTFS_RETURN_IF_ERROR(files_->ReadExact(file_, at, window_.size(), window_.data()));
+  }
+  ByteReader r(std::string_view(window_).substr(at - window_start_, kLocalHeaderSize));
   uint32_t sig;
   uint16_t name_len, extra_len;
   r.U32(&sig);

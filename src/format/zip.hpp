@@ -38,6 +38,8 @@ class ZipArchive {
 
   // Where `entry`'s data begins in the file, from its local header (whose extra field
   // differs from the central one in torch files). Checks that the data fits the file.
+  // Not thread-safe: local headers are read through a small window cache, because a
+  // checkpoint of many small tensors has many headers close together.
   Status DataOffset(const ZipEntry& entry, uint64_t* offset) const;
 
   // Reads a whole stored record into `out`, refusing records above `max_size` bytes.
@@ -51,6 +53,8 @@ class ZipArchive {
   uint32_t file_ = 0;
   std::vector<ZipEntry> entries_;
   std::unordered_map<std::string_view, size_t> by_name_;
+  mutable std::string window_;  // bytes of the file starting at window_start_
+  mutable uint64_t window_start_ = 0;
 };
 
 }  // namespace ckptfs

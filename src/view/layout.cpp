@@ -182,9 +182,9 @@ void ViewBuilder::BuildManifest(View::NodeId root, const json& model_offsets) {
     json entry = TensorSummary(t);
     entry["model_offsets"] = model_offsets[i];
     if (!t.storage_id.empty() && sharing[t.storage_id] > 1) entry["shared_storage"] = t.storage_id;
-    if (view_->nodes_[view_->tensor_files_[i]].name.find('~') != std::string::npos &&
-        view_->nodes_[view_->tensor_files_[i]].name.size() == kMaxFileName)
-      entry["file_name_shortened"] = true;
+    bool shortened = false;
+    TensorFileName(t.key, &shortened);
+    if (shortened) entry["file_name_shortened"] = true;
     tensors.push_back(std::move(entry));
   }
   m["tensors"] = std::move(tensors);

@@ -6,7 +6,7 @@
 
 namespace ckptfs {
 
-std::string TensorFileName(std::string_view key) {
+std::string TensorFileName(std::string_view key, bool* shortened) {
   std::string escaped;
   escaped.reserve(key.size() + kTensorFileSuffix.size());
   for (char c : key) {
@@ -14,7 +14,9 @@ std::string TensorFileName(std::string_view key) {
     else if (c == '/') escaped += "%2F";
     else escaped += c;
   }
-  if (escaped.size() + kTensorFileSuffix.size() <= kMaxFileName) return escaped + std::string(kTensorFileSuffix);
+  const bool too_long = escaped.size() + kTensorFileSuffix.size() > kMaxFileName;
+  if (shortened) *shortened = too_long;
+  if (!too_long) return escaped + std::string(kTensorFileSuffix);
 
   char tag[18];
   std::snprintf(tag, sizeof tag, "~%016llx",

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ckptfs/catalog.hpp"
+#include "ckptfs/view.hpp"
 
 namespace ckptfs {
 
@@ -18,10 +18,6 @@ struct HeaderEntry {
   std::vector<uint64_t> shape;
   uint64_t begin = 0, end = 0;  // relative to the data buffer
 };
-
-// How tensor `t` is written in safetensors: dtype string and shape (complex types
-// safetensors cannot name get their real view, see ServedAs).
-void ServedDTypeAndShape(const TensorEntry& t, std::string_view* dtype, std::vector<uint64_t>* shape);
 
 // The 8-byte length plus the JSON header, `{"__metadata__":{"format":"pt"}, ...}` with
 // entries in the given (data) order, space-padded to a multiple of 8 as the reference
