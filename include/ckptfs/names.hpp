@@ -12,7 +12,7 @@ namespace ckptfs {
 constexpr size_t kMaxFileName = 255;
 constexpr std::string_view kTensorFileSuffix = ".safetensors";
 
-// "%" -> "%25" and "/" -> "%2F", so every key maps to one legal name and back. A name
+// "%" -> "%25", "/" -> "%2F" and NUL -> "%00", so every key maps to one legal name and back. A name
 // that would exceed kMaxFileName is cut (at a UTF-8 character boundary) and gets
 // "~" + 16 hex digits of XXH3-64(key) before the suffix; such names are not reversible
 // by UnescapeKey and are listed in manifest.json; `*shortened` (if given) tells which.

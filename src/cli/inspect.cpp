@@ -5,8 +5,10 @@
 #include <map>
 
 #include "ckptfs/catalog.hpp"
+#include "ckptfs/names.hpp"
 #include "ckptfs/view.hpp"
 #include "cli/commands.hpp"
+#include "io/json_text.hpp"
 
 namespace ckptfs::cli {
 namespace {
@@ -61,9 +63,33 @@ int RunLs(const Args& args) {
   if (Status s = Load(positional, &catalog); !s.ok()) return Fail(s);
 
   if (!flags.empty()) {
-    json out = json::array();
-    for (const TensorEntry& t : catalog->tensors) out.push_back(TensorSummary(t));
-    WriteAll(out.dump(1, ' ', false, json::error_handler_t::replace) + "\n");
+    // The fields of TensorSummary, one object per line, written directly.
+    std::string out = "[";
+    std::vector<uint64_t> shape;
+    for (size_t i = 0; i < catalog->tensors.size(); ++i) {
+      const TensorEntry& t = catalog->tensors[i];
+      std::string_view dtype;
+      ServedDTypeAndShape(t, &dtype, &shape);
+      out += i ? ",\n {\"key\": " : "\n {\"key\": ";
+      AppendJsonString(&out, t.key);
+      out += ", \"path\": [";
+      for (size_t k = 0; k < t.path.size(); ++k) {
+        if (k) out += ", ";
+        if (const auto* s = std::get_if<std::string>(&t.path[k])) AppendJsonString(&out, *s);
+        else out += std::to_string(std::get<int64_t>(t.path[k]));
+      }
+      out += "], \"dtype\": \"";
+      out += dtype;
+      out += "\", \"torch_dtype\": \"";
+      out += Info(t.dtype).torch_name;
+      out += "\", \"shape\": ";
+      AppendJsonArray(&out, shape);
+      out += ", \"nbytes\": " + std::to_string(t.nbytes()) + ", \"file\": ";
+      AppendJsonString(&out, "tensors/" + TensorFileName(t.key));
+      out += "}";
+    }
+    out += "\n]\n";
+    WriteAll(out);
     return 0;
   }
   // Aligned columns under a header line; built as plain text (JSON objects per row would

@@ -141,13 +141,15 @@ class Machine {
   Status Memoize(uint64_t index) {
     PyRef top = nullptr;
     CKPTFS_RETURN_IF_ERROR(Top(&top));
+    PyRef* slot;
     if (index < dense_limit_) {
       if (index >= memo_.size()) memo_.resize(std::max<uint64_t>(index + 1, memo_.size() * 2), nullptr);
-      memo_[index] = top;
+      slot = &memo_[index];
     } else {
-      sparse_memo_[index] = top;
+      slot = &sparse_memo_[index];
     }
-    ++memo_count_;
+    if (*slot == nullptr) ++memo_count_;  // MEMOIZE numbers by the memo's size, as CPython does
+    *slot = top;
     return Status::OK();
   }
   Status Get(uint64_t index) {
@@ -168,7 +170,7 @@ class Machine {
   uint64_t dense_limit_ = 0;
   std::vector<PyRef> memo_;
   std::unordered_map<uint64_t, PyRef> sparse_memo_;
-  uint64_t memo_count_ = 0;  // MEMOIZE's next index
+  uint64_t memo_count_ = 0;  // distinct memo keys stored: MEMOIZE's next index
 };
 
 Status Machine::PushLong(std::string_view le) {

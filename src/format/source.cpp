@@ -56,7 +56,9 @@ Status OpenCatalog(const std::string& source, std::shared_ptr<const Catalog>* ou
     if (head.size() >= 4 && head.compare(0, 4, "PK\x03\x04", 4) == 0) {
       catalog->format = "torch-zip";
       CKPTFS_RETURN_IF_ERROR(ReadTorchZip(source, catalog.get(), &catalog->metadata));
-    } else if (head.size() >= 9 && head[8] == '{') {
+    } else if ((head.size() >= 9 && head[8] == '{') ||
+               (source.size() > 12 && source.compare(source.size() - 12, 12, ".safetensors") == 0)) {
+      // By content, or by name so that a damaged header gets a safetensors error message.
       catalog->format = "safetensors";
       CKPTFS_RETURN_IF_ERROR(ReadSafetensorsFile(source, catalog.get(), &catalog->metadata));
     } else if (!head.empty() && static_cast<uint8_t>(head[0]) == 0x80) {

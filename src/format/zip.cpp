@@ -38,6 +38,8 @@ Status ZipArchive::Open(const SourceFiles& files, uint32_t file) {
   file_ = file;
   entries_.clear();
   by_name_.clear();
+  window_.clear();
+  window_start_ = 0;
   const uint64_t size = files.size(file);
   if (size < kEocdSize) return Corrupt("not a zip archive: too short for an end-of-central-directory record");
 

@@ -12,6 +12,7 @@ std::string TensorFileName(std::string_view key, bool* shortened) {
   for (char c : key) {
     if (c == '%') escaped += "%25";
     else if (c == '/') escaped += "%2F";
+    else if (c == '\0') escaped += "%00";  // file names end at NUL
     else escaped += c;
   }
   const bool too_long = escaped.size() + kTensorFileSuffix.size() > kMaxFileName;
@@ -40,6 +41,7 @@ std::optional<std::string> UnescapeKey(std::string_view escaped) {
     std::string_view code = escaped.substr(i + 1, 2);
     if (code == "25") key += '%';
     else if (code == "2F") key += '/';
+    else if (code == "00") key += '\0';
     else return std::nullopt;
     i += 2;
   }

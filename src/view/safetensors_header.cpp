@@ -1,6 +1,6 @@
 #include "view/safetensors_header.hpp"
 
-#include <cstdio>
+#include "io/json_text.hpp"
 
 namespace ckptfs {
 
@@ -11,28 +11,6 @@ void ServedDTypeAndShape(const TensorEntry& t, std::string_view* dtype, std::vec
   if (served.extra_dim) shape->push_back(2);
 }
 
-void AppendJsonString(std::string* out, std::string_view s) {
-  out->push_back('"');
-  for (char c : s) {
-    switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          *out += buf;
-        } else {
-          out->push_back(c);
-        }
-    }
-  }
-  out->push_back('"');
-}
-
 std::string SafetensorsHeader(const std::vector<HeaderEntry>& entries) {
   std::string json = R"({"__metadata__":{"format":"pt"})";
   for (const HeaderEntry& e : entries) {
@@ -40,12 +18,9 @@ std::string SafetensorsHeader(const std::vector<HeaderEntry>& entries) {
     AppendJsonString(&json, e.key);
     json += R"(:{"dtype":")";
     json += e.dtype;
-    json += R"(","shape":[)";
-    for (size_t i = 0; i < e.shape.size(); ++i) {
-      if (i) json += ',';
-      json += std::to_string(e.shape[i]);
-    }
-    json += R"(],"data_offsets":[)";
+    json += R"(","shape":)";
+    AppendJsonArray(&json, e.shape);
+    json += R"(,"data_offsets":[)";
     json += std::to_string(e.begin);
     json += ',';
     json += std::to_string(e.end);

@@ -24,9 +24,6 @@ struct HeaderEntry {
 // writer does, so the data buffer that follows starts 8-aligned.
 std::string SafetensorsHeader(const std::vector<HeaderEntry>& entries);
 
-// `s` as a JSON string literal (quotes included).
-void AppendJsonString(std::string* out, std::string_view s);
-
 }  // namespace ckptfs
 
 #endif  // CKPTFS_VIEW_SAFETENSORS_HEADER_HPP_

@@ -1,0 +1,21 @@
+// Writing JSON text directly, for outputs with one entry per tensor where building a
+// nlohmann::json tree first would dominate the run time.
+#ifndef CKPTFS_IO_JSON_TEXT_HPP_
+#define CKPTFS_IO_JSON_TEXT_HPP_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ckptfs {
+
+// `s` as a JSON string literal (quotes included). Bytes >= 0x80 pass through unchanged.
+void AppendJsonString(std::string* out, std::string_view s);
+
+// `[a,b,c]`
+void AppendJsonArray(std::string* out, const std::vector<uint64_t>& values);
+
+}  // namespace ckptfs
+
+#endif  // CKPTFS_IO_JSON_TEXT_HPP_
