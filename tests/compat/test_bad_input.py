@@ -170,6 +170,14 @@ def test_truncated_pt(saved_checkpoint, refuses, keep):
     refuses(saved_checkpoint)
 
 
+def test_hole_in_data_region(saved_checkpoint, refuses):
+    # The directory survives intact but every offset in it now points at the wrong bytes.
+    data = saved_checkpoint.read_bytes()
+    start = data.find(b"/data/0") + 100
+    saved_checkpoint.write_bytes(data[:start] + data[start + 128 :])
+    refuses(saved_checkpoint)
+
+
 def corrupt_eocd_signature(data: bytearray) -> None:
     data[data.rfind(b"PK\x05\x06")] ^= 0xFF
 
@@ -225,6 +233,54 @@ def test_deflated_data_record(saved_checkpoint, tmp_path, refuses):
             target.writestr(name, source.read(name), compress_type=method)
     assert torch.load(deflated, weights_only=True)["w"].shape == (8, 8)
     refuses(deflated)
+
+
+def big_endian_zip(path: Path, byteorder: str) -> Path:
+    pickled = pickle_dict({"w": pickle_tensor("FloatStorage", "0", 6, 0, (2, 3), (3, 1))})
+    make_torch_zip(path, pickled, {"0": struct.pack(">6f", *range(6))})
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    members["archive/byteorder"] = byteorder.encode()
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+def test_big_endian_is_swapped_or_refused(tmp_path, run_ckptfs, verify_export):
+    # torch.load byte-swaps these; serving the raw bytes would silently corrupt every value.
+    src = big_endian_zip(tmp_path / "big-endian.pt", "big")
+    expected = torch.load(src, weights_only=True)
+    assert torch.equal(expected["w"], torch.arange(6.0).reshape(2, 3))
+    result = run_ckptfs("ls", src, check=False)
+    if result.returncode == 0:
+        verify_export(src, expected)
+    else:
+        assert_refused(result, src)
+
+
+def test_unknown_byteorder(tmp_path, refuses):
+    refuses(big_endian_zip(tmp_path / "middle-endian.pt", "middle"))
+
+
+def test_legacy_format_is_served_or_refused(tmp_path, run_ckptfs, verify_export):
+    # The pre-1.6 pickle-stream format, which torch.load still reads.
+    src = tmp_path / "legacy.pt"
+    torch.save({"w": torch.randn(3, 2)}, src, _use_new_zipfile_serialization=False)
+    result = run_ckptfs("ls", src, check=False)
+    if result.returncode == 0:
+        verify_export(src, torch.load(src, weights_only=True))
+    else:
+        assert_refused(result, src)
+
+
+def test_torchscript_archive_is_served_or_refused(tmp_path, run_ckptfs):
+    # torch.jit.save writes a zip with data.pkl too; it must not be mistaken for garbage.
+    src = tmp_path / "scripted.pt"
+    torch.jit.save(torch.jit.script(torch.nn.Linear(3, 2)), src)
+    result = run_ckptfs("ls", src, check=False)
+    if result.returncode != 0:
+        assert_refused(result, src)
 
 
 # --- storages and tensors that do not fit their records

@@ -1,11 +1,13 @@
 """Checkpoints written by the real torch.save, exported by ckptfs, read back by safetensors."""
 
+import argparse
 import ctypes
 import ctypes.util
 import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -51,7 +53,7 @@ def random_bits(shape, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     subnormals all occur and any conversion on the way would show."""
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=torch.Generator().manual_seed(seed)).bool()
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     numel = torch.Size(shape).numel()
     raw = torch.randint(
         0,
@@ -291,4 +293,90 @@ def test_parameters_saved_directly(tmp_path, verify_export):
     src = tmp_path / "params.pt"
     expected = save_and_load({"weight": weight, "frozen": frozen}, src)
     assert isinstance(expected["weight"], nn.Parameter)
+    verify_export(src, expected)
+
+
+def test_tensor_with_python_attribute(tmp_path, verify_export):
+    # A plain tensor carrying Python state is pickled through _rebuild_from_type_v2.
+    tensor = torch.randn(4, 2)
+    tensor.note = "calibrated"
+    src = tmp_path / "attribute.pt"
+    verify_export(src, save_and_load({"w": tensor}, src))
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_newer_pickle_protocols(tmp_path, verify_export, protocol):
+    # torch.save(pickle_protocol=N) is public API; 4+ brings FRAME, MEMOIZE, SHORT_BINUNICODE.
+    src = tmp_path / f"protocol{protocol}.pt"
+    torch.save(training_checkpoint(), src, pickle_protocol=protocol)
+    # weights_only refuses those opcodes; the file is our own, so a full load is safe.
+    verify_export(src, torch.load(src, weights_only=False))
+
+
+def test_non_tensor_python_objects(tmp_path, verify_export):
+    # Real checkpoints carry argparse args, numpy values, sets and bytes beside the tensors.
+    # They are data to ckptfs (never imported) and must not stop the tensors being served.
+    checkpoint = {
+        "model": {"w": torch.randn(3, 3)},
+        "args": argparse.Namespace(lr=0.1, name="run"),
+        "best_loss": np.float64(0.25),
+        "seen": {1, 2},
+        "blob": b"\x00\x01",
+        "array": np.arange(3),
+    }
+    src = tmp_path / "objects.pt"
+    torch.save(checkpoint, src)
+    out, _ = verify_export(src, torch.load(src, weights_only=False))
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert find_dict_with(metadata, lr=0.1, name="run"), "argparse values missing from metadata"
+
+
+def test_many_tensors(tmp_path, verify_export):
+    # Over 256 memo entries (LONG_BINPUT) and over 1000 items per dict (batched SETITEMS).
+    state = {f"layers.{i}.weight": torch.full((2,), float(i)) for i in range(1500)}
+    src = tmp_path / "many.pt"
+    verify_export(src, save_and_load(state, src))
+
+
+def test_more_than_65535_records(tmp_path, ls_json, export_source):
+    # 70000 storages: the zip needs zip64 for its entry count. Per-tensor files are not
+    # checked one by one here; the other tests cover them.
+    state = {f"t{i}": torch.full((1,), float(i)) for i in range(70000)}
+    src = tmp_path / "huge-directory.pt"
+    torch.save(state, src)
+    assert len(ls_json(src)) == len(state)
+    served = load_file(export_source(src) / "model.safetensors")
+    assert set(served) == set(state)
+    for key, tensor in state.items():
+        assert torch.equal(served[key], tensor), key
+
+
+def test_checkpoint_without_tensors(tmp_path, ls_json, export_source):
+    src = tmp_path / "config-only.pt"
+    torch.save({"epoch": 3, "config": {"lr": 0.5, "name": "demo"}}, src)
+    assert ls_json(src) == []
+    out = export_source(src)
+    assert load_file(out / "model.safetensors") == {}
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert find_dict_with(metadata, epoch=3)
+    assert find_dict_with(metadata, lr=0.5, name="demo")
+
+
+def test_unusual_source_path(tmp_path, verify_export):
+    # Spaces and non-ASCII in the path; torch then names the zip folder "archive".
+    src = tmp_path / "run 1 – été.pt"
+    verify_export(src, save_and_load({"w": torch.randn(2, 2)}, src))
+
+
+def test_key_with_nul_byte(tmp_path, run_ckptfs, verify_export):
+    # No file name can hold NUL: ckptfs must escape it (or refuse the source cleanly),
+    # never name a file it cannot create.
+    src = tmp_path / "nul.pt"
+    expected = save_and_load({"a\0b": torch.randn(2), "a": torch.randn(3)}, src)
+    result = run_ckptfs("ls", "--json", src, check=False)
+    if result.returncode == 1:
+        assert len(result.stderr.splitlines()) == 1, result.stderr
+        return
+    entries = {entry["key"]: entry for entry in json.loads(result.stdout)}
+    assert "\0" not in entries["a\0b"]["file"], "file name contains NUL"
     verify_export(src, expected)
