@@ -1,6 +1,6 @@
 // The set of source files a checkpoint is made of, opened once and read with pread.
 //
-// Each file's identity (device, inode, size, mtime) is recorded when it is opened.
+// Each file's identity (device, inode, size, mtime, ctime) is recorded when it is opened.
 // Every read re-checks it, so a file replaced or rewritten under ckptfs makes reads
 // fail with kSourceChanged instead of returning bytes of a different file.
 // Thread-safety: all const methods may be called concurrently.
@@ -21,6 +21,8 @@ struct FileIdentity {
   uint64_t ino = 0;
   uint64_t size = 0;
   int64_t mtime_ns = 0;
+  // ctime cannot be set back by any process: it catches a rewrite whose mtime was restored.
+  int64_t ctime_ns = 0;
   bool operator==(const FileIdentity&) const = default;
 };
 

