@@ -152,6 +152,28 @@ BOOST_AUTO_TEST_CASE(memoize_numbers_by_memo_size) {
   BOOST_TEST(items[2] == items[1]);
 }
 
+BOOST_AUTO_TEST_CASE(memoize_after_overwritten_and_sparse_puts) {
+  // MEMOIZE stores at len(memo), as CPython's Unpickler does: a PUT that overwrites a slot
+  // does not grow the memo. pickle.loads of this stream gives ('a', 'b', 'c', 'c', 'b').
+  PickleBuilder p;
+  p.Proto(4).Mark().ShortBinUnicode("a").BinPut(0).ShortBinUnicode("b").BinPut(0);
+  p.ShortBinUnicode("c").Op(0x94).BinGet(1).BinGet(0).Tuple().Stop();
+  Pickle pk = MustParse(p.bytes());
+  BOOST_REQUIRE_EQUAL(pk.root->items.size(), 5u);
+  BOOST_TEST(pk.root->items[3]->s == "c");
+  BOOST_TEST(pk.root->items[4]->s == "b");
+
+  // A PUT far beyond the pickle's size, then MEMOIZE at len(memo) == 1:
+  // pickle.loads gives ('a', 'b', 'b', 'a').
+  PickleBuilder q;
+  q.Proto(4).Mark().ShortBinUnicode("a").Op('r').Raw(LE32(0xFFFFFFF0u)).ShortBinUnicode("b").Op(0x94);
+  q.BinGet(1).Op('j').Raw(LE32(0xFFFFFFF0u)).Tuple().Stop();
+  Pickle pq = MustParse(q.bytes());
+  BOOST_REQUIRE_EQUAL(pq.root->items.size(), 4u);
+  BOOST_TEST(pq.root->items[2]->s == "b");
+  BOOST_TEST(pq.root->items[3]->s == "a");
+}
+
 BOOST_AUTO_TEST_CASE(protocol4_frame_stack_global_newobj_build) {
   // What `pickle.dumps(OrderedDict(), protocol=4)`-style streams look like: framed,
   // names as SHORT_BINUNICODE, classes through STACK_GLOBAL, objects via NEWOBJ + BUILD.

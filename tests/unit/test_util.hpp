@@ -6,7 +6,6 @@
 
 #include <stdlib.h>
 
-#include <array>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>

@@ -175,6 +175,36 @@ BOOST_AUTO_TEST_CASE(data_descriptor_entries_take_sizes_from_the_central_directo
   BOOST_TEST(off == lay.local_header_offsets[0] + 30 + 10 + 21);
 }
 
+BOOST_AUTO_TEST_CASE(reopening_with_another_archive_reads_its_own_headers) {
+  // Open() resets the archive: offsets must come from the second file's local headers,
+  // even after DataOffset read the first file's.
+  ZipLayout lay_a, lay_b;
+  const std::string a = ThreeEntries(&lay_a);
+  ZipBuilder bb;
+  bb.Add(ZipEntrySpec("b/x", "payload").LocalExtra(PaddingExtra(20)));
+  const std::string b = bb.Build(false, "", &lay_b);
+  TempDir dir;
+  WriteFile(dir.File("a.zip"), a);
+  WriteFile(dir.File("b.zip"), b);
+  ckptfs::SourceFiles files;
+  uint32_t ia = 0, ib = 0;
+  BOOST_REQUIRE(files.Add(dir.File("a.zip"), &ia).ok());
+  BOOST_REQUIRE(files.Add(dir.File("b.zip"), &ib).ok());
+  ZipArchive zip;
+  BOOST_REQUIRE(zip.Open(files, ia).ok());
+  uint64_t off = 0;
+  BOOST_REQUIRE(zip.DataOffset(zip.entries().at(0), &off).ok());
+  BOOST_TEST(off == lay_a.data_offsets[0]);
+  BOOST_REQUIRE(zip.Open(files, ib).ok());
+  BOOST_REQUIRE_EQUAL(zip.entries().size(), 1u);
+  BOOST_TEST(zip.Find("arch/data.pkl") == nullptr);
+  BOOST_REQUIRE(zip.DataOffset(zip.entries()[0], &off).ok());
+  BOOST_TEST(off == lay_b.data_offsets[0]);  // 30 + 3 + 24
+  std::string data;
+  BOOST_REQUIRE(zip.ReadStored(zip.entries()[0], 100, &data).ok());
+  BOOST_TEST(data == "payload");
+}
+
 // ---- malformed archives ----------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(too_short_file) {

@@ -1,0 +1,199 @@
+// The safetensors reader on generated files: a valid one, and one file per header rule
+// of the reference implementation (shared/reference/torch-safetensors-dcp.md, D.2).
+#define BOOST_TEST_MODULE safetensors_test
+#include <boost/test/unit_test.hpp>
+
+#include "ckptfs/catalog.hpp"
+#include "format/readers.hpp"
+#include "test_util.hpp"
+
+using ckptfs::Catalog;
+using ckptfs::DType;
+using ckptfs::Status;
+using json = nlohmann::json;
+using namespace ckptfs_test;
+
+namespace {
+
+// Writes `bytes` to a temp file and reads it with ReadSafetensorsFile.
+struct Read {
+  TempDir dir;
+  std::string path = dir.File("model.safetensors");
+  Catalog catalog;
+  json metadata;
+  Status status;
+  explicit Read(const std::string& bytes) {
+    WriteFile(path, bytes);
+    status = ckptfs::ReadSafetensorsFile(path, &catalog, &metadata);
+  }
+};
+
+void CheckCorrupt(const std::string& bytes, std::string_view part) {
+  Read r(bytes);
+  BOOST_TEST(!r.status.ok());
+  BOOST_TEST(static_cast<int>(r.status.code()) == static_cast<int>(Status::Code::kCorruption), r.status.message());
+  BOOST_TEST(StartsWith(r.status.message(), r.path + ": safetensors: "), r.status.message());
+  BOOST_TEST(Contains(r.status.message(), part), r.status.message());
+  BOOST_TEST(r.catalog.tensors.empty());
+}
+
+// One header entry.
+json Entry(const char* dtype, std::vector<uint64_t> shape, uint64_t begin, uint64_t end) {
+  return {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {begin, end}}};
+}
+
+std::string File(const json& header, size_t data_size) {
+  return SafetensorsBytes(header.dump(), PatternBytes(data_size, 3));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(valid_file) {
+  json h;
+  h["__metadata__"] = {{"format", "pt"}, {"note", "hi"}};
+  // Keys in JSON order differ from offset order; the catalog follows offsets.
+  h["a.weight"] = Entry("F32", {2}, 12, 20);
+  h["b"] = Entry("F16", {2, 3}, 0, 12);
+  h["c.count"] = Entry("I64", {}, 20, 28);
+  h["d.empty"] = Entry("BF16", {0, 4}, 28, 28);
+  h["e.mask"] = Entry("BOOL", {3}, 28, 31);
+  std::string text = h.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the reference writer's padding
+  const std::string data = PatternBytes(31, 7);
+  Read r(SafetensorsBytes(text, data));
+  BOOST_REQUIRE_MESSAGE(r.status.ok(), r.status.message());
+  BOOST_TEST(r.metadata == json({{"format", "pt"}, {"note", "hi"}}));
+  const uint64_t base = 8 + text.size();
+  const auto& ts = r.catalog.tensors;
+  BOOST_REQUIRE_EQUAL(ts.size(), 5u);
+  struct Want { const char* key; DType dtype; std::vector<uint64_t> shape; uint64_t begin, end; };
+  const Want want[] = {{"b", DType::kF16, {2, 3}, 0, 12},
+                       {"a.weight", DType::kF32, {2}, 12, 20},
+                       {"c.count", DType::kI64, {}, 20, 28},
+                       {"d.empty", DType::kBF16, {0, 4}, 28, 28},
+                       {"e.mask", DType::kBool, {3}, 28, 31}};
+  for (size_t i = 0; i < 5; ++i) {
+    BOOST_TEST_CONTEXT("tensor " << want[i].key) {
+      BOOST_TEST(ts[i].key == want[i].key);
+      BOOST_TEST(ts[i].path.size() == 1u);
+      BOOST_TEST((ts[i].dtype == want[i].dtype));
+      BOOST_TEST(ts[i].shape == want[i].shape, boost::test_tools::per_element());
+      BOOST_TEST(!ts[i].strided.has_value());
+      BOOST_TEST(ts[i].nbytes() == want[i].end - want[i].begin);
+      if (want[i].end == want[i].begin) {
+        BOOST_TEST(ts[i].extents.empty());
+      } else {
+        BOOST_REQUIRE_EQUAL(ts[i].extents.size(), 1u);
+        BOOST_TEST(ts[i].extents[0].offset == base + want[i].begin);
+        BOOST_TEST(ts[i].extents[0].length == want[i].end - want[i].begin);
+        std::string got(ts[i].extents[0].length, '\0');
+        BOOST_REQUIRE(r.catalog.files->ReadExact(0, ts[i].extents[0].offset, got.size(), got.data()).ok());
+        BOOST_TEST(got == data.substr(want[i].begin, want[i].end - want[i].begin));
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(open_catalog_detects_safetensors) {
+  json h;
+  h["x"] = Entry("U8", {4}, 0, 4);
+  TempDir dir;
+  const std::string path = dir.File("x.safetensors");
+  WriteFile(path, File(h, 4));
+  std::shared_ptr<const Catalog> c;
+  Status s = ckptfs::OpenCatalog(path, &c);
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  BOOST_TEST(c->format == "safetensors");
+  BOOST_TEST(c->tensors.at(0).key == "x");
+  BOOST_TEST(c->metadata == json::object());  // no __metadata__
+}
+
+BOOST_AUTO_TEST_CASE(empty_header_and_no_tensors) {
+  Read r(SafetensorsBytes("{}      ", ""));
+  BOOST_REQUIRE_MESSAGE(r.status.ok(), r.status.message());
+  BOOST_TEST(r.catalog.tensors.empty());
+}
+
+BOOST_AUTO_TEST_CASE(shorter_than_the_length_prefix) {
+  CheckCorrupt("\x02\x00\x00", "shorter than its 8-byte header length");
+}
+
+BOOST_AUTO_TEST_CASE(header_length_above_the_limit) {
+  // Past the limit the length is refused before anything is read or allocated.
+  CheckCorrupt(LE64(100'000'001) + "{}", "header length 100000001 exceeds the 100 MB limit");
+  CheckCorrupt(LE64(~uint64_t{0}) + "{}", "exceeds the 100 MB limit");
+}
+
+BOOST_AUTO_TEST_CASE(header_length_past_eof) {
+  CheckCorrupt(LE64(100) + "{\"a\":1}", "header length 100 runs past the end of the file");
+  CheckCorrupt(LE64(100'000'000) + "{}", "runs past the end of the file");  // at the limit itself
+}
+
+BOOST_AUTO_TEST_CASE(header_not_json) {
+  CheckCorrupt(SafetensorsBytes("{\"a\": [1, 2", ""), "header is not a JSON object");
+  CheckCorrupt(SafetensorsBytes("[1, 2, 3]", ""), "header is not a JSON object");
+  CheckCorrupt(SafetensorsBytes("\xff\xfe{}", ""), "header is not a JSON object");
+}
+
+BOOST_AUTO_TEST_CASE(unknown_dtype) {
+  json h;
+  h["a"] = Entry("F12", {1}, 0, 4);
+  CheckCorrupt(File(h, 4), "tensor 'a' has an unknown dtype \"F12\"");
+  h["a"] = Entry("float32", {1}, 0, 4);  // torch's name is not a safetensors name
+  CheckCorrupt(File(h, 4), "unknown dtype");
+}
+
+BOOST_AUTO_TEST_CASE(malformed_entries) {
+  json h;
+  h["a"] = {{"dtype", "F32"}, {"shape", {1}}};
+  CheckCorrupt(File(h, 4), "tensor 'a' lacks dtype, shape or data_offsets");
+  h["a"] = Entry("F32", {1}, 0, 4);
+  h["a"]["shape"] = {-1};
+  CheckCorrupt(File(h, 4), "tensor 'a' has a malformed shape");
+  h["a"] = Entry("F32", {1}, 4, 0);
+  CheckCorrupt(File(h, 4), "tensor 'a' has malformed data_offsets");
+  h["a"] = Entry("F32", {1}, 0, 4);
+  h["a"]["data_offsets"] = {0, 4, 8};
+  CheckCorrupt(File(h, 4), "tensor 'a' has malformed data_offsets");
+  h["a"] = Entry("F32", {1ull << 40, 1ull << 40}, 0, 4);
+  CheckCorrupt(File(h, 4), "tensor 'a' shape overflows");
+}
+
+BOOST_AUTO_TEST_CASE(overlapping_offsets) {
+  json h;
+  h["a"] = Entry("F32", {2}, 0, 8);
+  h["b"] = Entry("F32", {2}, 4, 12);
+  CheckCorrupt(File(h, 12), "tensor 'b' starts at 4, overlapping the previous tensor (expected 8)");
+}
+
+BOOST_AUTO_TEST_CASE(gap_between_tensors) {
+  json h;
+  h["a"] = Entry("F32", {2}, 0, 8);
+  h["b"] = Entry("F32", {2}, 12, 20);
+  CheckCorrupt(File(h, 20), "tensor 'b' starts at 12, leaving a gap after the previous tensor (expected 8)");
+  json first;
+  first["a"] = Entry("F32", {1}, 4, 8);
+  CheckCorrupt(File(first, 8), "tensor 'a' starts at 4");
+}
+
+BOOST_AUTO_TEST_CASE(trailing_bytes_or_short_buffer) {
+  json h;
+  h["a"] = Entry("F32", {2}, 0, 8);
+  CheckCorrupt(File(h, 9), "tensors cover 8 bytes but the data buffer holds 9");
+  CheckCorrupt(File(h, 7), "tensors cover 8 bytes but the data buffer holds 7");
+}
+
+BOOST_AUTO_TEST_CASE(nbytes_mismatch) {
+  json h;
+  h["a"] = Entry("F32", {2, 2}, 0, 12);
+  CheckCorrupt(File(h, 12), "tensor 'a' spans 12 bytes but its dtype and shape need 16");
+}
+
+BOOST_AUTO_TEST_CASE(metadata_values_must_be_strings) {
+  json h;
+  h["__metadata__"] = {{"format", "pt"}, {"step", 3}};
+  h["a"] = Entry("F32", {1}, 0, 4);
+  CheckCorrupt(File(h, 4), "__metadata__ value of 'step' is not a string");
+  h["__metadata__"] = json::array({"pt"});
+  CheckCorrupt(File(h, 4), "__metadata__ is not an object");
+}

@@ -1,0 +1,382 @@
+// The torch.save reader: the real sample checkpoint (tests/data/make_sample.py, written by
+// torch.save), corrupted copies of it, and small torch-style archives built by hand for
+// the cases the sample lacks (strided tensors, storage offsets, refused globals).
+#define BOOST_TEST_MODULE torch_test
+#include <boost/test/unit_test.hpp>
+
+#include <cstring>
+#include <random>
+
+#include "ckptfs/catalog.hpp"
+#include "format/readers.hpp"
+#include "test_util.hpp"
+
+using ckptfs::Catalog;
+using ckptfs::DType;
+using ckptfs::PathElement;
+using ckptfs::Status;
+using namespace ckptfs_test;
+
+namespace {
+
+const std::string kSample = CKPTFS_TEST_DATA "/sample-mlp-training.pt";
+constexpr uint64_t kSampleSize = 16963;
+
+struct Expected {
+  const char* key;
+  std::vector<uint64_t> shape;
+  uint64_t data_offset;  // of record data/<n> in the sample (Python zipfile + local header)
+  const char* storage;   // record key
+};
+
+// Catalog order is pickle order: the state_dict, then Adam's state per parameter.
+const std::vector<Expected>& SampleTensors() {
+  static const std::vector<Expected> kTensors = {
+      {"model.0.weight", {32, 16}, 2560, "0"},
+      {"model.0.bias", {32}, 4736, "1"},
+      {"model.1.weight", {32}, 4992, "2"},
+      {"model.1.bias", {32}, 5248, "3"},
+      {"model.2.weight", {4, 32}, 5504, "4"},
+      {"model.2.bias", {4}, 6144, "5"},
+      {"optimizer.state.0.step", {}, 6272, "6"},
+      {"optimizer.state.0.exp_avg", {32, 16}, 6400, "7"},
+      {"optimizer.state.0.exp_avg_sq", {32, 16}, 8576, "8"},
+      {"optimizer.state.1.step", {}, 10752, "9"},
+      {"optimizer.state.1.exp_avg", {32}, 10880, "10"},
+      {"optimizer.state.1.exp_avg_sq", {32}, 11136, "11"},
+      {"optimizer.state.2.step", {}, 11392, "12"},
+      {"optimizer.state.2.exp_avg", {32}, 11520, "13"},
+      {"optimizer.state.2.exp_avg_sq", {32}, 11776, "14"},
+      {"optimizer.state.3.step", {}, 12032, "15"},
+      {"optimizer.state.3.exp_avg", {32}, 12160, "16"},
+      {"optimizer.state.3.exp_avg_sq", {32}, 12416, "17"},
+      {"optimizer.state.4.step", {}, 12672, "18"},
+      {"optimizer.state.4.exp_avg", {4, 32}, 12800, "19"},
+      {"optimizer.state.4.exp_avg_sq", {4, 32}, 13440, "20"},
+      {"optimizer.state.5.step", {}, 14080, "21"},
+      {"optimizer.state.5.exp_avg", {4}, 14208, "22"},
+      {"optimizer.state.5.exp_avg_sq", {4}, 14336, "23"},
+  };
+  return kTensors;
+}
+
+std::shared_ptr<const Catalog> MustOpen(const std::string& path) {
+  std::shared_ptr<const Catalog> catalog;
+  Status s = ckptfs::OpenCatalog(path, &catalog);
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  return catalog;
+}
+
+void CheckError(const Status& s, const std::string& path, Status::Code code, std::string_view part) {
+  BOOST_TEST(!s.ok());
+  BOOST_TEST(static_cast<int>(s.code()) == static_cast<int>(code), s.message());
+  BOOST_TEST(StartsWith(s.message(), path + ": "), s.message());
+  BOOST_TEST(Contains(s.message(), part), s.message());
+}
+
+float ReadF32(const Catalog& c, uint64_t offset) {
+  float f = 0;
+  Status s = c.files->ReadExact(0, offset, sizeof f, &f);
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  return f;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(sample_tensors_keys_dtypes_shapes_extents) {
+  auto c = MustOpen(kSample);
+  BOOST_TEST(c->format == "torch-zip");
+  BOOST_TEST(c->source == kSample);
+  BOOST_REQUIRE_EQUAL(c->files->count(), 1u);
+  BOOST_TEST(c->files->size(0) == kSampleSize);
+  BOOST_TEST(c->sibling_files.empty());
+  const auto& expected = SampleTensors();
+  BOOST_REQUIRE_EQUAL(c->tensors.size(), expected.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const auto& t = c->tensors[i];
+    const Expected& e = expected[i];
+    BOOST_TEST_CONTEXT("tensor " << e.key) {
+      BOOST_TEST(t.key == e.key);
+      BOOST_TEST((t.dtype == DType::kF32));
+      BOOST_TEST(t.shape == e.shape, boost::test_tools::per_element());
+      BOOST_TEST(!t.strided.has_value());
+      BOOST_REQUIRE_EQUAL(t.extents.size(), 1u);
+      BOOST_TEST(t.extents[0].file == 0u);
+      BOOST_TEST(t.extents[0].offset == e.data_offset);
+      BOOST_TEST(t.extents[0].length == t.nbytes());
+      BOOST_TEST(t.storage_id == std::string("0:") + e.storage);
+      total += t.nbytes();
+    }
+  }
+  BOOST_TEST(total == 8904u);
+  BOOST_TEST(c->tensors[0].nbytes() == 2048u);
+  BOOST_TEST(c->tensors[6].numel() == 1u);  // a 0-d tensor has one element
+}
+
+BOOST_AUTO_TEST_CASE(sample_tensor_paths_keep_key_types) {
+  auto c = MustOpen(kSample);
+  // state_dict keys are strings with dots; Adam's state is keyed by int parameter ids.
+  const std::vector<PathElement> model0 = {std::string("model"), std::string("0.weight")};
+  BOOST_TEST((c->tensors[0].path == model0));
+  const std::vector<PathElement> exp_avg = {std::string("optimizer"), std::string("state"), int64_t{0},
+                                            std::string("exp_avg")};
+  BOOST_TEST((c->tensors[7].path == exp_avg));
+  BOOST_TEST(ckptfs::FlattenKey(exp_avg) == "optimizer.state.0.exp_avg");
+}
+
+BOOST_AUTO_TEST_CASE(sample_tensor_bytes_are_the_saved_values) {
+  auto c = MustOpen(kSample);
+  // Values printed by torch.load of the sample (first element, little-endian hex).
+  uint32_t bits = 0;
+  float w = ReadF32(*c, c->tensors[0].extents[0].offset);
+  std::memcpy(&bits, &w, 4);
+  BOOST_TEST(bits == 0xbb7a3998u);  // model.0.weight[0, 0]
+  // LayerNorm weight after two Adam steps from 1.0, and Adam's step counter 2.0.
+  float ln = ReadF32(*c, c->tensors[2].extents[0].offset);
+  std::memcpy(&bits, &ln, 4);
+  BOOST_TEST(bits == 0x3f801194u);
+  for (size_t i : {6, 9, 12, 15, 18, 21}) BOOST_TEST(ReadF32(*c, c->tensors[i].extents[0].offset) == 2.0f);
+}
+
+BOOST_AUTO_TEST_CASE(sample_metadata) {
+  auto c = MustOpen(kSample);
+  const nlohmann::json& m = c->metadata;
+  BOOST_TEST(m["epoch"] == 3);
+  BOOST_TEST(m["step"] == 200);
+  BOOST_TEST(m["config"]["name"] == "demo");
+  BOOST_TEST(m["config"]["lr"].get<double>() == 1e-3);
+  // Containers that held only tensors are left out of the metadata.
+  BOOST_TEST(!m.contains("model"));
+  BOOST_TEST(!m["optimizer"].contains("state"));
+  const nlohmann::json& group = m["optimizer"]["param_groups"].at(0);
+  BOOST_TEST(group["params"] == nlohmann::json({0, 1, 2, 3, 4, 5}));
+  BOOST_TEST(group["betas"] == nlohmann::json({0.9, 0.999}));
+  BOOST_TEST(group["eps"].get<double>() == 1e-8);
+  BOOST_TEST(group["amsgrad"] == false);
+  BOOST_TEST(group["foreach"].is_null());
+  BOOST_TEST(group["weight_decay"] == 0);
+  BOOST_TEST(m.size() == 4u);  // config, epoch, optimizer, step
+}
+
+// ---- corrupted copies of the sample -------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(truncated_copies_fail_with_the_path) {
+  const std::string full = ReadFile(kSample);
+  BOOST_REQUIRE_EQUAL(full.size(), kSampleSize);
+  TempDir dir;
+  std::vector<size_t> lengths = {0, 1, 3, 4, 8, 9, 21, 22, 30, 64, 65, 100, 2046, 2560, 8000,
+                                 full.size() - 98, full.size() - 42, full.size() - 23, full.size() - 22,
+                                 full.size() - 21, full.size() - 1};
+  for (size_t n = 7; n < full.size(); n += 211) lengths.push_back(n);
+  for (size_t n : lengths) {
+    const std::string path = dir.File("cut-" + std::to_string(n) + ".pt");
+    WriteFile(path, std::string_view(full).substr(0, n));
+    std::shared_ptr<const Catalog> c;
+    Status s = ckptfs::OpenCatalog(path, &c);
+    BOOST_TEST_CONTEXT("truncated to " << n) {
+      BOOST_TEST(!s.ok());
+      BOOST_TEST(StartsWith(s.message(), path + ": "), s.message());
+      BOOST_TEST(c == nullptr);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(flipped_eocd_signature) {
+  std::string bytes = ReadFile(kSample);
+  bytes[bytes.size() - 22] ^= 0xff;  // 'P' of PK\5\6
+  TempDir dir;
+  const std::string path = dir.File("eocd.pt");
+  WriteFile(path, bytes);
+  std::shared_ptr<const Catalog> c;
+  CheckError(ckptfs::OpenCatalog(path, &c), path, Status::Code::kCorruption, "no end-of-central-directory record");
+}
+
+BOOST_AUTO_TEST_CASE(data_pkl_with_an_unknown_opcode) {
+  std::string bytes = ReadFile(kSample);
+  // data.pkl is the first record; its data starts at byte 64 with PROTO 2.
+  BOOST_REQUIRE_EQUAL(static_cast<uint8_t>(bytes[64]), 0x80);
+  TempDir dir;
+  {
+    std::string b = bytes;
+    b[64] = '\xff';
+    const std::string path = dir.File("op0.pt");
+    WriteFile(path, b);
+    std::shared_ptr<const Catalog> c;
+    Status s = ckptfs::OpenCatalog(path, &c);
+    CheckError(s, path, Status::Code::kCorruption, "unknown opcode 0xff at byte 0");
+    BOOST_TEST(Contains(s.message(), "data.pkl"), s.message());
+  }
+  {
+    std::string b = bytes;
+    b[64 + 5] = '\xff';  // the MARK after `}q\0`
+    const std::string path = dir.File("op5.pt");
+    WriteFile(path, b);
+    std::shared_ptr<const Catalog> c;
+    CheckError(ckptfs::OpenCatalog(path, &c), path, Status::Code::kCorruption, "unknown opcode 0xff at byte 5");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(random_byte_changes_fail_cleanly_or_parse) {
+  // Damage in the pickle or the zip directories must end in a Status naming the file,
+  // never a crash (run under sanitizers to catch memory errors too).
+  const std::string full = ReadFile(kSample);
+  const size_t cd_start = 14632;  // after the last record; the central directory follows
+  TempDir dir;
+  std::mt19937 rng(7);
+  for (int i = 0; i < 400; ++i) {
+    std::string b = full;
+    const size_t pos = i % 2 ? std::uniform_int_distribution<size_t>(64, 64 + 1981)(rng)
+                             : std::uniform_int_distribution<size_t>(cd_start, full.size() - 1)(rng);
+    b[pos] = static_cast<char>(std::uniform_int_distribution<int>(0, 255)(rng));
+    const std::string path = dir.File("flip.pt");
+    WriteFile(path, b);
+    std::shared_ptr<const Catalog> c;
+    Status s = ckptfs::OpenCatalog(path, &c);
+    BOOST_TEST_CONTEXT("byte " << pos << " set to " << int(static_cast<uint8_t>(b[pos]))) {
+      if (s.ok()) BOOST_TEST(c != nullptr);
+      else BOOST_TEST(StartsWith(s.message(), path + ": "), s.message());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(missing_file) {
+  std::shared_ptr<const Catalog> c;
+  const std::string path = CKPTFS_TEST_DATA "/no-such-file.pt";
+  CheckError(ckptfs::OpenCatalog(path, &c), path, Status::Code::kNotFound, "cannot access");
+}
+
+// ---- hand-built torch archives -------------------------------------------------------------
+
+namespace {
+
+// A torch.save-shaped archive: "arch/data.pkl", "arch/byteorder", then data records,
+// stored with FB padding to 64 bytes, data descriptors, and zip64 end records.
+std::string TorchZip(const std::string& pickle, const std::vector<std::pair<std::string, std::string>>& records,
+                     const std::string& byteorder = "little") {
+  ZipBuilder b;
+  std::vector<std::pair<std::string, std::string>> all = {{"arch/data.pkl", pickle}, {"arch/byteorder", byteorder}};
+  for (const auto& [k, v] : records) all.push_back({"arch/data/" + k, v});
+  uint64_t pos = 0;
+  for (const auto& [name, data] : all) {
+    const uint64_t start = pos + 30 + name.size() + 4;
+    const uint16_t pad = static_cast<uint16_t>((64 - start % 64) % 64);
+    b.Add(ZipEntrySpec(name, data).Flags(0x0808).LocalExtra(PaddingExtra(pad)).DataDescriptor());
+    pos = start + pad + data.size() + 16;
+  }
+  return b.Build(true);
+}
+
+// {"w": <tensor>} as torch pickles a one-entry dict.
+std::string OneTensorPickle(std::string_view storage_class, uint32_t numel, uint32_t offset,
+                            const std::vector<uint32_t>& size, const std::vector<uint32_t>& stride) {
+  PickleBuilder p;
+  p.Proto(2).EmptyDict().BinUnicode("w");
+  PickleTensor(&p, storage_class, "0", numel, offset, size, stride);
+  p.SetItem().Stop();
+  return p.bytes();
+}
+
+struct Built {
+  TempDir dir;
+  std::string path = dir.File("built.pt");
+  std::shared_ptr<const Catalog> catalog;
+  Status status;
+  explicit Built(const std::string& bytes) {
+    WriteFile(path, bytes);
+    status = ckptfs::OpenCatalog(path, &catalog);
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(transposed_tensor_is_strided) {
+  const std::string data = PatternBytes(24, 9);
+  Built b(TorchZip(OneTensorPickle("FloatStorage", 6, 0, {3, 2}, {1, 3}), {{"0", data}}));
+  BOOST_REQUIRE_MESSAGE(b.status.ok(), b.status.message());
+  BOOST_REQUIRE_EQUAL(b.catalog->tensors.size(), 1u);
+  const auto& t = b.catalog->tensors[0];
+  BOOST_TEST(t.key == "w");
+  BOOST_TEST(t.shape == std::vector<uint64_t>({3, 2}), boost::test_tools::per_element());
+  BOOST_TEST(t.extents.empty());
+  BOOST_REQUIRE(t.strided.has_value());
+  BOOST_TEST(t.strided->strides == std::vector<uint64_t>({1, 3}), boost::test_tools::per_element());
+  // The record's data offset: the bytes there are the record.
+  std::string got(24, '\0');
+  BOOST_REQUIRE(b.catalog->files->ReadExact(0, t.strided->base_offset, 24, got.data()).ok());
+  BOOST_TEST(got == data);
+  BOOST_TEST(t.strided->base_offset % 64 == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(storage_offset_and_views_of_one_storage) {
+  // w = storage[2:6] as 2x2 (contiguous), sharing storage "0" of 8 halfs.
+  const std::string data = PatternBytes(16, 4);
+  PickleBuilder p;
+  p.Proto(2).EmptyDict().Mark().BinUnicode("a");
+  PickleTensor(&p, "HalfStorage", "0", 8, 2, {2, 2}, {2, 1});
+  p.BinUnicode("b");
+  PickleTensor(&p, "HalfStorage", "0", 8, 0, {8}, {1});
+  p.BinUnicode("n").BinInt1(5).SetItems().Stop();
+  Built b(TorchZip(p.bytes(), {{"0", data}}));
+  BOOST_REQUIRE_MESSAGE(b.status.ok(), b.status.message());
+  BOOST_REQUIRE_EQUAL(b.catalog->tensors.size(), 2u);
+  const auto& a = b.catalog->tensors[0];
+  const auto& full = b.catalog->tensors[1];
+  BOOST_TEST((a.dtype == DType::kF16));
+  BOOST_REQUIRE_EQUAL(a.extents.size(), 1u);
+  BOOST_TEST(a.extents[0].offset == full.extents.at(0).offset + 4);
+  BOOST_TEST(a.extents[0].length == 8u);
+  BOOST_TEST(full.extents[0].length == 16u);
+  BOOST_TEST(a.storage_id == full.storage_id);
+  BOOST_TEST(b.catalog->metadata == nlohmann::json({{"n", 5}}));
+}
+
+BOOST_AUTO_TEST_CASE(record_size_must_match_the_storage) {
+  Built b(TorchZip(OneTensorPickle("FloatStorage", 6, 0, {6}, {1}), {{"0", PatternBytes(20, 1)}}));
+  CheckError(b.status, b.path, Status::Code::kCorruption, "record arch/data/0 holds 20 bytes but the pickle says 24");
+}
+
+BOOST_AUTO_TEST_CASE(tensor_past_the_end_of_its_storage) {
+  Built b(TorchZip(OneTensorPickle("FloatStorage", 6, 1, {3, 2}, {1, 3}), {{"0", PatternBytes(24, 1)}}));
+  CheckError(b.status, b.path, Status::Code::kCorruption, "tensor reads past the end of storage '0' (24 bytes)");
+}
+
+BOOST_AUTO_TEST_CASE(missing_storage_record) {
+  Built b(TorchZip(OneTensorPickle("FloatStorage", 6, 0, {6}, {1}), {}));
+  CheckError(b.status, b.path, Status::Code::kCorruption, "no record arch/data/0");
+}
+
+BOOST_AUTO_TEST_CASE(big_endian_checkpoint_is_not_supported) {
+  Built b(TorchZip(OneTensorPickle("FloatStorage", 1, 0, {1}, {1}), {{"0", "abcd"}}, "big"));
+  CheckError(b.status, b.path, Status::Code::kNotSupported, "big-endian");
+}
+
+BOOST_AUTO_TEST_CASE(code_running_pickle_is_refused) {
+  PickleBuilder p;
+  p.Proto(2).Global("os", "system").Mark().BinUnicode("touch /tmp/pwned").Tuple().Reduce().Stop();
+  Built b(TorchZip(p.bytes(), {}));
+  CheckError(b.status, b.path, Status::Code::kRefused, "os.system");
+}
+
+BOOST_AUTO_TEST_CASE(keys_that_flatten_alike_are_not_supported) {
+  // {"a.b": t, "a": {"b": t}}: both tensors would be served as "a.b".
+  PickleBuilder p;
+  p.Proto(2).EmptyDict().Mark().BinUnicode("a.b");
+  PickleTensor(&p, "FloatStorage", "0", 1, 0, {1}, {1});
+  p.BinUnicode("a").EmptyDict().BinUnicode("b");
+  PickleTensor(&p, "FloatStorage", "0", 1, 0, {1}, {1});
+  p.SetItem().SetItems().Stop();
+  Built b(TorchZip(p.bytes(), {{"0", "abcd"}}));
+  CheckError(b.status, b.path, Status::Code::kNotSupported, "two tensors flatten to the same key 'a.b'");
+}
+
+BOOST_AUTO_TEST_CASE(one_storage_referenced_with_two_sizes) {
+  PickleBuilder p;
+  p.Proto(2).EmptyDict().Mark().BinUnicode("x");
+  PickleTensor(&p, "FloatStorage", "0", 2, 0, {2}, {1});
+  p.BinUnicode("y");
+  PickleTensor(&p, "FloatStorage", "0", 1, 0, {1}, {1});
+  p.SetItems().Stop();
+  Built b(TorchZip(p.bytes(), {{"0", "abcdefgh"}}));
+  CheckError(b.status, b.path, Status::Code::kCorruption, "storage '0' is referenced with two different sizes");
+}
