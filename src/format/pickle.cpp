@@ -99,12 +99,25 @@ class Machine {
     stack_.push_back(std::move(v));
     return Status::OK();
   }
+  // Values that are never mutated once made (None, bools, small ints, the empty tuple)
+  // are shared: a checkpoint repeats them for every tensor.
+  Status PushShared(PyRef* slot, PyValue::Kind kind, int64_t i) {
+    if (!*slot) {
+      *slot = Make(kind);
+      (*slot)->i = i;
+      (*slot)->b = i != 0;
+    }
+    return Push(*slot);
+  }
   Status PushTuple(std::vector<PyRef> items) {
+    if (items.empty()) return PushShared(&empty_tuple_, PyValue::Kind::kTuple, 0);
     auto t = Make(PyValue::Kind::kTuple);
     t->items = std::move(items);
     return Push(std::move(t));
   }
   Status PushInt(int64_t v) {
+    if (v >= 0 && v < static_cast<int64_t>(small_ints_.size()))
+      return PushShared(&small_ints_[static_cast<size_t>(v)], PyValue::Kind::kInt, v);
     auto n = Make(PyValue::Kind::kInt);
     n->i = v;
     return Push(std::move(n));
@@ -167,6 +180,8 @@ class Machine {
   size_t op_pos_ = 0;
   std::vector<PyRef> stack_;
   std::vector<size_t> marks_;
+  PyRef none_ = nullptr, false_ = nullptr, true_ = nullptr, empty_tuple_ = nullptr;
+  std::array<PyRef, 256> small_ints_{};
   uint64_t dense_limit_ = 0;
   std::vector<PyRef> memo_;
   std::unordered_map<uint64_t, PyRef> sparse_memo_;
@@ -274,12 +289,9 @@ Status Machine::Step(uint8_t op, bool* stop) {
     case POP_MARK: return PopMark(&items);
     case DUP: CKPTFS_RETURN_IF_ERROR(Top(&a)); return Push(a);
 
-    case NONE: return Push(Make(K::kNone));
-    case NEWTRUE: case NEWFALSE: {
-      a = Make(K::kBool);
-      a->b = op == NEWTRUE;
-      return Push(a);
-    }
+    case NONE: return PushShared(&none_, K::kNone, 0);
+    case NEWTRUE: return PushShared(&true_, K::kBool, 1);
+    case NEWFALSE: return PushShared(&false_, K::kBool, 0);
     case BININT: { uint32_t v = 0; if (!r_.U32(&v)) return Truncated(); return PushInt(static_cast<int32_t>(v)); }
     case BININT1: { uint8_t v = 0; if (!r_.U8(&v)) return Truncated(); return PushInt(v); }
     case BININT2: { uint16_t v = 0; if (!r_.U16(&v)) return Truncated(); return PushInt(v); }
@@ -291,11 +303,8 @@ Status Machine::Step(uint8_t op, bool* stop) {
     }
     case INT: case LONG: {
       if (!r_.Line(&text)) return Truncated();
-      if (op == INT && (text == "00" || text == "01")) {  // protocol 0 booleans
-        a = Make(K::kBool);
-        a->b = text == "01";
-        return Push(a);
-      }
+      if (op == INT && (text == "00" || text == "01"))  // protocol 0 booleans
+        return text == "01" ? PushShared(&true_, K::kBool, 1) : PushShared(&false_, K::kBool, 0);
       if (!text.empty() && text.back() == 'L') text.remove_suffix(1);
       int64_t v = 0;
       auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <unordered_set>
 
 #include "format/byte_reader.hpp"
 #include "format/pickle.hpp"
@@ -127,14 +128,12 @@ Status TorchZipReader::Read(json* metadata) {
   if (!keep) *metadata = json::object();
 
   // Two tensors whose paths flatten to one key (e.g. {"a.b": x, "a": {"b": y}}) cannot
-  // both be served; find them by sorting rather than hashing every key.
-  std::vector<const std::string*> keys;
+  // both be served. The tensors vector no longer grows, so views of the keys stay valid.
+  std::unordered_set<std::string_view> keys;
   keys.reserve(catalog_->tensors.size() - first_tensor);
-  for (size_t i = first_tensor; i < catalog_->tensors.size(); ++i) keys.push_back(&catalog_->tensors[i].key);
-  std::sort(keys.begin(), keys.end(), [](const std::string* a, const std::string* b) { return *a < *b; });
-  for (size_t i = 1; i < keys.size(); ++i)
-    if (*keys[i] == *keys[i - 1])
-      return Status::NotSupported(path_, "two tensors flatten to the same key '" + *keys[i] + "'");
+  for (size_t i = first_tensor; i < catalog_->tensors.size(); ++i)
+    if (!keys.insert(catalog_->tensors[i].key).second)
+      return Status::NotSupported(path_, "two tensors flatten to the same key '" + catalog_->tensors[i].key + "'");
   return Status::OK();
 }
 
