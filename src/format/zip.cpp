@@ -179,8 +179,8 @@ Status ZipArchive::DataOffset(const ZipEntry& entry, uint64_t* offset) const {
     CKPTFS_RETURN_IF_ERROR(files_->ReadExact(file_, at, window_.size(), window_.data()));
   }
   ByteReader r(std::string_view(window_).substr(at - window_start_, kLocalHeaderSize));
-  uint32_t sig;
-  uint16_t name_len, extra_len;
+  uint32_t sig = 0;
+  uint16_t name_len = 0, extra_len = 0;
   r.U32(&sig);
   r.Skip(22);
   r.U16(&name_len), r.U16(&extra_len);

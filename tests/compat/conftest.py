@@ -3,17 +3,21 @@ and check the exported files with the real safetensors and torch loaders."""
 
 import json
 import os
-import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_BIN = REPO_ROOT / "build" / "ckptfs"
+from ckptfs_testlib import (  # noqa: F401  (re-exported to the test modules)
+    REPO_ROOT,
+    assert_bitwise_equal,
+    check_safetensors_file,
+    ckptfs_path,
+    flatten_tensors_with_paths,
+    json_strings,
+    read_safetensors_header,
+)
 COMMAND_TIMEOUT_S = 60
 
 # torch dtype -> the safetensors dtype ckptfs serves it as (doc/CLI.md).
@@ -52,75 +56,6 @@ def served_form(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.dtype in (torch.complex128, torch.complex32):
         return torch.view_as_real(tensor)
     return tensor
-
-
-def flatten_tensors(obj, path=()) -> dict:
-    """{flattened key: (path, tensor)} for every tensor in a nested checkpoint, keyed the way
-    doc/CLI.md flattens them (containers joined with '.', ints in decimal)."""
-    if isinstance(obj, torch.Tensor):
-        return {".".join(str(p) for p in path): (list(path), obj)}
-    if isinstance(obj, dict):
-        items = obj.items()
-    elif isinstance(obj, (list, tuple)):
-        items = enumerate(obj)
-    else:
-        return {}
-    flat = {}
-    for name, value in items:
-        flat.update(flatten_tensors(value, path + (name,)))
-    return flat
-
-
-def assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    """Same dtype, same shape, same bytes (NaN payloads and -0.0 included)."""
-    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    assert tuple(actual.shape) == tuple(expected.shape), (
-        f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    )
-    # reshape(-1) first: a 0-dim tensor cannot be viewed as bytes directly.
-    actual_bytes = actual.contiguous().reshape(-1).view(torch.uint8)
-    expected_bytes = expected.contiguous().reshape(-1).view(torch.uint8)
-    if not torch.equal(actual_bytes, expected_bytes):
-        differing = (actual_bytes != expected_bytes).nonzero().flatten()
-        raise AssertionError(
-            f"{what}: {differing.numel()} of {expected_bytes.numel()} bytes differ, "
-            f"first at byte {int(differing[0])}"
-        )
-
-
-def read_safetensors_header(path: Path) -> tuple[int, dict]:
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        return length, json.loads(f.read(length))
-
-
-def json_strings(node) -> set:
-    """Every string (dict keys included) anywhere in a JSON document."""
-    if isinstance(node, str):
-        return {node}
-    if isinstance(node, dict):
-        found = set(node)
-        for value in node.values():
-            found |= json_strings(value)
-        return found
-    if isinstance(node, list):
-        return set().union(*(json_strings(v) for v in node)) if node else set()
-    return set()
-
-
-def json_dicts(node):
-    """Every JSON object anywhere in a document, depth first."""
-    if isinstance(node, dict):
-        yield node
-        for value in node.values():
-            yield from json_dicts(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from json_dicts(value)
-
-
-def ckptfs_path() -> Path:
-    return Path(os.environ.get("CKPTFS_BIN", DEFAULT_BIN))
 
 
 @pytest.fixture(scope="session")
@@ -189,7 +124,7 @@ def verify_export(run_ckptfs, ls_json, export_source):
     Returns (export dir, ls --json entries by key) for test-specific checks."""
 
     def verify(source, expected) -> tuple[Path, dict]:
-        flat = flatten_tensors(expected)
+        flat = flatten_tensors_with_paths(expected)
         assert flat, "the expected checkpoint must contain tensors"
         want = {key: served_form(tensor) for key, (_, tensor) in flat.items()}
 
@@ -232,30 +167,3 @@ def verify_export(run_ckptfs, ls_json, export_source):
         return out, by_key
 
     return verify
-
-
-def check_safetensors_file(path: Path, want: dict) -> None:
-    """Load PATH with both safetensors entry points and compare with WANT bit for bit."""
-    header_len, header = read_safetensors_header(path)
-    # transformers refuses files without format=pt; the writer pads the header to 8 bytes.
-    assert header.get("__metadata__", {}).get("format") == "pt", f"{path.name}: format != pt"
-    assert header_len % 8 == 0, f"{path.name}: header length {header_len} not a multiple of 8"
-
-    loaded = load_file(path)
-    assert set(loaded) == set(want), f"{path.name}: keys differ"
-    for key, tensor in want.items():
-        assert_bitwise_equal(loaded[key], tensor, f"{path.name}[{key}] via load_file")
-
-    with safe_open(path, framework="pt") as f:
-        assert set(f.keys()) == set(want)
-        for key, tensor in want.items():
-            assert_bitwise_equal(f.get_tensor(key), tensor, f"{path.name}[{key}] via safe_open")
-            # Partial reads go through get_slice; exercise them on 2-D tensors.
-            if tensor.dim() == 2 and tensor.shape[0] > 1 and tensor.shape[1] > 1:
-                part = f.get_slice(key)
-                assert part.get_shape() == list(tensor.shape)
-                assert_bitwise_equal(
-                    part[1:, : tensor.shape[1] - 1],
-                    tensor[1:, : tensor.shape[1] - 1],
-                    f"{path.name}[{key}] via get_slice",
-                )

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import assert_bitwise_equal
+from ckptfs_testlib import assert_bitwise_equal
 
 
 def sample_tensors(seed: int) -> dict:

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from conftest import assert_bitwise_equal, json_dicts
+from ckptfs_testlib import assert_bitwise_equal, json_dicts
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample-mlp-training.pt"
 

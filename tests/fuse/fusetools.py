@@ -12,10 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
-import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_BIN = REPO_ROOT / "build" / "ckptfs"
+from ckptfs_testlib import REPO_ROOT, assert_bitwise_equal, ckptfs_path, flatten_tensors  # noqa: F401
 
 # Starting a mount indexes the source first; even a large checkpoint takes seconds.
 MOUNT_TIMEOUT_S = 60
@@ -24,10 +22,6 @@ MOUNT_TIMEOUT_S = 60
 MOUNT_APPEAR_S = 10
 HELPER_TIMEOUT_S = 15  # fusermount3, pgrep, rsync of small trees
 DAEMON_EXIT_S = 10  # how long a daemon may take to exit after its mount went away
-
-
-def ckptfs_path() -> Path:
-    return Path(os.environ.get("CKPTFS_BIN", DEFAULT_BIN))
 
 
 def fuse_unavailable_reason():
@@ -250,38 +244,6 @@ def teardown_mount(mountpoint, binary) -> list:
 
 
 # --- tensors ----------------------------------------------------------------------------
-
-
-def flatten_tensors(obj, path=()) -> dict:
-    """{flattened key: tensor} for every tensor of a nested checkpoint, keyed the way
-    doc/CLI.md flattens them (containers joined with '.', ints in decimal)."""
-    if isinstance(obj, torch.Tensor):
-        return {".".join(str(p) for p in path): obj}
-    if isinstance(obj, dict):
-        items = obj.items()
-    elif isinstance(obj, (list, tuple)):
-        items = enumerate(obj)
-    else:
-        return {}
-    flat = {}
-    for name, value in items:
-        flat.update(flatten_tensors(value, path + (name,)))
-    return flat
-
-
-def assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    """Same dtype, same shape, same bytes (NaN payloads and -0.0 included)."""
-    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    assert tuple(actual.shape) == tuple(expected.shape), (
-        f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    )
-    a = actual.contiguous().reshape(-1).view(torch.uint8)
-    e = expected.contiguous().reshape(-1).view(torch.uint8)
-    if not torch.equal(a, e):
-        diff = (a != e).nonzero().flatten()
-        raise AssertionError(
-            f"{what}: {diff.numel()} of {e.numel()} bytes differ, first at byte {int(diff[0])}"
-        )
 
 
 def read_manifest(root) -> dict:

@@ -1,44 +1,13 @@
 """The real safetensors library reads the mounted files of a nested training checkpoint
 (written by the real torch.save) and gets exactly what torch.load returns."""
 
-import json
 import os
-import struct
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file
 
+from ckptfs_testlib import check_safetensors_file
 from fusetools import assert_bitwise_equal, read_manifest
-
-
-def check_safetensors_file(path: Path, want: dict) -> None:
-    """PATH through load_file, safe_open.get_tensor and get_slice equals WANT bit for bit."""
-    with open(path, "rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(header_len))
-    assert header.get("__metadata__", {}).get("format") == "pt", f"{path.name}: format != pt"
-    assert set(header) - {"__metadata__"} == set(want), f"{path.name}: header keys differ"
-
-    loaded = load_file(path)
-    assert set(loaded) == set(want), f"{path.name}: load_file keys differ"
-    for key, tensor in want.items():
-        assert_bitwise_equal(loaded[key], tensor, f"{path.name}[{key}] via load_file")
-
-    with safe_open(path, framework="pt") as f:
-        assert set(f.keys()) == set(want)
-        for key, tensor in want.items():
-            assert_bitwise_equal(f.get_tensor(key), tensor, f"{path.name}[{key}] via safe_open")
-            if tensor.dim() == 2 and tensor.shape[0] > 2 and tensor.shape[1] > 2:
-                part = f.get_slice(key)
-                assert part.get_shape() == list(tensor.shape)
-                rows, cols = tensor.shape
-                assert_bitwise_equal(
-                    part[1 : rows - 1, 1:cols],
-                    tensor[1 : rows - 1, 1:cols],
-                    f"{path.name}[{key}] via get_slice",
-                )
 
 
 def test_checkpoint_has_the_cases_we_mean_to_cover(training_ckpt):
