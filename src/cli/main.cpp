@@ -51,12 +51,11 @@ bool SplitArgs(const Args& args, const std::vector<std::string>& known, const ch
 namespace {
 
 constexpr char kUsage[] =
-    "usage: ckptfs COMMAND [OPTIONS] ...\n"
+    "usage: ckptfs SOURCE MOUNTPOINT [-o OPTION,...] [-f] [-d] [-s]\n"
+    "       ckptfs COMMAND [OPTIONS] ...\n"
     "\n"
     "Presents a machine-learning checkpoint (torch .pt/.bin, safetensors file or folder)\n"
     "as safetensors files, reading tensor bytes lazily from the source.\n"
-    "\n"
-    "       ckptfs SOURCE MOUNTPOINT [-o OPTION,...] [-f] [-d] [-s]\n"
     "\n"
     "commands:\n"
     "  mount SOURCE MOUNTPOINT\n"
