@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <syslog.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fuse/filesystem.hpp"
@@ -72,6 +74,23 @@ void OccupyStandardFds() {
       return;
     }
   }
+}
+
+// The kernel sizes buffered FUSE reads by the mount's readahead window, 128 KiB by
+// default, and a daemon can only lower it at INIT. Raising the window through sysfs lets
+// sequential readers get 1 MiB requests (a quarter of the round trips). Needs root; runs
+// in its own thread because stat() of the mountpoint is answered by the session loop.
+void RaiseReadahead(std::string mountpoint) {
+  std::thread([mountpoint = std::move(mountpoint)] {
+    struct stat st;
+    if (::stat(mountpoint.c_str(), &st) != 0) return;
+    const std::string path = "/sys/class/bdi/" + std::to_string(major(st.st_dev)) + ":" +
+                             std::to_string(minor(st.st_dev)) + "/read_ahead_kb";
+    if (FILE* f = std::fopen(path.c_str(), "w")) {
+      std::fprintf(f, "%u\n", kMaxRequestBytes / 1024);
+      std::fclose(f);
+    }
+  }).detach();
 }
 
 struct ParsedCommandLine {
@@ -198,6 +217,7 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
       // In the background case the parent exits only after the child is set up, and the
       // mount already exists: the command returns with the mount ready.
       if (fuse_daemonize(fopts.foreground) == 0) {
+        RaiseReadahead(mountpoint.get());
         SourceWatcher watcher;
         if (!watcher.Start(se, &fs))
           fuse_log(FUSE_LOG_WARNING, "ckptfs: cannot watch the source files; changes are caught on read only\n");
