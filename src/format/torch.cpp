@@ -1,19 +1,13 @@
-// Reader for torch.save zip archives (torch >= 1.6).
-//
-// data.pkl is parsed by the non-executing pickle machine; this file interprets the
-// resulting nodes: tensor rebuild calls become catalog tensors whose bytes are ranges
-// of the stored data/<key> records, containers are flattened to dotted keys, and every
-// other value becomes JSON metadata. Layout facts: ../shared/reference/
-// torch-safetensors-dcp.md sections A.2-A.5.
+// Reader for plain torch.save checkpoints (torch >= 1.6): the pickled object is walked,
+// tensors become catalog tensors, containers are flattened to dotted keys, and every other
+// value becomes JSON metadata.
 #include <algorithm>
 #include <cmath>
 #include <optional>
 #include <unordered_set>
 
-#include "format/byte_reader.hpp"
-#include "format/pickle.hpp"
 #include "format/readers.hpp"
-#include "format/zip.hpp"
+#include "format/torch_archive.hpp"
 
 namespace ckptfs {
 namespace {
@@ -21,15 +15,8 @@ namespace {
 using json = nlohmann::json;
 using Kind = PyValue::Kind;
 
-// data.pkl of a 100k-tensor checkpoint is ~10 MB; anything near this is not a checkpoint.
-constexpr uint64_t kMaxPickleSize = uint64_t{4} << 30;
 // Real checkpoints nest a handful of levels; deeper means a cycle or an attack.
 constexpr int kMaxDepth = 256;
-
-struct StorageRecord {
-  uint64_t data_offset = 0;
-  uint64_t nbytes = 0;
-};
 
 class TorchZipReader {
  public:
@@ -40,93 +27,23 @@ class TorchZipReader {
  private:
   Status Walk(const PyValue* v, std::vector<PathElement>* path, int depth, json* out, bool* keep);
   Status WalkOpaque(const PyValue* v, std::vector<PathElement>* path, int depth, json* out);
-  // Sets *is_tensor and fills *t when `v` is a tensor rebuild call.
-  Status AsTensor(const PyValue* v, int depth, TensorEntry* t, bool* is_tensor);
-  Status Storage(const PyValue* pid, std::optional<DType> tensor_dtype, DType* dtype,
-                 std::string* key, StorageRecord* rec);
   Status AddTensor(TensorEntry t, const std::vector<PathElement>& path);
   Status Bad(const std::string& what) const { return Status::Corruption(path_, what); }
 
   std::string path_;
   Catalog* catalog_;
-  uint32_t file_ = 0;
-  ZipArchive zip_;
-  std::string prefix_;  // "<archive>/"
-  // Storage records found so far, by the index of their zip entry.
-  std::vector<std::optional<StorageRecord>> storages_;
-  std::string record_name_;  // scratch for "<archive>/data/<key>", reused to avoid allocations
+  TorchArchive archive_;
 };
-
-// "module.name" of a GLOBAL, without allocating.
-bool IsGlobal(const PyValue* g, std::string_view qualified) {
-  return g && g->kind == Kind::kGlobal && qualified.size() == g->s.size() + 1 + g->name.size() &&
-         qualified.substr(0, g->s.size()) == g->s && qualified[g->s.size()] == '.' &&
-         qualified.substr(g->s.size() + 1) == g->name;
-}
-
-bool IsCall(const PyValue* v, std::string_view qualified) {
-  return v->kind == Kind::kObject && IsGlobal(v->callable, qualified);
-}
-
-std::string QualifiedName(const PyValue* g) { return std::string(g->s) + "." + std::string(g->name); }
-
-const PyValue* Arg(const PyValue* call, size_t i) {
-  if (!call->args || call->args->kind != Kind::kTuple || i >= call->args->items.size()) return nullptr;
-  return call->args->items[i];
-}
-
-bool AsUint(const PyValue* v, uint64_t* out) {
-  if (!v || v->kind != Kind::kInt || v->i < 0) return false;
-  *out = static_cast<uint64_t>(v->i);
-  return true;
-}
-
-// A tuple (or torch.Size) of non-negative ints.
-bool AsUintTuple(const PyValue* v, std::vector<uint64_t>* out) {
-  if (v && IsCall(v, "torch.Size")) v = Arg(v, 0);
-  if (!v || (v->kind != Kind::kTuple && v->kind != Kind::kList)) return false;
-  out->clear();
-  for (const PyValue* item : v->items) {
-    uint64_t x;
-    if (!AsUint(item, &x)) return false;
-    out->push_back(x);
-  }
-  return true;
-}
 
 }  // namespace
 
 Status TorchZipReader::Read(json* metadata) {
-  CKPTFS_RETURN_IF_ERROR(catalog_->files->Add(path_, &file_));
-  CKPTFS_RETURN_IF_ERROR(zip_.Open(*catalog_->files, file_));
-  if (zip_.entries().empty()) return Bad("zip archive has no entries");
-  // torch takes the archive folder from the first central-directory entry.
-  const std::string& first = zip_.entries().front().name;
-  size_t slash = first.find('/');
-  if (slash == std::string::npos) return Bad("not a torch.save archive: '" + first + "' is not in a folder");
-  prefix_ = first.substr(0, slash + 1);
-  if (zip_.Find(prefix_ + "constants.pkl"))
-    return Status::NotSupported(path_, "TorchScript archive (torch.jit.save); only torch.save checkpoints are supported");
-  const ZipEntry* pkl = zip_.Find(prefix_ + "data.pkl");
-  if (!pkl) return Bad("not a torch.save archive: no " + prefix_ + "data.pkl");
-  if (const ZipEntry* order = zip_.Find(prefix_ + "byteorder")) {
-    std::string value;
-    CKPTFS_RETURN_IF_ERROR(zip_.ReadStored(*order, 16, &value));
-    if (value == "big") return Status::NotSupported(path_, "big-endian checkpoint (byteorder record says 'big')");
-    if (value != "little") return Bad("byteorder record holds '" + value + "'; expected 'little' or 'big'");
-  }
-  std::string pickle_bytes;
-  CKPTFS_RETURN_IF_ERROR(zip_.ReadStored(*pkl, kMaxPickleSize, &pickle_bytes));
-  Pickle pickle;
-  CKPTFS_RETURN_IF_ERROR(ParsePickle(pickle_bytes, path_ + ": " + prefix_ + "data.pkl", &pickle));
-
-  storages_.resize(zip_.entries().size());
+  CKPTFS_RETURN_IF_ERROR(archive_.Open(path_, catalog_->files.get()));
   const size_t first_tensor = catalog_->tensors.size();
   std::vector<PathElement> path;
   bool keep = false;
-  CKPTFS_RETURN_IF_ERROR(Walk(pickle.root, &path, 0, metadata, &keep));
+  CKPTFS_RETURN_IF_ERROR(Walk(archive_.root(), &path, 0, metadata, &keep));
   if (!keep) *metadata = json::object();
-
   // Two tensors whose paths flatten to one key (e.g. {"a.b": x, "a": {"b": y}}) cannot
   // both be served. The tensors vector no longer grows, so views of the keys stay valid.
   std::unordered_set<std::string_view> keys;
@@ -134,127 +51,6 @@ Status TorchZipReader::Read(json* metadata) {
   for (size_t i = first_tensor; i < catalog_->tensors.size(); ++i)
     if (!keys.insert(catalog_->tensors[i].key).second)
       return Status::NotSupported(path_, "two tensors flatten to the same key '" + catalog_->tensors[i].key + "'");
-  return Status::OK();
-}
-
-Status TorchZipReader::Storage(const PyValue* pid, std::optional<DType> tensor_dtype, DType* dtype,
-                               std::string* key, StorageRecord* rec) {
-  // ('storage', <storage class>, key, location, numel); numel counts elements for typed
-  // storages and bytes for UntypedStorage.
-  if (!pid || pid->kind != Kind::kPersistent || !pid->args || pid->args->kind != Kind::kTuple ||
-      pid->args->items.size() < 5)
-    return Bad("tensor storage is not a ('storage', ...) persistent id");
-  const auto& f = pid->args->items;
-  uint64_t numel;
-  if (f[0]->kind != Kind::kStr || f[0]->s != "storage" || f[1]->kind != Kind::kGlobal ||
-      f[2]->kind != Kind::kStr || !AsUint(f[4], &numel))
-    return Bad("malformed storage persistent id");
-  key->assign(f[2]->s);
-  uint64_t itemsize = 1;
-  if (f[1]->name == "UntypedStorage") {
-    if (!tensor_dtype) return Bad("storage '" + *key + "' is untyped but the tensor names no dtype");
-    *dtype = *tensor_dtype;
-  } else {
-    auto sd = DTypeFromStorageClass(f[1]->name);
-    if (!sd) return Status::NotSupported(path_, "storage class " + QualifiedName(f[1]) + " is not supported");
-    *dtype = tensor_dtype ? *tensor_dtype : *sd;
-    itemsize = Info(*sd).itemsize;
-  }
-  uint64_t nbytes;
-  if (!CheckedMul(numel, itemsize, &nbytes)) return Bad("storage '" + *key + "' size overflows");
-
-  record_name_.assign(prefix_).append("data/").append(*key);
-  const ZipEntry* e = zip_.Find(record_name_);
-  if (!e) return Bad("the pickle references storage '" + *key + "' but the archive has no record " + record_name_);
-  std::optional<StorageRecord>& slot = storages_[static_cast<size_t>(e - zip_.entries().data())];
-  if (!slot) {
-    const std::string& name = record_name_;
-    if (e->method != ZipArchive::kMethodStored)
-      return Status::NotSupported(path_, "record " + name + " is compressed (method " + std::to_string(e->method) +
-                                             "); tensor data must be stored uncompressed");
-    if (e->uncompressed_size != nbytes)
-      return Bad("record " + name + " holds " + std::to_string(e->uncompressed_size) + " bytes but the pickle says " +
-                 std::to_string(nbytes));
-    StorageRecord r;
-    r.nbytes = nbytes;
-    CKPTFS_RETURN_IF_ERROR(zip_.DataOffset(*e, &r.data_offset));
-    slot = r;
-  } else if (slot->nbytes != nbytes) {
-    return Bad("storage '" + *key + "' is referenced with two different sizes");
-  }
-  *rec = *slot;
-  return Status::OK();
-}
-
-Status TorchZipReader::AsTensor(const PyValue* v, int depth, TensorEntry* t, bool* is_tensor) {
-  *is_tensor = false;
-  if (v->kind != Kind::kObject || depth > kMaxDepth || !v->callable || v->callable->kind != Kind::kGlobal)
-    return Status::OK();
-  const PyValue* callable = v->callable;
-  if (IsGlobal(callable, "torch._utils._rebuild_parameter") ||
-      IsGlobal(callable, "torch._utils._rebuild_parameter_with_state")) {
-    const PyValue* data = Arg(v, 0);
-    return data ? AsTensor(data, depth + 1, t, is_tensor) : Status::OK();
-  }
-  if (IsGlobal(callable, "torch._tensor._rebuild_from_type_v2")) {
-    // (func, new_type, args, state): the tensor is func(*args), then retyped.
-    const PyValue* func = Arg(v, 0);
-    const PyValue* args = Arg(v, 2);
-    if (!func || !args) return Status::OK();
-    PyValue call;
-    call.kind = Kind::kObject;
-    call.callable = const_cast<PyValue*>(func);
-    call.args = const_cast<PyValue*>(args);
-    return AsTensor(&call, depth + 1, t, is_tensor);
-  }
-  const bool v2 = IsGlobal(callable, "torch._utils._rebuild_tensor_v2");
-  const bool v3 = IsGlobal(callable, "torch._utils._rebuild_tensor_v3");
-  if (!v2 && !v3 && !IsGlobal(callable, "torch._utils._rebuild_tensor")) return Status::OK();
-
-  // (storage, storage_offset, size, stride, requires_grad, hooks[, dtype (v3)][, metadata])
-  std::optional<DType> tensor_dtype;
-  if (v3) {
-    const PyValue* d = Arg(v, 6);
-    if (!d || d->kind != Kind::kGlobal || d->s != "torch" || !(tensor_dtype = DTypeFromTorchName(d->name)))
-      return Status::NotSupported(path_, "tensor with an unsupported dtype " + (d && d->kind == Kind::kGlobal ? QualifiedName(d) : std::string("?")));
-  }
-  uint64_t offset;
-  std::vector<uint64_t> stride;
-  if (!AsUint(Arg(v, 1), &offset) || !AsUintTuple(Arg(v, 2), &t->shape))
-    return Bad("tensor rebuild call has a malformed offset or size");
-  if (!AsUintTuple(Arg(v, 3), &stride) || stride.size() != t->shape.size())
-    return Status::NotSupported(path_, "tensor with negative or malformed strides");
-  StorageRecord rec;
-  CKPTFS_RETURN_IF_ERROR(Storage(Arg(v, 0), tensor_dtype, &t->dtype, &t->storage_id, &rec));
-  const uint64_t itemsize = Info(t->dtype).itemsize;
-
-  // Validate that every element lies inside the storage, with checked arithmetic.
-  uint64_t numel = 1, last = offset, expected_stride = 1;
-  bool contiguous = true;
-  for (size_t d = t->shape.size(); d-- > 0;) {
-    uint64_t span;
-    if (!CheckedMul(numel, t->shape[d], &numel)) return Bad("tensor shape overflows");
-    if (t->shape[d] == 0) continue;
-    if (!CheckedMul(t->shape[d] - 1, stride[d], &span) || !CheckedAdd(last, span, &last))
-      return Bad("tensor strides overflow");
-    if (t->shape[d] != 1 && stride[d] != expected_stride) contiguous = false;
-    expected_stride *= t->shape[d];
-  }
-  uint64_t end_bytes;
-  if (numel > 0 && (!CheckedAdd(last, 1, &end_bytes) || !CheckedMul(end_bytes, itemsize, &end_bytes) ||
-                    end_bytes > rec.nbytes))
-    return Bad("tensor reads past the end of storage '" + t->storage_id + "' (" + std::to_string(rec.nbytes) +
-               " bytes)");
-  if (numel > 0) {
-    const uint64_t base = rec.data_offset + offset * itemsize;
-    if (contiguous) {
-      t->extents.push_back(Extent{file_, base, numel * itemsize});
-    } else {
-      t->strided = StridedLayout{file_, base, stride};
-    }
-  }
-  t->storage_id = std::to_string(file_) + ":" + t->storage_id;
-  *is_tensor = true;
   return Status::OK();
 }
 
@@ -270,20 +66,14 @@ Status TorchZipReader::Walk(const PyValue* v, std::vector<PathElement>* path, in
   *keep = true;
   TensorEntry t;
   bool is_tensor = false;
-  CKPTFS_RETURN_IF_ERROR(AsTensor(v, depth, &t, &is_tensor));
+  CKPTFS_RETURN_IF_ERROR(archive_.AsTensor(v, &t, &is_tensor));
   if (is_tensor) {
     *keep = false;
     return AddTensor(std::move(t), *path);
   }
 
   // Mappings: dict, OrderedDict(...) with items, and BUILD-wrapped dicts.
-  const PyValue* mapping = nullptr;
-  if (v->kind == Kind::kDict) mapping = v;
-  else if (IsCall(v, "collections.OrderedDict") || IsCall(v, "__builtin__.dict") || IsCall(v, "builtins.dict")) mapping = v;
-  else if (v->kind == Kind::kObject && v->callable && v->callable->kind == Kind::kNone && v->args &&
-           v->args->kind == Kind::kDict)
-    mapping = v->args;  // state set on a plain dict (state_dict()._metadata)
-  if (mapping) {
+  if (const PyValue* mapping = AsMapping(v)) {
     *out = json::object();
     bool dropped = false;
     for (const auto& [k, val] : mapping->entries) {
@@ -379,7 +169,7 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
   }
   TensorEntry t;
   bool is_tensor = false;
-  CKPTFS_RETURN_IF_ERROR(AsTensor(v, depth, &t, &is_tensor));
+  CKPTFS_RETURN_IF_ERROR(archive_.AsTensor(v, &t, &is_tensor));
   if (is_tensor) {
     *out = json{{"$tensor_not_served", {{"dtype", Info(t.dtype).torch_name}, {"shape", t.shape}}}};
     return Status::OK();

@@ -1,0 +1,76 @@
+// An opened torch.save zip archive: its parsed data.pkl and the resolution of tensor
+// rebuild calls to byte ranges of its data/<key> records. Shared by the readers that
+// interpret torch pickles (plain checkpoints, DeepSpeed ZeRO shards).
+// Layout facts: ../shared/reference/torch-safetensors-dcp.md sections A.2-A.5.
+#ifndef CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
+#define CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckptfs/catalog.hpp"
+#include "format/pickle.hpp"
+#include "format/zip.hpp"
+
+namespace ckptfs {
+
+class TorchArchive {
+ public:
+  // Opens `path` (adding it to `files`), checks it is a torch.save archive and parses
+  // its data.pkl without executing anything.
+  Status Open(const std::string& path, SourceFiles* files);
+
+  const std::string& path() const { return path_; }
+  uint32_t file() const { return file_; }
+  const PyValue* root() const { return pickle_.root; }
+
+  // When `v` is a tensor rebuild call (_rebuild_tensor[_v2|_v3], _rebuild_parameter,
+  // _rebuild_from_type_v2), sets *is_tensor and fills dtype, shape, extents or strided
+  // layout and storage_id of *t, after checking every element lies inside its storage.
+  Status AsTensor(const PyValue* v, TensorEntry* t, bool* is_tensor) { return AsTensor(v, 0, t, is_tensor); }
+
+  Status Bad(const std::string& what) const { return Status::Corruption(path_, what); }
+
+ private:
+  struct StorageRecord {
+    uint64_t data_offset = 0;
+    uint64_t nbytes = 0;
+  };
+  Status AsTensor(const PyValue* v, int depth, TensorEntry* t, bool* is_tensor);
+  Status Storage(const PyValue* pid, std::optional<DType> tensor_dtype, DType* dtype, std::string* key,
+                 StorageRecord* rec);
+
+  std::string path_;
+  const SourceFiles* files_ = nullptr;
+  uint32_t file_ = 0;
+  ZipArchive zip_;
+  std::string prefix_;  // "<archive>/"
+  Pickle pickle_;
+  // Storage records found so far, by the index of their zip entry.
+  std::vector<std::optional<StorageRecord>> storages_;
+  std::string record_name_;  // scratch for "<archive>/data/<key>", reused to avoid allocations
+};
+
+// Helpers for reading pickled values.
+
+// "module.name" of a GLOBAL, without allocating.
+bool IsGlobal(const PyValue* g, std::string_view qualified);
+// A call (REDUCE/NEWOBJ) of the global `qualified`.
+bool IsCall(const PyValue* v, std::string_view qualified);
+std::string QualifiedName(const PyValue* g);
+// Argument i of a call, or nullptr.
+const PyValue* Arg(const PyValue* call, size_t i);
+bool AsUint(const PyValue* v, uint64_t* out);
+// A tuple, list or torch.Size of non-negative ints.
+bool AsUintTuple(const PyValue* v, std::vector<uint64_t>* out);
+// The node whose `entries` hold a mapping: a dict, an OrderedDict call, or a dict whose
+// attributes were set by BUILD; nullptr for anything else.
+const PyValue* AsMapping(const PyValue* v);
+// mapping[key] for a string key, or nullptr.
+const PyValue* Find(const PyValue* mapping, std::string_view key);
+
+}  // namespace ckptfs
+
+#endif  // CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
