@@ -23,6 +23,15 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, nlohmann::
 // Other regular files in the folder become sibling files, served unchanged.
 Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog);
 
+// True when `dir` is a DeepSpeed save folder (it has `latest`) or tag folder (it holds
+// ZeRO rank files or pipeline layer files).
+bool IsDeepSpeedFolder(const std::string& dir);
+
+// A DeepSpeed checkpoint: a save folder (the tag comes from `latest`) or a tag folder.
+// Consolidates ZeRO 1/2/3 partitions (one subtree per model-parallel rank when there are
+// several) or pipeline per-layer files.
+Status ReadDeepSpeedCheckpoint(const std::string& dir, Catalog* catalog);
+
 }  // namespace ckptfs
 
 #endif  // CKPTFS_FORMAT_READERS_HPP_

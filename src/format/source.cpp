@@ -49,7 +49,8 @@ Status OpenCatalog(const std::string& source, std::shared_ptr<const Catalog>* ou
   struct stat st;
   if (::stat(source.c_str(), &st) != 0) return Status::FromErrno(source, "cannot access", errno);
   if (S_ISDIR(st.st_mode)) {
-    CKPTFS_RETURN_IF_ERROR(ReadCheckpointFolder(source, catalog.get()));
+    CKPTFS_RETURN_IF_ERROR(IsDeepSpeedFolder(source) ? ReadDeepSpeedCheckpoint(source, catalog.get())
+                                                     : ReadCheckpointFolder(source, catalog.get()));
   } else if (S_ISREG(st.st_mode)) {
     std::string head;
     CKPTFS_RETURN_IF_ERROR(Sniff(source, &head));
