@@ -69,8 +69,18 @@ struct Catalog {
 // separated by '.'.
 std::string FlattenKey(const std::vector<PathElement>& path);
 
+// What a reader should include beyond the weights.
+struct SourceOptions {
+  // DeepSpeed ZeRO: also serve each trainable parameter's Adam moments, as
+  // "exp_avg.<name>" and "exp_avg_sq.<name>" after the weights.
+  bool zero_moments = false;
+};
+
 // Detects the format of `source` (a file or a folder) and reads its catalog.
-Status OpenCatalog(const std::string& source, std::shared_ptr<const Catalog>* out);
+Status OpenCatalog(const std::string& source, const SourceOptions& options, std::shared_ptr<const Catalog>* out);
+inline Status OpenCatalog(const std::string& source, std::shared_ptr<const Catalog>* out) {
+  return OpenCatalog(source, SourceOptions{}, out);
+}
 
 }  // namespace ckptfs
 

@@ -1,6 +1,7 @@
 // `ckptfs ls` and `ckptfs info`: what a checkpoint holds, from its catalog alone
 // (no tensor bytes are read, so both run in time proportional to the tensor count).
 #include <algorithm>
+#include <string_view>
 #include <cstdio>
 #include <map>
 
@@ -16,18 +17,20 @@ namespace {
 using json = nlohmann::json;
 
 constexpr char kLsUsage[] =
-    "usage: ckptfs ls [--json] SOURCE\n"
+    "usage: ckptfs ls [--json] [--moments] SOURCE\n"
     "\n"
     "Lists the tensors of SOURCE in checkpoint order: key, dtype, shape and size in bytes,\n"
     "as the virtual safetensors files serve them.\n"
-    "  --json   print a JSON array of {key, path, dtype, torch_dtype, shape, nbytes, file}\n";
+    "  --json     print a JSON array of {key, path, dtype, torch_dtype, shape, nbytes, file}\n"
+    "  --moments  DeepSpeed ZeRO: also the Adam moments (exp_avg.*, exp_avg_sq.*)\n";
 
 constexpr char kInfoUsage[] =
-    "usage: ckptfs info [--json] SOURCE\n"
+    "usage: ckptfs info [--json] [--moments] SOURCE\n"
     "\n"
     "Prints the format, source files, tensor count, total tensor bytes, bytes per dtype\n"
     "and a summary of the non-tensor metadata of SOURCE.\n"
-    "  --json   print the same as one JSON object\n";
+    "  --json     print the same as one JSON object\n"
+    "  --moments  DeepSpeed ZeRO: count the Adam moments too\n";
 
 void WriteAll(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
 
@@ -42,14 +45,20 @@ std::string ShapeText(const std::vector<uint64_t>& shape) {
 
 // A one-line description of a metadata value: scalars as they are, containers by size.
 std::string Summarize(const json& v) {
-  if (v.is_object()) return "{" + std::to_string(v.size()) + " keys}";
+  if (v.is_object()) {
+    // Small records of scalars (e.g. "deepspeed": stage, world size, version) in full.
+    bool flat = v.size() <= 10;
+    for (const auto& item : v) flat = flat && (item.is_primitive() || (item.is_array() && item.size() <= 8));
+    if (flat) return v.dump(-1, ' ', false, json::error_handler_t::replace);
+    return "{" + std::to_string(v.size()) + " keys}";
+  }
   if (v.is_array()) return "[" + std::to_string(v.size()) + " items]";
   std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   return s.size() > 60 ? s.substr(0, 57) + "..." : s;
 }
 
-Status Load(const std::vector<std::string>& positional, std::shared_ptr<const Catalog>* catalog) {
-  return OpenCatalog(positional[0], catalog);
+bool Has(const std::vector<std::string>& flags, std::string_view flag) {
+  return std::find(flags.begin(), flags.end(), flag) != flags.end();
 }
 
 }  // namespace
@@ -57,12 +66,14 @@ Status Load(const std::vector<std::string>& positional, std::shared_ptr<const Ca
 int RunLs(const Args& args) {
   if (WantsHelp(args)) return std::fputs(kLsUsage, stdout), 0;
   std::vector<std::string> flags, positional;
-  if (!SplitArgs(args, {"--json"}, kLsUsage, &flags, &positional)) return 2;
+  if (!SplitArgs(args, {"--json", "--moments"}, kLsUsage, &flags, &positional)) return 2;
   if (positional.size() != 1) return UsageError("ls takes one SOURCE", kLsUsage);
   std::shared_ptr<const Catalog> catalog;
-  if (Status s = Load(positional, &catalog); !s.ok()) return Fail(s);
+  SourceOptions options;
+  options.zero_moments = Has(flags, "--moments");
+  if (Status s = OpenCatalog(positional[0], options, &catalog); !s.ok()) return Fail(s);
 
-  if (!flags.empty()) {
+  if (Has(flags, "--json")) {
     // The fields of TensorSummary, one object per line, written directly.
     std::string out = "[";
     std::vector<uint64_t> shape;
@@ -128,10 +139,12 @@ int RunLs(const Args& args) {
 int RunInfo(const Args& args) {
   if (WantsHelp(args)) return std::fputs(kInfoUsage, stdout), 0;
   std::vector<std::string> flags, positional;
-  if (!SplitArgs(args, {"--json"}, kInfoUsage, &flags, &positional)) return 2;
+  if (!SplitArgs(args, {"--json", "--moments"}, kInfoUsage, &flags, &positional)) return 2;
   if (positional.size() != 1) return UsageError("info takes one SOURCE", kInfoUsage);
   std::shared_ptr<const Catalog> catalog;
-  if (Status s = Load(positional, &catalog); !s.ok()) return Fail(s);
+  SourceOptions options;
+  options.zero_moments = Has(flags, "--moments");
+  if (Status s = OpenCatalog(positional[0], options, &catalog); !s.ok()) return Fail(s);
 
   uint64_t total = 0;
   std::map<std::string, std::pair<uint64_t, uint64_t>> by_dtype;  // torch dtype -> (count, bytes)
@@ -154,8 +167,9 @@ int RunInfo(const Args& args) {
   info["metadata"] = json::object();
   if (catalog->metadata.is_object())
     for (auto& [k, v] : catalog->metadata.items()) info["metadata"][k] = Summarize(v);
+  if (catalog->metadata.contains("deepspeed")) info["deepspeed"] = catalog->metadata["deepspeed"];
 
-  if (!flags.empty()) {
+  if (Has(flags, "--json")) {
     WriteAll(info.dump(1, ' ', false, json::error_handler_t::replace) + "\n");
     return 0;
   }

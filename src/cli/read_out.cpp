@@ -18,19 +18,21 @@ namespace {
 constexpr size_t kChunk = size_t{8} << 20;
 
 constexpr char kCatUsage[] =
-    "usage: ckptfs cat SOURCE PATH\n"
+    "usage: ckptfs cat [--moments] SOURCE PATH\n"
     "\n"
     "Writes the virtual file PATH of SOURCE to standard output, e.g.\n"
     "  ckptfs cat ck.pt model.safetensors > model.safetensors\n"
     "  ckptfs cat ck.pt manifest.json\n"
-    "  ckptfs cat ck.pt tensors/encoder.weight.safetensors\n";
+    "  ckptfs cat ck.pt tensors/encoder.weight.safetensors\n"
+    "  --moments  DeepSpeed ZeRO: the view includes the Adam moments\n";
 
 constexpr char kExportUsage[] =
-    "usage: ckptfs export SOURCE OUTDIR\n"
+    "usage: ckptfs export [--moments] SOURCE OUTDIR\n"
     "\n"
     "Writes every file of the virtual tree of SOURCE (model.safetensors, tensors/,\n"
     "manifest.json, metadata.json, sibling files) under OUTDIR, creating it if needed.\n"
-    "Memory stays bounded; a progress bar is shown when stderr is a terminal.\n";
+    "Memory stays bounded; a progress bar is shown when stderr is a terminal.\n"
+    "  --moments  DeepSpeed ZeRO: also the Adam moments (exp_avg.*, exp_avg_sq.*)\n";
 
 Status WriteFully(int fd, const char* data, size_t n, const std::string& where) {
   while (n > 0) {
@@ -61,9 +63,11 @@ Status Copy(const View& view, View::NodeId id, int fd, const std::string& where,
   return Status::OK();
 }
 
-Status OpenView(const std::string& source, std::unique_ptr<View>* view) {
+Status OpenView(const std::string& source, const std::vector<std::string>& flags, std::unique_ptr<View>* view) {
+  SourceOptions options;
+  for (const auto& f : flags) options.zero_moments |= f == "--moments";
   std::shared_ptr<const Catalog> catalog;
-  CKPTFS_RETURN_IF_ERROR(OpenCatalog(source, &catalog));
+  CKPTFS_RETURN_IF_ERROR(OpenCatalog(source, options, &catalog));
   return View::Build(std::move(catalog), ViewOptions{}, view);
 }
 
@@ -125,10 +129,10 @@ Status ExportTree(const View& view, const std::string& outdir) {
 int RunCat(const Args& args) {
   if (WantsHelp(args)) return std::fputs(kCatUsage, stdout), 0;
   std::vector<std::string> flags, positional;
-  if (!SplitArgs(args, {}, kCatUsage, &flags, &positional)) return 2;
+  if (!SplitArgs(args, {"--moments"}, kCatUsage, &flags, &positional)) return 2;
   if (positional.size() != 2) return UsageError("cat takes SOURCE and PATH", kCatUsage);
   std::unique_ptr<View> view;
-  if (Status s = OpenView(positional[0], &view); !s.ok()) return Fail(s);
+  if (Status s = OpenView(positional[0], flags, &view); !s.ok()) return Fail(s);
   auto id = view->Lookup(positional[1]);
   if (!id) return Fail(Status::NotFound(positional[1], "no such file in the view of " + positional[0]));
   if (view->node(*id).is_dir) return Fail(Status::InvalidArgument(positional[1], "is a directory"));
@@ -140,10 +144,10 @@ int RunCat(const Args& args) {
 int RunExport(const Args& args) {
   if (WantsHelp(args)) return std::fputs(kExportUsage, stdout), 0;
   std::vector<std::string> flags, positional;
-  if (!SplitArgs(args, {}, kExportUsage, &flags, &positional)) return 2;
+  if (!SplitArgs(args, {"--moments"}, kExportUsage, &flags, &positional)) return 2;
   if (positional.size() != 2) return UsageError("export takes SOURCE and OUTDIR", kExportUsage);
   std::unique_ptr<View> view;
-  if (Status s = OpenView(positional[0], &view); !s.ok()) return Fail(s);
+  if (Status s = OpenView(positional[0], flags, &view); !s.ok()) return Fail(s);
   if (Status s = ExportTree(*view, positional[1]); !s.ok()) return Fail(s);
   return 0;
 }

@@ -30,7 +30,7 @@ bool IsDeepSpeedFolder(const std::string& dir);
 // A DeepSpeed checkpoint: a save folder (the tag comes from `latest`) or a tag folder.
 // Consolidates ZeRO 1/2/3 partitions (one subtree per model-parallel rank when there are
 // several) or pipeline per-layer files.
-Status ReadDeepSpeedCheckpoint(const std::string& dir, Catalog* catalog);
+Status ReadDeepSpeedCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);
 
 }  // namespace ckptfs
 

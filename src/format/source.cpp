@@ -43,13 +43,13 @@ Status Sniff(const std::string& path, std::string* head) {
 
 }  // namespace
 
-Status OpenCatalog(const std::string& source, std::shared_ptr<const Catalog>* out) {
+Status OpenCatalog(const std::string& source, const SourceOptions& options, std::shared_ptr<const Catalog>* out) {
   auto catalog = std::make_shared<Catalog>();
   catalog->source = source;
   struct stat st;
   if (::stat(source.c_str(), &st) != 0) return Status::FromErrno(source, "cannot access", errno);
   if (S_ISDIR(st.st_mode)) {
-    CKPTFS_RETURN_IF_ERROR(IsDeepSpeedFolder(source) ? ReadDeepSpeedCheckpoint(source, catalog.get())
+    CKPTFS_RETURN_IF_ERROR(IsDeepSpeedFolder(source) ? ReadDeepSpeedCheckpoint(source, options, catalog.get())
                                                      : ReadCheckpointFolder(source, catalog.get()));
   } else if (S_ISREG(st.st_mode)) {
     std::string head;

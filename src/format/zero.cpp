@@ -127,10 +127,140 @@ Status SliceExtents(const TensorEntry& flat, const std::string& where, uint64_t 
   return Status::OK();
 }
 
+// How trainable parameters are laid out in the flat partitions of one mp rank.
+struct Layout {
+  int stage;       // 1, 2, 3; -1 for the BF16_Optimizer (laid out as stage 1/2)
+  uint64_t world;  // data-parallel ranks
+  const std::vector<std::vector<std::pair<std::string, std::vector<uint64_t>>>>* shapes;
+  std::vector<std::vector<uint64_t>> align_pads;  // stage 1/2 parameter_alignment pads, per group
+  // Stage 1/2: lengths[g][r], rank r's saved share of group g (the fp32 partitions';
+  // moments keep their padding). Stage 3: lengths[j][0], sub-group j's size on every rank.
+  std::vector<std::vector<uint64_t>> lengths;
+};
+
+// Checks the fp32 partitions agree with each other and records their lengths.
+Status CheckPartitions(const Layout& layout, const std::vector<const TorchArchive*>& archives,
+                       const std::vector<std::vector<const TensorEntry*>>& fp32,
+                       std::vector<std::vector<uint64_t>>* lengths) {
+  const size_t groups = fp32[0].size();
+  if (layout.stage != 3 && layout.shapes->size() != groups)
+    return archives[0]->Bad("holds " + std::to_string(groups) + " parameter groups but param_shapes lists " +
+                            std::to_string(layout.shapes->size()));
+  lengths->assign(groups, {});
+  for (size_t g = 0; g < groups; ++g) {
+    for (uint64_t r = 0; r < layout.world; ++r) {
+      if (layout.stage == 3 && fp32[r][g]->numel() != fp32[0][g]->numel())
+        return archives[r]->Bad("sub-group " + std::to_string(g) + " differs in size from rank 0's");
+      (*lengths)[g].push_back(fp32[r][g]->numel());
+    }
+  }
+  return Status::OK();
+}
+
+// The extents of every trainable parameter, in param_shapes order, in per-rank flat tensors
+// `flats[r][g]` laid out like the fp32 partitions (the partitions themselves, or the Adam
+// moments). Each returned entry's key is the bare parameter name.
+Status WalkTrainable(const Layout& layout, const std::vector<const TorchArchive*>& archives,
+                     const std::vector<std::vector<const TensorEntry*>>& flats, std::vector<TensorEntry>* out) {
+  const uint64_t world = layout.world;
+  if (layout.stage == 3) {
+    // Section 4.3: each parameter is split into W chunks of P = ceil(n/W) elements; rank r's
+    // sub-group tensors concatenate its chunks. Walk the rank-local address space.
+    std::vector<uint64_t> bounds = {0};
+    for (const auto& len : layout.lengths) bounds.push_back(bounds.back() + len[0]);
+    uint64_t offset = 0;
+    for (const auto& g : *layout.shapes)
+      for (const auto& [name, shape] : g) {
+        TensorEntry t;
+        t.key = name;
+        t.shape = shape;
+        t.dtype = flats[0].empty() ? DType::kF32 : flats[0][0]->dtype;
+        const uint64_t n = Numel(shape), per_rank = (n + world - 1) / world;
+        for (uint64_t r = 0; r < world; ++r) {
+          uint64_t len = std::min(per_rank, n > r * per_rank ? n - r * per_rank : 0);
+          // A chunk never straddles sub-groups in practice; split it there if it does.
+          for (uint64_t at = offset; len > 0;) {
+            const size_t j = std::upper_bound(bounds.begin(), bounds.end(), at) - bounds.begin() - 1;
+            if (j >= flats[r].size()) return archives[r]->Bad("parameters run past the flat groups");
+            const uint64_t take = std::min(len, bounds[j + 1] - at);
+            CKPTFS_RETURN_IF_ERROR(SliceExtents(*flats[r][j], archives[r]->path(), at - bounds[j], take, &t.extents));
+            at += take;
+            len -= take;
+          }
+        }
+        offset += per_rank;
+        out->push_back(std::move(t));
+      }
+    if (offset != bounds.back())
+      return archives[0]->Bad("parameters use " + std::to_string(offset) + " elements per rank but the flat groups hold " +
+                              std::to_string(bounds.back()));
+    return Status::OK();
+  }
+  // Section 4.2: per group, the ranks' partitions concatenate to the group's flat vector.
+  for (size_t g = 0; g < layout.shapes->size(); ++g) {
+    std::vector<uint64_t> starts = {0};  // C_r: where rank r's share starts in the group
+    for (uint64_t r = 0; r < world; ++r) starts.push_back(starts.back() + layout.lengths[g][r]);
+    const std::vector<uint64_t> no_pads;
+    const auto& pads = g < layout.align_pads.size() ? layout.align_pads[g] : no_pads;
+    uint64_t a = 0;
+    const auto& params = (*layout.shapes)[g];
+    for (size_t i = 0; i < params.size(); ++i) {
+      TensorEntry t;
+      t.key = params[i].first;
+      t.shape = params[i].second;
+      t.dtype = flats[0][g]->dtype;
+      const uint64_t n = Numel(t.shape);
+      if (a + n > starts[world])
+        return archives[0]->Bad("parameter '" + t.key + "' runs past the end of the flat partitions");
+      for (uint64_t r = 0; r < world; ++r) {
+        const uint64_t lo = std::max(a, starts[r]), hi = std::min(a + n, starts[r + 1]);
+        if (lo < hi)
+          CKPTFS_RETURN_IF_ERROR(SliceExtents(*flats[r][g], archives[r]->path(), lo - starts[r], hi - lo, &t.extents));
+      }
+      a += n + (i < pads.size() ? pads[i] : 0);
+      out->push_back(std::move(t));
+    }
+    // zero_to_fp32's check: both totals agree once rounded up to the 2*W alignment.
+    const uint64_t align = 2 * world;
+    auto round_up = [align](uint64_t x) { return (x + align - 1) / align * align; };
+    if (layout.stage < 0 ? a > starts[world] : round_up(a) != round_up(starts[world]))
+      return archives[0]->Bad("group " + std::to_string(g) + ": parameters use " + std::to_string(a) +
+                              " elements but the partitions hold " + std::to_string(starts[world]));
+  }
+  return Status::OK();
+}
+
+// The per-group Adam moment tensors of one rank (section 4.7): stage 3 keeps them in the
+// inner optimizer's state, one per sub-group; stage 1/2 in base_optimizer_state, one per
+// group (a dict with "state", or in elastic checkpoints a list of per-group dicts).
+Status MomentTensors(const TorchArchive& a, int stage, size_t groups, const char* moment, std::vector<TensorEntry>* out) {
+  const PyValue* osd = AsMapping(Find(AsMapping(a.root()), "optimizer_state_dict"));
+  const PyValue* base = stage == 3 ? Find(osd, "optimizer_state_dict") : Find(osd, "base_optimizer_state");
+  const PyValue* state = AsMapping(Find(AsMapping(base), "state"));
+  for (size_t g = 0; g < groups; ++g) {
+    const PyValue* group_state = nullptr;
+    if (state) {
+      for (const auto& [k, v] : state->entries)
+        if (k->kind == Kind::kInt && k->i == static_cast<int64_t>(g)) group_state = v;
+    } else if (base && base->kind == Kind::kList && g < base->items.size()) {
+      group_state = base->items[g];
+    }
+    const PyValue* t = Find(AsMapping(group_state), moment);
+    TensorEntry entry;
+    bool is_tensor = false;
+    if (t) CKPTFS_RETURN_IF_ERROR(const_cast<TorchArchive&>(a).AsTensor(t, &entry, &is_tensor));
+    if (!is_tensor || entry.shape.size() != 1 || entry.strided)
+      return a.Bad(std::string("no flat ") + moment + " tensor for parameter group " + std::to_string(g) +
+                   " (an optimizer other than Adam?)");
+    out->push_back(std::move(entry));
+  }
+  return Status::OK();
+}
+
 class ZeroReader {
  public:
-  ZeroReader(std::string tag_dir, std::string tag, Catalog* catalog)
-      : tag_dir_(std::move(tag_dir)), tag_(std::move(tag)), catalog_(catalog) {}
+  ZeroReader(std::string tag_dir, std::string tag, const SourceOptions& options, Catalog* catalog)
+      : tag_dir_(std::move(tag_dir)), tag_(std::move(tag)), options_(options), catalog_(catalog) {}
 
   Status Read();
 
@@ -151,6 +281,7 @@ class ZeroReader {
   std::string Path(const std::string& name) const { return tag_dir_ + "/" + name; }
 
   std::string tag_dir_, tag_;
+  SourceOptions options_;
   Catalog* catalog_;
   std::unordered_set<std::string> keys_;
 };
@@ -365,76 +496,21 @@ Status ZeroReader::ReadMpRank(uint64_t mp, const MpRankFiles& files, const std::
 
   // 3. Trainable parameters from the fp32 partitions.
   const size_t first_trainable = catalog_->tensors.size();
-  if (stage == 3) {
-    // Section 4.3: each parameter is split into W chunks of P = ceil(n/W) elements; rank r's
-    // sub-group tensors concatenate its chunks. Walk the rank-local address space.
-    std::vector<uint64_t> bounds = {0};
-    for (const TensorEntry& g : ranks[0].groups) bounds.push_back(bounds.back() + g.numel());
-    for (uint64_t r = 1; r < world; ++r)
-      for (size_t j = 0; j < ranks[r].groups.size(); ++j)
-        if (ranks[r].groups[j].numel() != ranks[0].groups[j].numel())
-          return ranks[r].archive->Bad("sub-group " + std::to_string(j) + " differs in size from rank 0's");
-    uint64_t offset = 0;
-    for (const auto& g : shapes)
-      for (const auto& [name, shape] : g) {
-        TensorEntry t;
-        t.shape = shape;
-        t.dtype = ranks[0].groups.empty() ? DType::kF32 : ranks[0].groups[0].dtype;
-        const uint64_t n = Numel(shape), per_rank = (n + world - 1) / world;
-        for (uint64_t r = 0; r < world; ++r) {
-          uint64_t len = std::min(per_rank, n > r * per_rank ? n - r * per_rank : 0);
-          // The chunk may, in principle, cross a sub-group boundary: split it there.
-          for (uint64_t at = offset; len > 0;) {
-            size_t j = std::upper_bound(bounds.begin(), bounds.end(), at) - bounds.begin() - 1;
-            if (j >= ranks[r].groups.size()) return ranks[r].archive->Bad("parameters run past the flat groups");
-            const uint64_t take = std::min(len, bounds[j + 1] - at);
-            CKPTFS_RETURN_IF_ERROR(SliceExtents(ranks[r].groups[j], ranks[r].archive->path(), at - bounds[j], take, &t.extents));
-            at += take;
-            len -= take;
-          }
-        }
-        offset += per_rank;
-        CKPTFS_RETURN_IF_ERROR(Add(prefix, name, std::move(t)));
-      }
-    if (offset != bounds.back())
-      return ranks[0].archive->Bad("parameters use " + std::to_string(offset) + " elements per rank but the flat groups hold " +
-                                   std::to_string(bounds.back()));
-  } else {
-    // Section 4.2: per group, the ranks' partitions concatenate to the group's flat vector.
-    if (shapes.size() != ranks[0].groups.size())
-      return model.Bad("param_shapes has " + std::to_string(shapes.size()) + " groups, the optimizer " +
-                       std::to_string(ranks[0].groups.size()));
-    const PyValue* align_pads = Find(osd, "param_alignment_paddings");
-    for (size_t g = 0; g < shapes.size(); ++g) {
-      std::vector<uint64_t> starts = {0};  // C_r: where rank r's partition starts in the group
-      for (uint64_t r = 0; r < world; ++r) starts.push_back(starts.back() + ranks[r].groups[g].numel());
-      std::vector<uint64_t> pads;
-      if (align_pads && align_pads->kind == Kind::kList && g < align_pads->items.size())
-        AsUintTuple(align_pads->items[g], &pads);
-      uint64_t a = 0;
-      for (size_t i = 0; i < shapes[g].size(); ++i) {
-        const auto& [name, shape] = shapes[g][i];
-        TensorEntry t;
-        t.shape = shape;
-        t.dtype = ranks[0].groups[g].dtype;
-        const uint64_t n = Numel(shape);
-        for (uint64_t r = 0; r < world; ++r) {
-          const uint64_t lo = std::max(a, starts[r]), hi = std::min(a + n, starts[r + 1]);
-          if (lo < hi)
-            CKPTFS_RETURN_IF_ERROR(SliceExtents(ranks[r].groups[g], ranks[r].archive->path(), lo - starts[r], hi - lo, &t.extents));
-        }
-        if (a + n > starts[world])
-          return model.Bad("parameter '" + name + "' runs past the end of the flat partitions");
-        a += n + (i < pads.size() ? pads[i] : 0);
-        CKPTFS_RETURN_IF_ERROR(Add(prefix, name, std::move(t)));
-      }
-      // zero_to_fp32's check: both totals agree once rounded up to the 2*W alignment.
-      const uint64_t align = 2 * world;
-      auto round_up = [align](uint64_t x) { return (x + align - 1) / align * align; };
-      if (bf16_optimizer ? a > starts[world] : round_up(a) != round_up(starts[world]))
-        return ranks[0].archive->Bad("group " + std::to_string(g) + ": parameters use " + std::to_string(a) +
-                                     " elements but the partitions hold " + std::to_string(starts[world]));
-    }
+  Layout layout{stage, world, &shapes, {}, {}};
+  if (const PyValue* pads = Find(osd, "param_alignment_paddings"); pads && pads->kind == Kind::kList)
+    for (const PyValue* g : pads->items) AsUintTuple(g, &layout.align_pads.emplace_back());
+  std::vector<std::vector<const TensorEntry*>> fp32(world);
+  std::vector<const TorchArchive*> archives(world);
+  for (uint64_t r = 0; r < world; ++r) {
+    archives[r] = ranks[r].archive.get();
+    for (const TensorEntry& g : ranks[r].groups) fp32[r].push_back(&g);
+  }
+  CKPTFS_RETURN_IF_ERROR(CheckPartitions(layout, archives, fp32, &layout.lengths));
+  std::vector<TensorEntry> params;
+  CKPTFS_RETURN_IF_ERROR(WalkTrainable(layout, archives, fp32, &params));
+  for (TensorEntry& t : params) {
+    std::string name = t.key;
+    CKPTFS_RETURN_IF_ERROR(Add(prefix, name, std::move(t)));
   }
 
   // 4. Tied aliases read the owner's bytes (section 4.5).
@@ -447,6 +523,25 @@ Status ZeroReader::ReadMpRank(uint64_t mp, const MpRankFiles& files, const std::
       owner->storage_id = "zero:" + owner->key;
       TensorEntry alias = *owner;
       CKPTFS_RETURN_IF_ERROR(Add(prefix, std::string(k->s), std::move(alias)));
+    }
+  }
+
+  // 5. On request, the Adam moments of every trainable parameter, laid out exactly like the
+  // fp32 partitions (section 4.7), under "exp_avg." and "exp_avg_sq.".
+  if (options_.zero_moments) {
+    for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
+      std::vector<std::vector<TensorEntry>> owned(world);
+      std::vector<std::vector<const TensorEntry*>> flats(world);
+      for (uint64_t r = 0; r < world; ++r) {
+        CKPTFS_RETURN_IF_ERROR(MomentTensors(*archives[r], stage, ranks[r].groups.size(), moment, &owned[r]));
+        for (const TensorEntry& t : owned[r]) flats[r].push_back(&t);
+      }
+      std::vector<TensorEntry> moments;
+      CKPTFS_RETURN_IF_ERROR(WalkTrainable(layout, archives, flats, &moments));
+      for (TensorEntry& t : moments) {
+        std::string name = std::string(moment) + "." + t.key;
+        CKPTFS_RETURN_IF_ERROR(Add(prefix, name, std::move(t)));
+      }
     }
   }
 
@@ -523,7 +618,7 @@ bool IsDeepSpeedFolder(const std::string& dir) {
   return ListTag(dir, &listing).ok() && (!listing.mp.empty() || !listing.layers.empty());
 }
 
-Status ReadDeepSpeedCheckpoint(const std::string& dir, Catalog* catalog) {
+Status ReadDeepSpeedCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog) {
   std::string tag_dir = dir, tag = dir.substr(dir.rfind('/') + 1);
   struct stat st;
   if (::stat((dir + "/latest").c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
@@ -537,7 +632,7 @@ Status ReadDeepSpeedCheckpoint(const std::string& dir, Catalog* catalog) {
     if (::stat(tag_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
       return Status::NotFound(tag_dir, "the tag named by 'latest' does not exist");
   }
-  ZeroReader reader(tag_dir, tag, catalog);
+  ZeroReader reader(tag_dir, tag, options, catalog);
   return reader.Read();
 }
 

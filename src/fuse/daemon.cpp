@@ -39,6 +39,7 @@ constexpr char kUsage[] =
     "  -f            stay in the foreground\n"
     "  -d            debug output (implies -f)\n"
     "  -s            single-threaded\n"
+    "  -o moments    DeepSpeed ZeRO: also serve the Adam moments (exp_avg.*, exp_avg_sq.*)\n"
     "  -o allow_other, -o auto_unmount, -o max_threads=N, ...  see below\n"
     "\n";
 
@@ -97,7 +98,8 @@ struct ParsedCommandLine {
   std::string source;
   std::string mountpoint;
   std::vector<std::string> flags;    // passed to libfuse as they are
-  std::vector<std::string> options;  // -o values, one per entry
+  std::vector<std::string> options;  // -o values for libfuse, one per entry
+  SourceOptions source_options;      // ckptfs's own -o values
   bool help = false;
 };
 
@@ -111,7 +113,8 @@ bool Parse(int argc, char** argv, bool as_mount_helper, ParsedCommandLine* cl) {
       while (start <= list.size()) {
         size_t comma = list.find(',', start);
         std::string opt = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-        if (!opt.empty() && !IsMountOnlyOption(opt)) cl->options.push_back(opt);
+        if (opt == "moments") cl->source_options.zero_moments = true;
+        else if (!opt.empty() && !IsMountOnlyOption(opt)) cl->options.push_back(opt);
         if (comma == std::string::npos) break;
         start = comma + 1;
       }
@@ -200,7 +203,7 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
   fs.uid = ::getuid();
   fs.gid = ::getgid();
   std::shared_ptr<const Catalog> catalog;
-  Status s = OpenCatalog(source, &catalog);
+  Status s = OpenCatalog(source, cl.source_options, &catalog);
   if (s.ok()) s = View::Build(std::move(catalog), ViewOptions{}, &fs.view);
   if (!s.ok()) {
     std::fprintf(stderr, "ckptfs: %s\n", s.message().c_str());
