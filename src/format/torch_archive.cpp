@@ -100,7 +100,7 @@ Status TorchArchive::Open(const std::string& path, SourceFiles* files) {
 
 
 Status TorchArchive::Storage(const PyValue* pid, std::optional<DType> tensor_dtype, DType* dtype,
-                               std::string* key, StorageRecord* rec) {
+                               std::string* key, StorageRecord* rec) const {
   // ('storage', <storage class>, key, location, numel); numel counts elements for typed
   // storages and bytes for UntypedStorage.
   if (!pid || pid->kind != Kind::kPersistent || !pid->args || pid->args->kind != Kind::kTuple ||
@@ -148,7 +148,7 @@ Status TorchArchive::Storage(const PyValue* pid, std::optional<DType> tensor_dty
   return Status::OK();
 }
 
-Status TorchArchive::AsTensor(const PyValue* v, int depth, TensorEntry* t, bool* is_tensor) {
+Status TorchArchive::AsTensor(const PyValue* v, int depth, TensorEntry* t, bool* is_tensor) const {
   *is_tensor = false;
   if (v->kind != Kind::kObject || depth > kMaxTensorDepth || !v->callable || v->callable->kind != Kind::kGlobal)
     return Status::OK();

@@ -29,7 +29,8 @@ class TorchArchive {
   // When `v` is a tensor rebuild call (_rebuild_tensor[_v2|_v3], _rebuild_parameter,
   // _rebuild_from_type_v2), sets *is_tensor and fills dtype, shape, extents or strided
   // layout and storage_id of *t, after checking every element lies inside its storage.
-  Status AsTensor(const PyValue* v, TensorEntry* t, bool* is_tensor) { return AsTensor(v, 0, t, is_tensor); }
+  // Not thread-safe (it caches storage lookups).
+  Status AsTensor(const PyValue* v, TensorEntry* t, bool* is_tensor) const { return AsTensor(v, 0, t, is_tensor); }
 
   Status Bad(const std::string& what) const { return Status::Corruption(path_, what); }
 
@@ -38,9 +39,9 @@ class TorchArchive {
     uint64_t data_offset = 0;
     uint64_t nbytes = 0;
   };
-  Status AsTensor(const PyValue* v, int depth, TensorEntry* t, bool* is_tensor);
+  Status AsTensor(const PyValue* v, int depth, TensorEntry* t, bool* is_tensor) const;
   Status Storage(const PyValue* pid, std::optional<DType> tensor_dtype, DType* dtype, std::string* key,
-                 StorageRecord* rec);
+                 StorageRecord* rec) const;
 
   std::string path_;
   const SourceFiles* files_ = nullptr;
@@ -48,9 +49,9 @@ class TorchArchive {
   ZipArchive zip_;
   std::string prefix_;  // "<archive>/"
   Pickle pickle_;
-  // Storage records found so far, by the index of their zip entry.
-  std::vector<std::optional<StorageRecord>> storages_;
-  std::string record_name_;  // scratch for "<archive>/data/<key>", reused to avoid allocations
+  // Storage records found so far, by the index of their zip entry: a memo of lookups.
+  mutable std::vector<std::optional<StorageRecord>> storages_;
+  mutable std::string record_name_;  // scratch for "<archive>/data/<key>", reused to avoid allocations
 };
 
 // Helpers for reading pickled values.

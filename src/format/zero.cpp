@@ -248,7 +248,7 @@ Status MomentTensors(const TorchArchive& a, int stage, size_t groups, const char
     const PyValue* t = Find(AsMapping(group_state), moment);
     TensorEntry entry;
     bool is_tensor = false;
-    if (t) CKPTFS_RETURN_IF_ERROR(const_cast<TorchArchive&>(a).AsTensor(t, &entry, &is_tensor));
+    if (t) CKPTFS_RETURN_IF_ERROR(a.AsTensor(t, &entry, &is_tensor));
     if (!is_tensor || entry.shape.size() != 1 || entry.strided)
       return a.Bad(std::string("no flat ") + moment + " tensor for parameter group " + std::to_string(g) +
                    " (an optimizer other than Adam?)");
@@ -293,7 +293,7 @@ Status ZeroReader::Open(const std::string& name, std::unique_ptr<TorchArchive>* 
 
 Status ZeroReader::Tensor(const TorchArchive& a, const PyValue* v, const std::string& what, TensorEntry* t) {
   bool is_tensor = false;
-  if (v) CKPTFS_RETURN_IF_ERROR(const_cast<TorchArchive&>(a).AsTensor(v, t, &is_tensor));
+  if (v) CKPTFS_RETURN_IF_ERROR(a.AsTensor(v, t, &is_tensor));
   if (!is_tensor) return a.Bad(what + " is not a tensor");
   return Status::OK();
 }
