@@ -571,7 +571,8 @@ Status ZeroReader::ReadLayers(const std::vector<LayerFile>& layers) {
     if (!sd) return a->Bad("layer file does not hold a state_dict");
     char prefix[48];
     if (several_model_ranks)
-      std::snprintf(prefix, sizeof prefix, "mp_rank_%02lld.%llu.", static_cast<long long>(lf.model_rank),
+      // Named after the files' "-model_YY": DeepSpeed's mp_rank_XX numbering counts stages too.
+      std::snprintf(prefix, sizeof prefix, "model_%02lld.%llu.", static_cast<long long>(lf.model_rank),
                     static_cast<unsigned long long>(lf.layer));
     else
       std::snprintf(prefix, sizeof prefix, "%llu.", static_cast<unsigned long long>(lf.layer));

@@ -6,7 +6,7 @@ real DeepSpeed (make_parallel_checkpoints.py, four forked CPU ranks over gloo):
   zero_to_fp32 gives for a folder holding only that mp rank's files renamed to mp_rank_00
   (zero_to_fp32 itself globs every rank and cannot tell mp ranks apart);
 - pipeline parallel (deepspeed.pipe.PipelineModule, 2 stages): the per-layer files served as
-  one checkpoint, keys `<layer>.<name>`, or `mp_rank_YY.<layer>.<name>` when the files carry
+  one checkpoint, keys `<layer>.<name>`, or `model_YY.<layer>.<name>` when the files carry
   several `-model_YY`; tensors equal torch.load of each layer file;
 - mixture of experts: refused, exit 1, one stderr line naming an expert file.
 """
@@ -211,7 +211,7 @@ def layer_files(save_dir: Path) -> list:
 def expected_pipeline(save_dir: Path, prefixed: bool) -> dict:
     want = {}
     for layer, model_rank, path in layer_files(save_dir):
-        prefix = f"mp_rank_{model_rank:02d}.{layer}." if prefixed else f"{layer}."
+        prefix = f"model_{model_rank:02d}.{layer}." if prefixed else f"{layer}."
         for name, tensor in load(path).items():
             want[prefix + name] = tensor
     return want
@@ -245,11 +245,12 @@ def test_pipeline_layers_one_checkpoint(ckptfs_bin, parallel_ckpts, tmp_path, ca
 
 
 def test_pipeline_layers_per_model_rank(ckptfs_bin, parallel_ckpts, tmp_path):
-    """Two model ranks (-model_00, -model_01): keys `mp_rank_YY.<layer>.<name>`."""
+    """Two model ranks (-model_00, -model_01): keys `model_YY.<layer>.<name>` (named after the
+    files' -model_YY part; DeepSpeed's own mp_rank_XX numbering counts stages too)."""
     save_dir = parallel_ckpts / "pipe-tp2"
     want = expected_pipeline(save_dir, prefixed=True)
-    assert not torch.equal(want["mp_rank_00.0.lin.weight"], want["mp_rank_01.0.lin.weight"])
-    assert not torch.equal(want["mp_rank_00.3.shift"], want["mp_rank_01.3.shift"])
+    assert not torch.equal(want["model_00.0.lin.weight"], want["model_01.0.lin.weight"])
+    assert not torch.equal(want["model_00.3.shift"], want["model_01.3.shift"])
     check_export(ckptfs_bin, save_dir, tmp_path / "export", want)
 
 
@@ -264,8 +265,8 @@ def test_pipeline_mount(ckptfs_bin, parallel_ckpts, tmp_path):
     run(ckptfs_bin, save_dir, mnt)
     try:
         check_safetensors_file(mnt / "model.safetensors", want)
-        check_safetensors_file(mnt / "tensors" / "mp_rank_01.3.gate.safetensors",
-                               {"mp_rank_01.3.gate": want["mp_rank_01.3.gate"]})
+        check_safetensors_file(mnt / "tensors" / "model_01.3.gate.safetensors",
+                               {"model_01.3.gate": want["model_01.3.gate"]})
     finally:
         subprocess.run(["fusermount3", "-u", str(mnt)], timeout=COMMAND_TIMEOUT_S, check=False)
 
