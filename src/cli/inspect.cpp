@@ -43,18 +43,18 @@ std::string ShapeText(const std::vector<uint64_t>& shape) {
   return s + "]";
 }
 
-// A one-line description of a metadata value: scalars as they are, containers by size.
-std::string Summarize(const json& v) {
+// A short form of a metadata value: scalars and small records of scalars (e.g.
+// "deepspeed": stage, world size, version) as they are, bigger containers by size.
+json Summarize(const json& v) {
   if (v.is_object()) {
-    // Small records of scalars (e.g. "deepspeed": stage, world size, version) in full.
-    bool flat = v.size() <= 10;
+    bool flat = v.size() <= 12;
     for (const auto& item : v) flat = flat && (item.is_primitive() || (item.is_array() && item.size() <= 8));
-    if (flat) return v.dump(-1, ' ', false, json::error_handler_t::replace);
+    if (flat) return v;
     return "{" + std::to_string(v.size()) + " keys}";
   }
   if (v.is_array()) return "[" + std::to_string(v.size()) + " items]";
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+  if (v.is_string() && v.get_ref<const std::string&>().size() > 60) return v.get<std::string>().substr(0, 57) + "...";
+  return v;
 }
 
 bool Has(const std::vector<std::string>& flags, std::string_view flag) {
@@ -167,7 +167,6 @@ int RunInfo(const Args& args) {
   info["metadata"] = json::object();
   if (catalog->metadata.is_object())
     for (auto& [k, v] : catalog->metadata.items()) info["metadata"][k] = Summarize(v);
-  if (catalog->metadata.contains("deepspeed")) info["deepspeed"] = catalog->metadata["deepspeed"];
 
   if (Has(flags, "--json")) {
     WriteAll(info.dump(1, ' ', false, json::error_handler_t::replace) + "\n");
@@ -186,7 +185,8 @@ int RunInfo(const Args& args) {
     text += "  " + name + ": " + std::to_string(cb.first) + " tensors, " + std::to_string(cb.second) + " bytes\n";
   if (!info["metadata"].empty()) {
     text += "metadata:\n";
-    for (auto& [k, v] : info["metadata"].items()) text += "  " + k + ": " + v.get<std::string>() + "\n";
+    for (auto& [k, v] : info["metadata"].items())
+      text += "  " + k + ": " + (v.is_string() ? v.get<std::string>() : v.dump(-1, ' ', false, json::error_handler_t::replace)) + "\n";
   }
   WriteAll(text);
   return 0;

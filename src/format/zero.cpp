@@ -257,6 +257,19 @@ Status MomentTensors(const TorchArchive& a, int stage, size_t groups, const char
   return Status::OK();
 }
 
+// The data-parallel world size an optimizer file was saved with: partition_count, an int
+// (stage 3) or one per param group (stage 1/2); 0 when absent.
+uint64_t PartitionCount(const PyValue* osd) {
+  uint64_t world = 0;
+  const PyValue* pc = Find(osd, "partition_count");
+  if (!AsUint(pc, &world) && pc && pc->kind == Kind::kList)
+    for (const PyValue* x : pc->items) {
+      uint64_t w;
+      if (AsUint(x, &w)) world = std::max(world, w);
+    }
+  return world;
+}
+
 class ZeroReader {
  public:
   ZeroReader(std::string tag_dir, std::string tag, const SourceOptions& options, Catalog* catalog)
@@ -383,13 +396,7 @@ Status ZeroReader::ReadMpRank(uint64_t mp, const MpRankFiles& files, const std::
   const bool bf16_optimizer = stage < 0;
   if (bf16_optimizer && !Find(osd, "single_partition_of_fp32_groups"))
     return ranks[0].archive->Bad("not a ZeRO checkpoint (no zero_stage)");
-  uint64_t world = 0;
-  const PyValue* pc = Find(osd, "partition_count");
-  if (!AsUint(pc, &world) && pc && pc->kind == Kind::kList)
-    for (const PyValue* x : pc->items) {
-      uint64_t w;
-      if (AsUint(x, &w)) world = std::max(world, w);
-    }
+  uint64_t world = PartitionCount(osd);
   if (world == 0) return ranks[0].archive->Bad("no valid partition_count");
 
   // Exactly ranks 0..W-1, named by parsed rank numbers.
@@ -409,6 +416,9 @@ Status ZeroReader::ReadMpRank(uint64_t mp, const MpRankFiles& files, const std::
   for (uint64_t r = 0; r < world; ++r) {
     const PyValue* rosd = AsMapping(Find(AsMapping(ranks[r].archive->root()), "optimizer_state_dict"));
     if (!rosd) return ranks[r].archive->Bad("no optimizer_state_dict");
+    if (const uint64_t w = PartitionCount(rosd); w != world)
+      return ranks[r].archive->Bad("was saved by " + std::to_string(w) + " data-parallel ranks, rank 0 by " +
+                                   std::to_string(world) + " (files of different checkpoints mixed?)");
     CKPTFS_RETURN_IF_ERROR(FlatGroups(*ranks[r].archive, Find(rosd, flat_key), flat_key, &ranks[r].groups));
     if (ranks[r].groups.size() != ranks[0].groups.size())
       return ranks[r].archive->Bad("has " + std::to_string(ranks[r].groups.size()) + " parameter groups, rank 0 has " +

@@ -185,7 +185,7 @@ def test_mp_subtree_per_rank_matches_zero_to_fp32(ckptfs_bin, parallel_ckpts, ze
 def test_mp_metadata(ckptfs_bin, parallel_ckpts, case):
     info = json.loads(run(ckptfs_bin, "info", "--json", parallel_ckpts / case).stdout)
     assert info["format"] == "deepspeed-zero"
-    ds = info["deepspeed"]
+    ds = info["metadata"]["deepspeed"]
     assert (ds["mp_world_size"], ds["world_size"], ds["stage"], ds["tag"]) == (2, 2, int(case[-1]), TAG)
     # Every rank file of both mp ranks is a source file.
     want = {str(p) for p in tag_dir(parallel_ckpts / case).iterdir()}
