@@ -5,8 +5,10 @@ import path."""
 import json
 import os
 import struct
+import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
@@ -15,8 +17,46 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BIN = REPO_ROOT / "build" / "ckptfs"
 
 
+# A ckptfs command that takes longer than this is hung: the test fails instead of the suite.
+COMMAND_TIMEOUT_S = 60
+
+
 def ckptfs_path() -> Path:
     return Path(os.environ.get("CKPTFS_BIN", DEFAULT_BIN))
+
+
+# Fixtures shared by the suites; each conftest.py imports them.
+
+
+@pytest.fixture(scope="session")
+def ckptfs_bin() -> Path:
+    path = ckptfs_path()
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        pytest.fail(
+            f"ckptfs binary not found at {path}: build it with "
+            f"'cmake -S {REPO_ROOT} -B {REPO_ROOT}/build && cmake --build {REPO_ROOT}/build' "
+            "or point CKPTFS_BIN at it",
+            pytrace=False,
+        )
+    return path.resolve()
+
+
+@pytest.fixture(scope="session")
+def run_ckptfs(ckptfs_bin):
+    """run_ckptfs(*args, check=True) -> CompletedProcess with bytes stdout/stderr."""
+
+    def run(*args, check: bool = True) -> subprocess.CompletedProcess:
+        argv = [str(ckptfs_bin), *map(str, args)]
+        result = subprocess.run(argv, capture_output=True, timeout=COMMAND_TIMEOUT_S)
+        if check and result.returncode != 0:
+            pytest.fail(
+                f"{' '.join(argv)} exited {result.returncode}:\n"
+                f"{result.stderr.decode(errors='replace')}",
+                pytrace=False,
+            )
+        return result
+
+    return run
 
 
 def flatten_tensors_with_paths(obj, path=()) -> dict:

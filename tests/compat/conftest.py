@@ -2,23 +2,20 @@
 and check the exported files with the real safetensors and torch loaders."""
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 from ckptfs_testlib import (  # noqa: F401  (re-exported to the test modules)
-    REPO_ROOT,
     assert_bitwise_equal,
     check_safetensors_file,
-    ckptfs_path,
+    ckptfs_bin,
     flatten_tensors_with_paths,
     json_strings,
     read_safetensors_header,
+    run_ckptfs,
 )
-COMMAND_TIMEOUT_S = 60
 
 # torch dtype -> the safetensors dtype ckptfs serves it as (doc/CLI.md).
 SERVED_DTYPE = {
@@ -56,39 +53,6 @@ def served_form(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.dtype in (torch.complex128, torch.complex32):
         return torch.view_as_real(tensor)
     return tensor
-
-
-@pytest.fixture(scope="session")
-def ckptfs_bin() -> Path:
-    path = ckptfs_path()
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        pytest.fail(
-            f"ckptfs binary not found at {path}: build it with "
-            f"'cmake -S {REPO_ROOT} -B {REPO_ROOT}/build && cmake --build {REPO_ROOT}/build' "
-            "or point CKPTFS_BIN at it",
-            pytrace=False,
-        )
-    return path
-
-
-@pytest.fixture(scope="session")
-def run_ckptfs(ckptfs_bin):
-    """run_ckptfs(*args, check=True) -> CompletedProcess with bytes stdout/stderr.
-
-    The timeout turns a hang into a test failure instead of a stuck suite."""
-
-    def run(*args, check: bool = True) -> subprocess.CompletedProcess:
-        argv = [str(ckptfs_bin), *map(str, args)]
-        result = subprocess.run(argv, capture_output=True, timeout=COMMAND_TIMEOUT_S)
-        if check and result.returncode != 0:
-            pytest.fail(
-                f"{' '.join(argv)} exited {result.returncode}:\n"
-                f"{result.stderr.decode(errors='replace')}",
-                pytrace=False,
-            )
-        return result
-
-    return run
 
 
 @pytest.fixture(scope="session")

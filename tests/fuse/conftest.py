@@ -24,9 +24,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ckptfs_testlib import ckptfs_bin  # noqa: E402,F401  (shared fixture)
 from fusetools import (  # noqa: E402
     MOUNT_TIMEOUT_S,
-    REPO_ROOT,
     ckptfs_path,
     fuse_unavailable_reason,
     mount_entry,
@@ -96,19 +96,6 @@ def pytest_pyfunc_call(pyfuncitem):
 
 
 # --- the binary ------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def ckptfs_bin() -> Path:
-    path = ckptfs_path()
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        pytest.fail(
-            f"ckptfs binary not found at {path}: build it with "
-            f"'cmake -S {REPO_ROOT} -B {REPO_ROOT}/build && cmake --build {REPO_ROOT}/build' "
-            "or point CKPTFS_BIN at it",
-            pytrace=False,
-        )
-    return path.resolve()
 
 
 @pytest.fixture(scope="session")

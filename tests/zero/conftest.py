@@ -41,12 +41,11 @@ from safetensors.torch import load_file
 SUITE_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(SUITE_DIR))
 
-from ckptfs_testlib import REPO_ROOT, ckptfs_path  # noqa: E402
+from ckptfs_testlib import REPO_ROOT, ckptfs_bin, run_ckptfs  # noqa: E402,F401  (shared fixtures)
 from make_zero_checkpoints import FIXTURES  # noqa: E402
 from zerotools import DEEPSPEED_VERSION, ZeroCheckpoint  # noqa: E402
 
 GENERATE_TIMEOUT_S = 300  # about 45 s on two cores
-COMMAND_TIMEOUT_S = 60
 
 # --- generation ---------------------------------------------------------------------------
 
@@ -114,35 +113,6 @@ def zero_checkpoint(zero_fixtures_root):
 
 
 # --- running ckptfs -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def ckptfs_bin() -> Path:
-    path = ckptfs_path()
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        pytest.fail(
-            f"ckptfs binary not found at {path}: build it with 'cmake --build {REPO_ROOT}/build' "
-            "or point CKPTFS_BIN at it",
-            pytrace=False,
-        )
-    return path
-
-
-@pytest.fixture(scope="session")
-def run_ckptfs(ckptfs_bin):
-    """run_ckptfs(*args, check=True) -> CompletedProcess with bytes stdout/stderr."""
-
-    def run(*args, check: bool = True) -> subprocess.CompletedProcess:
-        argv = [str(ckptfs_bin), *map(str, args)]
-        result = subprocess.run(argv, capture_output=True, timeout=COMMAND_TIMEOUT_S)
-        if check and result.returncode != 0:
-            pytest.fail(
-                f"{' '.join(argv)} exited {result.returncode}:\n{result.stderr.decode(errors='replace')}",
-                pytrace=False,
-            )
-        return result
-
-    return run
 
 
 @pytest.fixture(scope="session")
