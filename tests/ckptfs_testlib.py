@@ -59,6 +59,18 @@ def run_ckptfs(ckptfs_bin):
     return run
 
 
+@pytest.fixture(scope="session")
+def ls_json(run_ckptfs):
+    """ls_json(source) -> the parsed `ckptfs ls --json SOURCE` array."""
+
+    def ls(source) -> list:
+        entries = json.loads(run_ckptfs("ls", "--json", source).stdout)
+        assert isinstance(entries, list), "ls --json must print a JSON array"
+        return entries
+
+    return ls
+
+
 def flatten_tensors_with_paths(obj, path=()) -> dict:
     """{flattened key: (path, tensor)} for every tensor in a nested checkpoint, keyed the way
     doc/CLI.md flattens them (containers joined with '.', ints in decimal)."""

@@ -11,6 +11,7 @@ from ckptfs_testlib import (  # noqa: F401  (re-exported to the test modules)
     assert_bitwise_equal,
     check_safetensors_file,
     ckptfs_bin,
+    ls_json,
     flatten_tensors_with_paths,
     json_strings,
     read_safetensors_header,
@@ -53,18 +54,6 @@ def served_form(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.dtype in (torch.complex128, torch.complex32):
         return torch.view_as_real(tensor)
     return tensor
-
-
-@pytest.fixture(scope="session")
-def ls_json(run_ckptfs):
-    """ls_json(source) -> the parsed `ckptfs ls --json SOURCE` array."""
-
-    def ls(source) -> list:
-        entries = json.loads(run_ckptfs("ls", "--json", source).stdout)
-        assert isinstance(entries, list), "ls --json must print a JSON array"
-        return entries
-
-    return ls
 
 
 @pytest.fixture

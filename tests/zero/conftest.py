@@ -25,7 +25,6 @@ What ckptfs must serve for a ZeRO save dir (the tests compare bit for bit, never
   layout, with the trainable values taken from the live engine at save time.
 """
 
-import json
 import os
 import signal
 import subprocess
@@ -41,7 +40,7 @@ from safetensors.torch import load_file
 SUITE_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(SUITE_DIR))
 
-from ckptfs_testlib import REPO_ROOT, ckptfs_bin, run_ckptfs  # noqa: E402,F401  (shared fixtures)
+from ckptfs_testlib import REPO_ROOT, ckptfs_bin, ls_json, run_ckptfs  # noqa: E402,F401  (shared fixtures)
 from make_zero_checkpoints import FIXTURES  # noqa: E402
 from zerotools import DEEPSPEED_VERSION, ZeroCheckpoint  # noqa: E402
 
@@ -113,16 +112,6 @@ def zero_checkpoint(zero_fixtures_root):
 
 
 # --- running ckptfs -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def ls_json(run_ckptfs):
-    def ls(source) -> list:
-        entries = json.loads(run_ckptfs("ls", "--json", source).stdout)
-        assert isinstance(entries, list), "ls --json must print a JSON array"
-        return entries
-
-    return ls
 
 
 @dataclass
