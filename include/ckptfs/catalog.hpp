@@ -50,9 +50,15 @@ struct TensorEntry {
   std::optional<StridedLayout> strided;
   // Tensors that view the same storage share a non-empty storage id (tied weights).
   std::string storage_id;
+  // Set by a view that converts this tensor on read (e.g. -o dtype=bf16).
+  std::optional<DType> convert_to;
 
   uint64_t numel() const;
+  // Bytes as stored in the source.
   uint64_t nbytes() const { return numel() * Info(dtype).itemsize; }
+  // Element type and bytes as served.
+  DType served_dtype() const { return convert_to.value_or(dtype); }
+  uint64_t served_nbytes() const { return numel() * Info(served_dtype()).itemsize; }
 };
 
 struct Catalog {

@@ -20,13 +20,30 @@
 
 namespace ckptfs {
 
-struct ViewOptions {};
+// How a view presents a catalog (mount options -o dtype=,root=,shard_size=,checksums).
+struct ViewOptions {
+  std::optional<DType> dtype;  // convert every floating tensor to this type on read
+  std::string root;            // serve only the tensors under this key prefix, prefix removed
+  uint64_t shard_size = 0;     // > 0: Hugging Face shards of at most this many bytes
+  bool checksums = false;      // manifest.json lists each tensor file's XXH3-64
+};
+
+// Sets the view option `key` (dtype, root, shard_size, checksums) from `value`. *known is
+// false for other keys; a bad value is an InvalidArgument error.
+Status ParseViewOption(std::string_view key, std::string_view value, ViewOptions* options, bool* known);
+// "5GB" (decimal), "2GiB" (binary), "100MB", "512KiB", "123" (bytes); case-insensitive.
+Status ParseSize(std::string_view text, uint64_t* bytes);
+
+// The catalog as `options` present it: only the `root` subtree (prefix removed from keys,
+// metadata narrowed to it), floating tensors marked for conversion to `dtype`.
+Status ApplyViewOptions(std::shared_ptr<const Catalog> catalog, const ViewOptions& options,
+                        std::shared_ptr<const Catalog>* out);
 
 // A piece of a virtual file.
 struct Segment {
-  enum class Kind : uint8_t { kLiteral, kExtent, kGather };
+  enum class Kind : uint8_t { kLiteral, kExtent, kGather, kConvert };
   Kind kind = Kind::kLiteral;
-  uint32_t ref = 0;     // kLiteral: literal index; kExtent: source file; kGather: tensor index
+  uint32_t ref = 0;     // kLiteral: literal index; kExtent: source file; kGather, kConvert: tensor index
   uint64_t start = 0;   // offset of this segment in the virtual file
   uint64_t length = 0;
   uint64_t source_offset = 0;  // kExtent: where the bytes start in the source file
@@ -65,10 +82,16 @@ class View {
   // at the end of the file.
   Status Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* nread) const;
 
+  // XXH3-64 of the whole content of file `id` (reads it all).
+  Status Xxh3(NodeId id, uint64_t* hash) const;
+
  private:
   friend class ViewBuilder;
   View() = default;
-  Status ReadGather(const Segment& seg, uint64_t offset, size_t length, char* out) const;
+  // Bytes [offset, offset+length) of tensor `t` as stored (row-major, before conversion).
+  Status ReadStored(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
+  Status ReadGather(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
+  Status ReadConverted(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
 
   std::shared_ptr<const Catalog> catalog_;
   std::vector<Node> nodes_;

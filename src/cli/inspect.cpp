@@ -17,20 +17,18 @@ namespace {
 using json = nlohmann::json;
 
 constexpr char kLsUsage[] =
-    "usage: ckptfs ls [--json] [--moments] SOURCE\n"
+    "usage: ckptfs ls [--json] [OPTIONS] SOURCE\n"
     "\n"
     "Lists the tensors of SOURCE in checkpoint order: key, dtype, shape and size in bytes,\n"
     "as the virtual safetensors files serve them.\n"
-    "  --json     print a JSON array of {key, path, dtype, torch_dtype, shape, nbytes, file}\n"
-    "  --moments  DeepSpeed ZeRO: also the Adam moments (exp_avg.*, exp_avg_sq.*)\n";
+    "  --json            print a JSON array of {key, path, dtype, torch_dtype, shape, nbytes, file}\n";
 
 constexpr char kInfoUsage[] =
-    "usage: ckptfs info [--json] [--moments] SOURCE\n"
+    "usage: ckptfs info [--json] [OPTIONS] SOURCE\n"
     "\n"
     "Prints the format, source files, tensor count, total tensor bytes, bytes per dtype\n"
     "and a summary of the non-tensor metadata of SOURCE.\n"
-    "  --json     print the same as one JSON object\n"
-    "  --moments  DeepSpeed ZeRO: count the Adam moments too\n";
+    "  --json            print the same as one JSON object\n";
 
 void WriteAll(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
 
@@ -57,23 +55,20 @@ json Summarize(const json& v) {
   return v;
 }
 
-bool Has(const std::vector<std::string>& flags, std::string_view flag) {
-  return std::find(flags.begin(), flags.end(), flag) != flags.end();
-}
+
 
 }  // namespace
 
 int RunLs(const Args& args) {
-  if (WantsHelp(args)) return std::fputs(kLsUsage, stdout), 0;
-  std::vector<std::string> flags, positional;
-  if (!SplitArgs(args, {"--json", "--moments"}, kLsUsage, &flags, &positional)) return 2;
+  if (WantsHelp(args)) return std::printf("%s%s", kLsUsage, kReadOptionsHelp), 0;
+  ReadOptions options;
+  std::vector<std::string> positional;
+  if (int rc = ParseReadArgs(args, kLsUsage, true, &options, &positional); rc >= 0) return rc;
   if (positional.size() != 1) return UsageError("ls takes one SOURCE", kLsUsage);
   std::shared_ptr<const Catalog> catalog;
-  SourceOptions options;
-  options.zero_moments = Has(flags, "--moments");
-  if (Status s = OpenCatalog(positional[0], options, &catalog); !s.ok()) return Fail(s);
+  if (Status s = OpenPresented(positional[0], options, &catalog); !s.ok()) return Fail(s);
 
-  if (Has(flags, "--json")) {
+  if (options.json) {
     // The fields of TensorSummary, one object per line, written directly.
     std::string out = "[";
     std::vector<uint64_t> shape;
@@ -95,7 +90,7 @@ int RunLs(const Args& args) {
       out += Info(t.dtype).torch_name;
       out += "\", \"shape\": ";
       AppendJsonArray(&out, shape);
-      out += ", \"nbytes\": " + std::to_string(t.nbytes()) + ", \"file\": ";
+      out += ", \"nbytes\": " + std::to_string(t.served_nbytes()) + ", \"file\": ";
       AppendJsonString(&out, "tensors/" + TensorFileName(t.key));
       out += "}";
     }
@@ -129,7 +124,7 @@ int RunLs(const Args& args) {
   text += "bytes\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     cell(catalog->tensors[i].key, key_w), cell(rows[i].dtype, dtype_w), cell(rows[i].shape, shape_w);
-    text += std::to_string(catalog->tensors[i].nbytes());
+    text += std::to_string(catalog->tensors[i].served_nbytes());
     text += '\n';
   }
   WriteAll(text);
@@ -137,22 +132,21 @@ int RunLs(const Args& args) {
 }
 
 int RunInfo(const Args& args) {
-  if (WantsHelp(args)) return std::fputs(kInfoUsage, stdout), 0;
-  std::vector<std::string> flags, positional;
-  if (!SplitArgs(args, {"--json", "--moments"}, kInfoUsage, &flags, &positional)) return 2;
+  if (WantsHelp(args)) return std::printf("%s%s", kInfoUsage, kReadOptionsHelp), 0;
+  ReadOptions options;
+  std::vector<std::string> positional;
+  if (int rc = ParseReadArgs(args, kInfoUsage, true, &options, &positional); rc >= 0) return rc;
   if (positional.size() != 1) return UsageError("info takes one SOURCE", kInfoUsage);
   std::shared_ptr<const Catalog> catalog;
-  SourceOptions options;
-  options.zero_moments = Has(flags, "--moments");
-  if (Status s = OpenCatalog(positional[0], options, &catalog); !s.ok()) return Fail(s);
+  if (Status s = OpenPresented(positional[0], options, &catalog); !s.ok()) return Fail(s);
 
   uint64_t total = 0;
   std::map<std::string, std::pair<uint64_t, uint64_t>> by_dtype;  // torch dtype -> (count, bytes)
   for (const TensorEntry& t : catalog->tensors) {
-    total += t.nbytes();
-    auto& slot = by_dtype[std::string(Info(t.dtype).torch_name)];
+    total += t.served_nbytes();
+    auto& slot = by_dtype[std::string(Info(t.served_dtype()).torch_name)];
     slot.first += 1;
-    slot.second += t.nbytes();
+    slot.second += t.served_nbytes();
   }
   json info;
   info["source"] = catalog->source;
@@ -168,7 +162,7 @@ int RunInfo(const Args& args) {
   if (catalog->metadata.is_object())
     for (auto& [k, v] : catalog->metadata.items()) info["metadata"][k] = Summarize(v);
 
-  if (Has(flags, "--json")) {
+  if (options.json) {
     WriteAll(info.dump(1, ' ', false, json::error_handler_t::replace) + "\n");
     return 0;
   }

@@ -1,6 +1,7 @@
 // ckptfs: the command line front end. `ckptfs SOURCE MOUNTPOINT` (or `ckptfs mount ...`)
 // mounts through the FUSE daemon; the other subcommands work without FUSE.
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -25,25 +26,62 @@ bool WantsHelp(const Args& args) {
   return false;
 }
 
-bool SplitArgs(const Args& args, const std::vector<std::string>& known, const char* usage,
-               std::vector<std::string>* flags, std::vector<std::string>* positional) {
+const char kReadOptionsHelp[] =
+    "  --dtype T         serve floating tensors as T (bf16, fp16, fp32)\n"
+    "  --root PREFIX     only the tensors under PREFIX (e.g. model), prefix removed\n"
+    "  --shard-size S    Hugging Face shards of at most S (5GB, 2GiB) instead of model.safetensors\n"
+    "  --checksums       manifest.json lists each tensor file's XXH3-64\n"
+    "  --moments         DeepSpeed ZeRO: also the Adam moments (exp_avg.*, exp_avg_sq.*)\n";
+
+int ParseReadArgs(const Args& args, const char* usage, bool allow_json, ReadOptions* options,
+                  std::vector<std::string>* positional) {
   bool only_positional = false;
-  for (const auto& a : args) {
-    if (!only_positional && a == "--") {
-      only_positional = true;
-    } else if (!only_positional && a.size() > 1 && a[0] == '-') {
-      bool ok = false;
-      for (const auto& k : known) ok |= a == k;
-      if (!ok) {
-        UsageError("unknown option '" + a + "'", usage);
-        return false;
-      }
-      flags->push_back(a);
-    } else {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (only_positional || a.size() < 2 || a[0] != '-') {
       positional->push_back(a);
+      continue;
     }
+    if (a == "--") {
+      only_positional = true;
+      continue;
+    }
+    if (a == "--json" && allow_json) {
+      options->json = true;
+      continue;
+    }
+    if (a == "--moments") {
+      options->source.zero_moments = true;
+      continue;
+    }
+    // --dtype T, --dtype=T and the like map onto the mount's -o dtype=T.
+    std::string key = a.substr(2), value;
+    if (size_t eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key.resize(eq);
+    } else if (key != "checksums") {
+      if (i + 1 >= args.size()) return UsageError("option '" + a + "' needs a value", usage);
+      value = args[++i];
+    }
+    std::replace(key.begin(), key.end(), '-', '_');
+    bool known = false;
+    Status s = ParseViewOption(key, value, &options->view, &known);
+    if (!known) return UsageError("unknown option '" + a + "'", usage);
+    if (!s.ok()) return UsageError(s.message(), usage);
   }
-  return true;
+  return -1;
+}
+
+Status OpenPresented(const std::string& source, const ReadOptions& options, std::shared_ptr<const Catalog>* out) {
+  std::shared_ptr<const Catalog> catalog;
+  CKPTFS_RETURN_IF_ERROR(OpenCatalog(source, options.source, &catalog));
+  return ApplyViewOptions(std::move(catalog), options.view, out);
+}
+
+Status OpenView(const std::string& source, const ReadOptions& options, std::unique_ptr<View>* out) {
+  std::shared_ptr<const Catalog> catalog;
+  CKPTFS_RETURN_IF_ERROR(OpenCatalog(source, options.source, &catalog));
+  return View::Build(std::move(catalog), options.view, out);
 }
 
 }  // namespace ckptfs::cli
@@ -65,6 +103,7 @@ constexpr char kUsage[] =
     "  cat SOURCE PATH  write one virtual file (e.g. model.safetensors) to stdout\n"
     "  export SOURCE OUTDIR\n"
     "                   write the whole virtual tree as real files\n"
+    "  hash SOURCE      XXH3-64 of every tensor file, as xxhsum -H3 prints them\n"
     "\n"
     "Run 'ckptfs COMMAND --help' for the options of a command.\n";
 
@@ -89,6 +128,7 @@ int main(int argc, char** argv) {
   if (command == "info") return RunInfo(args);
   if (command == "cat") return RunCat(args);
   if (command == "export") return RunExport(args);
+  if (command == "hash") return RunHash(args);
   if (command == "mount") return ckptfs::fuse::RunMount(argc - 2, argv + 2, false);
   return ckptfs::fuse::RunMount(argc - 1, argv + 1, false);
 }

@@ -18,21 +18,27 @@ namespace {
 constexpr size_t kChunk = size_t{8} << 20;
 
 constexpr char kCatUsage[] =
-    "usage: ckptfs cat [--moments] SOURCE PATH\n"
+    "usage: ckptfs cat [OPTIONS] SOURCE PATH\n"
     "\n"
     "Writes the virtual file PATH of SOURCE to standard output, e.g.\n"
     "  ckptfs cat ck.pt model.safetensors > model.safetensors\n"
     "  ckptfs cat ck.pt manifest.json\n"
-    "  ckptfs cat ck.pt tensors/encoder.weight.safetensors\n"
-    "  --moments  DeepSpeed ZeRO: the view includes the Adam moments\n";
+    "  ckptfs cat --dtype bf16 ck.pt model.safetensors > model-bf16.safetensors\n"
+    "  ckptfs cat ck.pt tensors/encoder.weight.safetensors\n";
 
 constexpr char kExportUsage[] =
-    "usage: ckptfs export [--moments] SOURCE OUTDIR\n"
+    "usage: ckptfs export [OPTIONS] SOURCE OUTDIR\n"
     "\n"
     "Writes every file of the virtual tree of SOURCE (model.safetensors, tensors/,\n"
     "manifest.json, metadata.json, sibling files) under OUTDIR, creating it if needed.\n"
-    "Memory stays bounded; a progress bar is shown when stderr is a terminal.\n"
-    "  --moments  DeepSpeed ZeRO: also the Adam moments (exp_avg.*, exp_avg_sq.*)\n";
+    "Memory stays bounded; a progress bar is shown when stderr is a terminal.\n";
+
+constexpr char kHashUsage[] =
+    "usage: ckptfs hash [OPTIONS] SOURCE\n"
+    "\n"
+    "Prints the XXH3-64 of every tensor file of the view of SOURCE, one line each, in\n"
+    "the format of 'xxhsum -H3': XXH3 (tensors/<file>) = <16 hex digits>. The same value\n"
+    "is the xattr user.ckptfs.xxh3 of the file on a mount.\n";
 
 Status WriteFully(int fd, const char* data, size_t n, const std::string& where) {
   while (n > 0) {
@@ -63,13 +69,6 @@ Status Copy(const View& view, View::NodeId id, int fd, const std::string& where,
   return Status::OK();
 }
 
-Status OpenView(const std::string& source, const std::vector<std::string>& flags, std::unique_ptr<View>* view) {
-  SourceOptions options;
-  for (const auto& f : flags) options.zero_moments |= f == "--moments";
-  std::shared_ptr<const Catalog> catalog;
-  CKPTFS_RETURN_IF_ERROR(OpenCatalog(source, options, &catalog));
-  return View::Build(std::move(catalog), ViewOptions{}, view);
-}
 
 // A one-line progress bar on stderr, redrawn at most ten times a second.
 class ProgressBar {
@@ -127,12 +126,13 @@ Status ExportTree(const View& view, const std::string& outdir) {
 }  // namespace
 
 int RunCat(const Args& args) {
-  if (WantsHelp(args)) return std::fputs(kCatUsage, stdout), 0;
-  std::vector<std::string> flags, positional;
-  if (!SplitArgs(args, {"--moments"}, kCatUsage, &flags, &positional)) return 2;
+  if (WantsHelp(args)) return std::printf("%s%s", kCatUsage, kReadOptionsHelp), 0;
+  ReadOptions options;
+  std::vector<std::string> positional;
+  if (int rc = ParseReadArgs(args, kCatUsage, false, &options, &positional); rc >= 0) return rc;
   if (positional.size() != 2) return UsageError("cat takes SOURCE and PATH", kCatUsage);
   std::unique_ptr<View> view;
-  if (Status s = OpenView(positional[0], flags, &view); !s.ok()) return Fail(s);
+  if (Status s = OpenView(positional[0], options, &view); !s.ok()) return Fail(s);
   auto id = view->Lookup(positional[1]);
   if (!id) return Fail(Status::NotFound(positional[1], "no such file in the view of " + positional[0]));
   if (view->node(*id).is_dir) return Fail(Status::InvalidArgument(positional[1], "is a directory"));
@@ -142,13 +142,39 @@ int RunCat(const Args& args) {
 }
 
 int RunExport(const Args& args) {
-  if (WantsHelp(args)) return std::fputs(kExportUsage, stdout), 0;
-  std::vector<std::string> flags, positional;
-  if (!SplitArgs(args, {"--moments"}, kExportUsage, &flags, &positional)) return 2;
+  if (WantsHelp(args)) return std::printf("%s%s", kExportUsage, kReadOptionsHelp), 0;
+  ReadOptions options;
+  std::vector<std::string> positional;
+  if (int rc = ParseReadArgs(args, kExportUsage, false, &options, &positional); rc >= 0) return rc;
   if (positional.size() != 2) return UsageError("export takes SOURCE and OUTDIR", kExportUsage);
   std::unique_ptr<View> view;
-  if (Status s = OpenView(positional[0], flags, &view); !s.ok()) return Fail(s);
+  if (Status s = OpenView(positional[0], options, &view); !s.ok()) return Fail(s);
   if (Status s = ExportTree(*view, positional[1]); !s.ok()) return Fail(s);
+  return 0;
+}
+
+int RunHash(const Args& args) {
+  if (WantsHelp(args)) return std::printf("%s%s", kHashUsage, kReadOptionsHelp), 0;
+  ReadOptions options;
+  std::vector<std::string> positional;
+  if (int rc = ParseReadArgs(args, kHashUsage, false, &options, &positional); rc >= 0) return rc;
+  if (positional.size() != 1) return UsageError("hash takes one SOURCE", kHashUsage);
+  std::unique_ptr<View> view;
+  if (Status s = OpenView(positional[0], options, &view); !s.ok()) return Fail(s);
+  const size_t count = view->catalog().tensors.size();
+  uint64_t total = 0;
+  std::vector<View::NodeId> ids;
+  for (size_t i = 0; i < count; ++i) {
+    ids.push_back(*view->Lookup(view->TensorFilePath(i)));
+    total += view->node(ids.back()).size;
+  }
+  ProgressBar bar(total);
+  for (size_t i = 0; i < count; ++i) {
+    uint64_t hash = 0;
+    if (Status s = view->Xxh3(ids[i], &hash); !s.ok()) return Fail(s);
+    bar.Add(view->node(ids[i]).size);
+    std::printf("XXH3 (%s) = %016llx\n", view->TensorFilePath(i).c_str(), static_cast<unsigned long long>(hash));
+  }
   return 0;
 }
 

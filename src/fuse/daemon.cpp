@@ -39,6 +39,10 @@ constexpr char kUsage[] =
     "  -f            stay in the foreground\n"
     "  -d            debug output (implies -f)\n"
     "  -s            single-threaded\n"
+    "  -o dtype=T    serve floating tensors as T (bf16, fp16, fp32), converted on read\n"
+    "  -o root=P     only the tensors under the key prefix P (e.g. model), prefix removed\n"
+    "  -o shard_size=S  Hugging Face shards of at most S (5GB, 2GiB) + index\n"
+    "  -o checksums  manifest.json lists each tensor file's XXH3-64\n"
     "  -o moments    DeepSpeed ZeRO: also serve the Adam moments (exp_avg.*, exp_avg_sq.*)\n"
     "  -o allow_other, -o auto_unmount, -o max_threads=N, ...  see below\n"
     "\n";
@@ -100,6 +104,7 @@ struct ParsedCommandLine {
   std::vector<std::string> flags;    // passed to libfuse as they are
   std::vector<std::string> options;  // -o values for libfuse, one per entry
   SourceOptions source_options;      // ckptfs's own -o values
+  ViewOptions view_options;
   bool help = false;
 };
 
@@ -113,8 +118,21 @@ bool Parse(int argc, char** argv, bool as_mount_helper, ParsedCommandLine* cl) {
       while (start <= list.size()) {
         size_t comma = list.find(',', start);
         std::string opt = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-        if (opt == "moments") cl->source_options.zero_moments = true;
-        else if (!opt.empty() && !IsMountOnlyOption(opt)) cl->options.push_back(opt);
+        const size_t eq = opt.find('=');
+        bool known = false;
+        Status s = ParseViewOption(opt.substr(0, eq), eq == std::string::npos ? "" : opt.substr(eq + 1),
+                                   &cl->view_options, &known);
+        if (!s.ok()) {
+          std::fprintf(stderr, "ckptfs: %s\n", s.message().c_str());
+          return false;
+        }
+        if (known) {
+          // a view option
+        } else if (opt == "moments") {
+          cl->source_options.zero_moments = true;
+        } else if (!opt.empty() && !IsMountOnlyOption(opt)) {
+          cl->options.push_back(opt);
+        }
         if (comma == std::string::npos) break;
         start = comma + 1;
       }
@@ -204,7 +222,7 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
   fs.gid = ::getgid();
   std::shared_ptr<const Catalog> catalog;
   Status s = OpenCatalog(source, cl.source_options, &catalog);
-  if (s.ok()) s = View::Build(std::move(catalog), ViewOptions{}, &fs.view);
+  if (s.ok()) s = View::Build(std::move(catalog), cl.view_options, &fs.view);
   if (!s.ok()) {
     std::fprintf(stderr, "ckptfs: %s\n", s.message().c_str());
     return 1;

@@ -4,6 +4,7 @@
 #include <sys/statvfs.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@ constexpr double kCacheSeconds = 86400.0;
 constexpr blksize_t kBlockSize = 1 << 20;
 constexpr const char* kXattrDType = "user.ckptfs.dtype";
 constexpr const char* kXattrShape = "user.ckptfs.shape";
+constexpr const char* kXattrXxh3 = "user.ckptfs.xxh3";
 
 Filesystem& Fs(fuse_req_t req) { return *static_cast<Filesystem*>(fuse_req_userdata(req)); }
 
@@ -185,15 +187,40 @@ void OpStatfs(fuse_req_t req, fuse_ino_t) {
   });
 }
 
-// The xattr value of `name` for node `id`, or false when it has none.
-bool XattrValue(const Filesystem& fs, View::NodeId id, std::string_view name, std::string* value) {
+// XXH3-64 of file `id`, read once (without holding the lock) and then cached.
+Status CachedXxh3(Filesystem& fs, View::NodeId id, uint64_t* hash) {
+  {
+    std::lock_guard<std::mutex> lock(fs.hash_mutex);
+    auto it = fs.hashes.find(id);
+    if (it != fs.hashes.end()) {
+      *hash = it->second;
+      return Status::OK();
+    }
+  }
+  CKPTFS_RETURN_IF_ERROR(fs.view->Xxh3(id, hash));
+  std::lock_guard<std::mutex> lock(fs.hash_mutex);
+  fs.hashes[id] = *hash;
+  return Status::OK();
+}
+
+// The xattr value of `name` for node `id`: *found is false when it has none.
+Status XattrValue(Filesystem& fs, View::NodeId id, std::string_view name, std::string* value, bool* found) {
   const View::Node& n = fs.view->node(id);
-  if (n.tensor < 0) return false;
+  *found = n.tensor >= 0;
+  if (!*found) return Status::OK();
+  if (name == kXattrXxh3) {
+    uint64_t hash = 0;
+    CKPTFS_RETURN_IF_ERROR(CachedXxh3(fs, id, &hash));
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+    *value = hex;
+    return Status::OK();
+  }
   nlohmann::json summary = TensorSummary(fs.view->catalog().tensors[static_cast<size_t>(n.tensor)]);
   if (name == kXattrDType) *value = summary["dtype"].get<std::string>();
   else if (name == kXattrShape) *value = summary["shape"].dump();
-  else return false;
-  return true;
+  else *found = false;
+  return Status::OK();
 }
 
 void ReplyXattr(fuse_req_t req, const std::string& value, size_t size) {
@@ -206,7 +233,13 @@ void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   Guard(req, [&] {
     Filesystem& fs = Fs(req);
     std::string value;
-    if (!Valid(fs, ino) || !XattrValue(fs, NodeOf(ino), name, &value)) return (void)fuse_reply_err(req, ENODATA);
+    bool found = false;
+    if (!Valid(fs, ino)) return (void)fuse_reply_err(req, ENODATA);
+    if (Status s = XattrValue(fs, NodeOf(ino), name, &value, &found); !s.ok()) {
+      fuse_log(FUSE_LOG_ERR, "ckptfs: %s\n", s.message().c_str());
+      return (void)fuse_reply_err(req, s.ToErrno());
+    }
+    if (!found) return (void)fuse_reply_err(req, ENODATA);
     ReplyXattr(req, value, size);
   });
 }
@@ -219,6 +252,7 @@ void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
     if (fs.view->node(NodeOf(ino)).tensor >= 0) {
       names.append(kXattrDType).push_back('\0');
       names.append(kXattrShape).push_back('\0');
+      names.append(kXattrXxh3).push_back('\0');
     }
     ReplyXattr(req, names, size);
   });

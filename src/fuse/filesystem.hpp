@@ -11,6 +11,8 @@
 #include <fuse_lowlevel.h>
 
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 
 #include "ckptfs/view.hpp"
 
@@ -24,6 +26,9 @@ struct Filesystem {
   uid_t uid = 0;
   gid_t gid = 0;
   uint64_t total_bytes = 0;  // sum of file sizes, for statfs
+  // user.ckptfs.xxh3 values, computed on first request and kept for the mount's life.
+  std::mutex hash_mutex;
+  std::unordered_map<View::NodeId, uint64_t> hashes;
 };
 
 // The operations table; session userdata must be a Filesystem*.

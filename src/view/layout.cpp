@@ -16,7 +16,8 @@ using json = nlohmann::json;
 
 class ViewBuilder {
  public:
-  ViewBuilder(std::shared_ptr<const Catalog> catalog, View* view) : catalog_(*catalog), view_(view) {
+  ViewBuilder(std::shared_ptr<const Catalog> catalog, const ViewOptions& options, View* view)
+      : catalog_(*catalog), options_(options), view_(view) {
     view_->catalog_ = std::move(catalog);
   }
 
@@ -28,11 +29,19 @@ class ViewBuilder {
   void AddTensorData(size_t index, uint64_t* pos);
   void FinishFile(View::NodeId id, uint64_t size, int64_t mtime_ns);
   int64_t TensorMTime(size_t index) const;
-  void BuildModelFile(View::NodeId root, json* model_offsets);
+  // Where a tensor's bytes sit in the model file(s).
+  struct ModelPlace {
+    std::string file;
+    uint64_t begin = 0, end = 0;
+  };
+  void BuildSafetensorsFile(View::NodeId root, const std::string& name, const std::vector<size_t>& members,
+                            std::vector<ModelPlace>* places);
+  void BuildModelFiles(View::NodeId root, std::vector<ModelPlace>* places);
   Status BuildTensorFiles(View::NodeId root);
-  void BuildManifest(View::NodeId root, const json& model_offsets);
+  Status BuildManifest(View::NodeId root, const std::vector<ModelPlace>& places);
 
   const Catalog& catalog_;
+  const ViewOptions& options_;
   View* view_;
   int64_t newest_mtime_ = 0;
   std::set<std::string> hidden_siblings_;
@@ -64,12 +73,12 @@ void ViewBuilder::AddLiteral(std::string bytes, uint64_t* pos) {
 
 void ViewBuilder::AddTensorData(size_t index, uint64_t* pos) {
   const TensorEntry& t = catalog_.tensors[index];
-  if (t.strided && t.numel() > 0) {
+  if ((t.strided || t.convert_to) && t.numel() > 0) {
     Segment seg;
-    seg.kind = Segment::Kind::kGather;
+    seg.kind = t.convert_to ? Segment::Kind::kConvert : Segment::Kind::kGather;
     seg.ref = static_cast<uint32_t>(index);
     seg.start = *pos;
-    seg.length = t.nbytes();
+    seg.length = t.served_nbytes();
     *pos += seg.length;
     view_->segments_.push_back(seg);
     return;
@@ -102,14 +111,16 @@ int64_t ViewBuilder::TensorMTime(size_t index) const {
   return m == 0 ? newest_mtime_ : m;
 }
 
-void ViewBuilder::BuildModelFile(View::NodeId root, json* model_offsets) {
+// One safetensors file holding `members` (tensor indices); records where each landed.
+void ViewBuilder::BuildSafetensorsFile(View::NodeId root, const std::string& name, const std::vector<size_t>& members,
+                                       std::vector<ModelPlace>* places) {
   // Lay data out by descending item size (the reference writer's order), keeping catalog
   // order among equals: every tensor is then aligned to its element size.
   const auto& tensors = catalog_.tensors;
-  std::vector<size_t> order(tensors.size());
-  std::iota(order.begin(), order.end(), 0);
+  std::vector<size_t> order = members;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return Info(ServedAs(tensors[a].dtype).dtype).itemsize > Info(ServedAs(tensors[b].dtype).dtype).itemsize;
+    return Info(ServedAs(tensors[a].served_dtype()).dtype).itemsize >
+           Info(ServedAs(tensors[b].served_dtype()).dtype).itemsize;
   });
   std::vector<HeaderEntry> entries;
   entries.reserve(order.size());
@@ -119,22 +130,88 @@ void ViewBuilder::BuildModelFile(View::NodeId root, json* model_offsets) {
     e.key = tensors[i].key;
     ServedDTypeAndShape(tensors[i], &e.dtype, &e.shape);
     e.begin = offset;
-    offset += tensors[i].nbytes();
+    offset += tensors[i].served_nbytes();
     e.end = offset;
     entries.push_back(std::move(e));
   }
   std::string header = SafetensorsHeader(entries);
   const uint64_t data_start = header.size();
-  *model_offsets = json::array();
-  std::vector<std::pair<uint64_t, uint64_t>> ranges(tensors.size());
   for (size_t k = 0; k < order.size(); ++k)
-    ranges[order[k]] = {data_start + entries[k].begin, data_start + entries[k].end};
-  for (const auto& r : ranges) model_offsets->push_back({r.first, r.second});
+    (*places)[order[k]] = ModelPlace{name, data_start + entries[k].begin, data_start + entries[k].end};
 
-  View::NodeId id = AddNode(root, "model.safetensors", false);
+  View::NodeId id = AddNode(root, name, false);
   uint64_t pos = 0;
   AddLiteral(std::move(header), &pos);
   for (size_t i : order) AddTensorData(i, &pos);
+  FinishFile(id, pos, newest_mtime_);
+}
+
+// model.safetensors, or with a shard size the Hugging Face layout: shards split in catalog
+// order as huggingface_hub's split_state_dict_into_shards does (a tensor over the limit
+// gets a shard of its own; tensors sharing storage follow the first one's shard and do not
+// count toward sizes), plus model.safetensors.index.json.
+void ViewBuilder::BuildModelFiles(View::NodeId root, std::vector<ModelPlace>* places) {
+  const auto& tensors = catalog_.tensors;
+  places->assign(tensors.size(), ModelPlace{});
+  std::vector<size_t> all(tensors.size());
+  std::iota(all.begin(), all.end(), 0);
+  if (options_.shard_size == 0) return BuildSafetensorsFile(root, "model.safetensors", all, places);
+
+  std::vector<std::vector<size_t>> shards;
+  std::vector<size_t> current;
+  uint64_t current_size = 0, total_size = 0;
+  std::map<std::string, size_t> first_of_storage;  // storage id -> first tensor
+  std::vector<size_t> followers;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorEntry& t = tensors[i];
+    if (!t.storage_id.empty()) {
+      if (first_of_storage.count(t.storage_id)) {
+        followers.push_back(i);
+        continue;
+      }
+      first_of_storage[t.storage_id] = i;
+    }
+    const uint64_t size = t.served_nbytes();
+    total_size += size;
+    if (size > options_.shard_size) {
+      shards.push_back({i});
+      continue;
+    }
+    if (current_size + size > options_.shard_size) {
+      shards.push_back(std::move(current));
+      current.clear();
+      current_size = 0;
+    }
+    current.push_back(i);
+    current_size += size;
+  }
+  if (!current.empty()) shards.push_back(std::move(current));
+  for (size_t i : followers) {
+    const size_t first = first_of_storage[tensors[i].storage_id];
+    for (auto& shard : shards)
+      if (std::find(shard.begin(), shard.end(), first) != shard.end()) {
+        shard.push_back(i);
+        break;
+      }
+  }
+  for (auto& shard : shards) std::sort(shard.begin(), shard.end());  // catalog order within a shard
+  if (shards.size() <= 1) return BuildSafetensorsFile(root, "model.safetensors", all, places);
+
+  char name[64];
+  std::vector<std::string> names;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+    names.emplace_back(name);
+    BuildSafetensorsFile(root, name, shards[k], places);
+  }
+  json index;
+  index["metadata"] = {{"total_size", total_size}};
+  json weight_map = json::object();
+  for (size_t i = 0; i < tensors.size(); ++i) weight_map[tensors[i].key] = (*places)[i].file;
+  index["weight_map"] = std::move(weight_map);
+  View::NodeId id = AddNode(root, "model.safetensors.index.json", false);
+  uint64_t pos = 0;
+  AddLiteral(index.dump(2, ' ', false, json::error_handler_t::replace) + "\n", &pos);
   FinishFile(id, pos, newest_mtime_);
 }
 
@@ -150,7 +227,7 @@ Status ViewBuilder::BuildTensorFiles(View::NodeId root) {
     HeaderEntry e;
     e.key = t.key;
     ServedDTypeAndShape(t, &e.dtype, &e.shape);
-    e.end = t.nbytes();
+    e.end = t.served_nbytes();
     View::NodeId id = AddNode(dir, std::move(name), false);
     view_->nodes_[id].tensor = static_cast<int64_t>(i);
     uint64_t pos = 0;
@@ -162,7 +239,7 @@ Status ViewBuilder::BuildTensorFiles(View::NodeId root) {
   return Status::OK();
 }
 
-void ViewBuilder::BuildManifest(View::NodeId root, const json& model_offsets) {
+Status ViewBuilder::BuildManifest(View::NodeId root, const std::vector<ModelPlace>& places) {
   json m;
   m["ckptfs_manifest_version"] = 1;
   json files = json::array();
@@ -171,7 +248,9 @@ void ViewBuilder::BuildManifest(View::NodeId root, const json& model_offsets) {
                      {"size", catalog_.files->size(f)},
                      {"mtime_ns", catalog_.files->identity(f).mtime_ns}});
   m["source"] = {{"path", catalog_.source}, {"format", catalog_.format}, {"files", std::move(files)}};
-  m["model_file"] = "model.safetensors";
+  if (options_.dtype) m["dtype"] = Info(*options_.dtype).safetensors_name;
+  if (!options_.root.empty()) m["root"] = options_.root;
+  if (options_.shard_size) m["shard_size"] = options_.shard_size;
   // Storage shared by several tensors (tied weights): name the group on each member.
   std::map<std::string, int> sharing;
   for (const TensorEntry& t : catalog_.tensors)
@@ -180,7 +259,15 @@ void ViewBuilder::BuildManifest(View::NodeId root, const json& model_offsets) {
   for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
     const TensorEntry& t = catalog_.tensors[i];
     json entry = TensorSummary(t);
-    entry["model_offsets"] = model_offsets[i];
+    entry["model_file"] = places[i].file;
+    entry["model_offsets"] = {places[i].begin, places[i].end};
+    if (options_.checksums) {
+      uint64_t hash = 0;
+      CKPTFS_RETURN_IF_ERROR(view_->Xxh3(view_->tensor_files_[i], &hash));
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+      entry["xxh3"] = hex;
+    }
     if (!t.storage_id.empty() && sharing[t.storage_id] > 1) entry["shared_storage"] = t.storage_id;
     bool shortened = false;
     TensorFileName(t.key, &shortened);
@@ -194,6 +281,7 @@ void ViewBuilder::BuildManifest(View::NodeId root, const json& model_offsets) {
   uint64_t pos = 0;
   AddLiteral(m.dump(1, ' ', false, json::error_handler_t::replace) + "\n", &pos);
   FinishFile(id, pos, newest_mtime_);
+  return Status::OK();
 }
 
 Status ViewBuilder::Build() {
@@ -201,15 +289,16 @@ Status ViewBuilder::Build() {
     newest_mtime_ = std::max(newest_mtime_, catalog_.files->identity(f).mtime_ns);
   View::NodeId root = AddNode(View::kRoot, "", true);
 
-  json model_offsets;
-  BuildModelFile(root, &model_offsets);
+  std::vector<ModelPlace> places;
+  BuildModelFiles(root, &places);
   CKPTFS_RETURN_IF_ERROR(BuildTensorFiles(root));
   View::NodeId meta = AddNode(root, "metadata.json", false);
   uint64_t pos = 0;
   AddLiteral(catalog_.metadata.dump(1, ' ', false, json::error_handler_t::replace) + "\n", &pos);
   FinishFile(meta, pos, newest_mtime_);
 
-  std::set<std::string> ours = {"model.safetensors", "tensors", "metadata.json", "manifest.json"};
+  std::set<std::string> ours = {"tensors", "metadata.json", "manifest.json"};
+  for (View::NodeId c : view_->nodes_[root].children) ours.insert(view_->nodes_[c].name);
   for (uint32_t f : catalog_.sibling_files) {
     const std::string& path = catalog_.files->path(f);
     std::string name = path.substr(path.rfind('/') + 1);
@@ -227,7 +316,7 @@ Status ViewBuilder::Build() {
     spos = seg.length;
     FinishFile(id, spos, catalog_.files->identity(f).mtime_ns);
   }
-  BuildManifest(root, model_offsets);
+  CKPTFS_RETURN_IF_ERROR(BuildManifest(root, places));
 
   for (View::Node& n : view_->nodes_) {
     if (!n.is_dir) continue;
@@ -251,15 +340,16 @@ json TensorSummary(const TensorEntry& t) {
           {"dtype", dtype},
           {"torch_dtype", Info(t.dtype).torch_name},
           {"shape", std::move(shape)},
-          {"nbytes", t.nbytes()},
+          {"nbytes", t.served_nbytes()},
           {"file", "tensors/" + TensorFileName(t.key)}};
 }
 
 Status View::Build(std::shared_ptr<const Catalog> catalog, const ViewOptions& options,
                    std::unique_ptr<View>* out) {
-  (void)options;
+  std::shared_ptr<const Catalog> presented;
+  CKPTFS_RETURN_IF_ERROR(ApplyViewOptions(std::move(catalog), options, &presented));
   std::unique_ptr<View> view(new View());
-  ViewBuilder builder(std::move(catalog), view.get());
+  ViewBuilder builder(std::move(presented), options, view.get());
   CKPTFS_RETURN_IF_ERROR(builder.Build());
   *out = std::move(view);
   return Status::OK();

@@ -5,7 +5,7 @@
 namespace ckptfs {
 
 void ServedDTypeAndShape(const TensorEntry& t, std::string_view* dtype, std::vector<uint64_t>* shape) {
-  ServedType served = ServedAs(t.dtype);
+  ServedType served = ServedAs(t.served_dtype());
   *dtype = Info(served.dtype).safetensors_name;
   *shape = t.shape;
   if (served.extra_dim) shape->push_back(2);

@@ -1,9 +1,13 @@
 // Reads of virtual files: segment lookup by binary search, then literal copies, source
 // preads, or a gather of strided tensor elements.
+#include "ckptfs/view.hpp"
+
 #include <algorithm>
 #include <cstring>
 
-#include "ckptfs/view.hpp"
+#include <xxhash.h>
+
+#include "view/convert.hpp"
 
 namespace ckptfs {
 namespace {
@@ -79,7 +83,10 @@ Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* 
         CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(seg->ref, seg->source_offset + in_seg, piece, dst));
         break;
       case Segment::Kind::kGather:
-        CKPTFS_RETURN_IF_ERROR(ReadGather(*seg, in_seg, piece, dst));
+        CKPTFS_RETURN_IF_ERROR(ReadGather(catalog_->tensors[seg->ref], in_seg, piece, dst));
+        break;
+      case Segment::Kind::kConvert:
+        CKPTFS_RETURN_IF_ERROR(ReadConverted(catalog_->tensors[seg->ref], in_seg, piece, dst));
         break;
     }
     pos += piece;
@@ -88,8 +95,69 @@ Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* 
   return Status::OK();
 }
 
-Status View::ReadGather(const Segment& seg, uint64_t offset, size_t length, char* out) const {
-  const TensorEntry& t = catalog_->tensors[seg.ref];
+Status View::ReadStored(const TensorEntry& t, uint64_t offset, size_t length, char* out) const {
+  if (t.strided) return ReadGather(t, offset, length, out);
+  for (const Extent& e : t.extents) {
+    if (length == 0) break;
+    if (offset >= e.length) {
+      offset -= e.length;
+      continue;
+    }
+    const uint64_t take = std::min<uint64_t>(e.length - offset, length);
+    CKPTFS_RETURN_IF_ERROR(catalog_->files->CheckUnchanged(e.file));
+    CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(e.file, e.offset + offset, take, out));
+    out += take;
+    length -= take;
+    offset = 0;
+  }
+  return Status::OK();
+}
+
+Status View::ReadConverted(const TensorEntry& t, uint64_t offset, size_t length, char* out) const {
+  const DType from = t.dtype, to = t.served_dtype();
+  const uint64_t in_size = Info(from).itemsize, out_size = Info(to).itemsize;
+  std::vector<char> stored, converted;
+  uint64_t elem = offset / out_size;
+  const uint64_t end_elem = (offset + length + out_size - 1) / out_size;
+  while (elem < end_elem) {
+    // Bounded scratch per step, whatever the read size.
+    const uint64_t count = std::min(kGatherChunkElements, end_elem - elem);
+    stored.resize(count * in_size);
+    converted.resize(count * out_size);
+    CKPTFS_RETURN_IF_ERROR(ReadStored(t, elem * in_size, stored.size(), stored.data()));
+    ConvertElements(from, to, stored.data(), count, converted.data());
+    const uint64_t chunk_begin = elem * out_size;
+    const uint64_t copy_from = std::max(chunk_begin, offset);
+    const uint64_t copy_to = std::min(chunk_begin + count * out_size, offset + length);
+    std::memcpy(out + (copy_from - offset), converted.data() + (copy_from - chunk_begin), copy_to - copy_from);
+    elem += count;
+  }
+  return Status::OK();
+}
+
+Status View::Xxh3(NodeId id, uint64_t* hash) const {
+  XXH3_state_t* state = XXH3_createState();
+  if (!state) return Status::InvalidArgument(PathOf(id), "out of memory");
+  XXH3_64bits_reset(state);
+  std::vector<char> buf(size_t{1} << 20);
+  Status s;
+  for (uint64_t off = 0; off < nodes_[id].size;) {
+    size_t n = 0;
+    s = Read(id, off, buf.size(), buf.data(), &n);
+    if (!s.ok()) break;
+    if (n == 0) {
+      s = Status::Corruption(PathOf(id), "virtual file ended early");
+      break;
+    }
+    XXH3_64bits_update(state, buf.data(), n);
+    off += n;
+  }
+  *hash = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return s;
+}
+
+Status View::ReadGather(const TensorEntry& t, uint64_t offset, size_t length, char* out) const {
   const StridedLayout& layout = *t.strided;
   const uint64_t itemsize = Info(t.dtype).itemsize;
   const size_t ndim = t.shape.size();
