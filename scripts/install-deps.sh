@@ -2,7 +2,7 @@
 # Installs the Debian packages ckptfs builds and tests with (skips what is present).
 set -euo pipefail
 packages=(g++ cmake ninja-build pkg-config libfuse3-dev fuse3 nlohmann-json3-dev libxxhash-dev
-          libboost-test-dev python3-venv rsync attr)
+          libboost-test-dev python3-venv rsync attr xxhash)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
