@@ -16,7 +16,9 @@ int Fail(const Status& status) {
 }
 
 int UsageError(const std::string& what, const char* usage) {
-  std::fprintf(stderr, "ckptfs: %s\n%s", what.c_str(), usage);
+  // One line, like every other error; the usage is one --help away.
+  (void)usage;
+  std::fprintf(stderr, "ckptfs: %s (see --help)\n", what.c_str());
   return 2;
 }
 

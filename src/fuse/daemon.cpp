@@ -106,6 +106,7 @@ struct ParsedCommandLine {
   SourceOptions source_options;      // ckptfs's own -o values
   ViewOptions view_options;
   bool help = false;
+  bool bad_value = false;  // an option with an invalid value: bad input (exit 1), not usage
 };
 
 bool Parse(int argc, char** argv, bool as_mount_helper, ParsedCommandLine* cl) {
@@ -124,6 +125,7 @@ bool Parse(int argc, char** argv, bool as_mount_helper, ParsedCommandLine* cl) {
                                    &cl->view_options, &known);
         if (!s.ok()) {
           std::fprintf(stderr, "ckptfs: %s\n", s.message().c_str());
+          cl->bad_value = true;
           return false;
         }
         if (known) {
@@ -147,7 +149,7 @@ bool Parse(int argc, char** argv, bool as_mount_helper, ParsedCommandLine* cl) {
   }
   if (cl->help) return true;
   if (positional.size() != 2) {
-    std::fprintf(stderr, "ckptfs: expected SOURCE and MOUNTPOINT\n%s", kUsage);
+    std::fprintf(stderr, "ckptfs: expected SOURCE and MOUNTPOINT (see --help)\n");
     return false;
   }
   cl->source = positional[0];
@@ -175,7 +177,7 @@ struct FuseArgs {
 
 int RunMount(int argc, char** argv, bool as_mount_helper) {
   ParsedCommandLine cl;
-  if (!Parse(argc, argv, as_mount_helper, &cl)) return 2;
+  if (!Parse(argc, argv, as_mount_helper, &cl)) return cl.bad_value ? 1 : 2;
   if (cl.help) {
     std::fputs(kUsage, stdout);
     fuse_cmdline_help();
