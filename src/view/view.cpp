@@ -18,6 +18,27 @@ constexpr uint64_t kMaxGatherSpan = uint64_t{64} << 20;
 // Elements gathered per step, bounding the scratch memory of one read.
 constexpr uint64_t kGatherChunkElements = uint64_t{1} << 18;
 
+// Serves bytes [offset, offset+length) of an array of `elem_size`-byte elements that
+// produce(first, count, buffer) fills in bounded chunks; the first and last element of
+// the range may be partial.
+template <typename Produce>
+Status ReadElementwise(uint64_t offset, size_t length, uint64_t elem_size, char* out, Produce produce) {
+  std::vector<char> chunk;
+  uint64_t elem = offset / elem_size;
+  const uint64_t end_elem = (offset + length + elem_size - 1) / elem_size;
+  while (elem < end_elem) {
+    const uint64_t count = std::min(kGatherChunkElements, end_elem - elem);
+    chunk.resize(count * elem_size);
+    CKPTFS_RETURN_IF_ERROR(produce(elem, count, chunk.data()));
+    const uint64_t chunk_begin = elem * elem_size;
+    const uint64_t copy_from = std::max(chunk_begin, offset);
+    const uint64_t copy_to = std::min(chunk_begin + count * elem_size, offset + length);
+    std::memcpy(out + (copy_from - offset), chunk.data() + (copy_from - chunk_begin), copy_to - copy_from);
+    elem += count;
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 std::optional<View::NodeId> View::Child(NodeId dir, std::string_view name) const {
@@ -115,24 +136,14 @@ Status View::ReadStored(const TensorEntry& t, uint64_t offset, size_t length, ch
 
 Status View::ReadConverted(const TensorEntry& t, uint64_t offset, size_t length, char* out) const {
   const DType from = t.dtype, to = t.served_dtype();
-  const uint64_t in_size = Info(from).itemsize, out_size = Info(to).itemsize;
-  std::vector<char> stored, converted;
-  uint64_t elem = offset / out_size;
-  const uint64_t end_elem = (offset + length + out_size - 1) / out_size;
-  while (elem < end_elem) {
-    // Bounded scratch per step, whatever the read size.
-    const uint64_t count = std::min(kGatherChunkElements, end_elem - elem);
+  const uint64_t in_size = Info(from).itemsize;
+  std::vector<char> stored;
+  return ReadElementwise(offset, length, Info(to).itemsize, out, [&](uint64_t first, uint64_t count, char* dst) {
     stored.resize(count * in_size);
-    converted.resize(count * out_size);
-    CKPTFS_RETURN_IF_ERROR(ReadStored(t, elem * in_size, stored.size(), stored.data()));
-    ConvertElements(from, to, stored.data(), count, converted.data());
-    const uint64_t chunk_begin = elem * out_size;
-    const uint64_t copy_from = std::max(chunk_begin, offset);
-    const uint64_t copy_to = std::min(chunk_begin + count * out_size, offset + length);
-    std::memcpy(out + (copy_from - offset), converted.data() + (copy_from - chunk_begin), copy_to - copy_from);
-    elem += count;
-  }
-  return Status::OK();
+    CKPTFS_RETURN_IF_ERROR(ReadStored(t, first * in_size, stored.size(), stored.data()));
+    ConvertElements(from, to, stored.data(), count, dst);
+    return Status::OK();
+  });
 }
 
 Status View::Xxh3(NodeId id, uint64_t* hash) const {
@@ -163,15 +174,12 @@ Status View::ReadGather(const TensorEntry& t, uint64_t offset, size_t length, ch
   const size_t ndim = t.shape.size();
   CKPTFS_RETURN_IF_ERROR(catalog_->files->CheckUnchanged(layout.file));
 
-  std::vector<char> elems, span;
+  std::vector<char> span;
   std::vector<uint64_t> src;  // source element offset of each output element in the chunk
-  uint64_t first_elem = offset / itemsize;
-  const uint64_t end_elem = (offset + length + itemsize - 1) / itemsize;
-  while (first_elem < end_elem) {
-    const uint64_t count = std::min(kGatherChunkElements, end_elem - first_elem);
-    // Multi-index of first_elem, then walk forward like an odometer.
+  return ReadElementwise(offset, length, itemsize, out, [&](uint64_t first, uint64_t count, char* elems) {
+    // Multi-index of `first`, then walk forward like an odometer.
     std::vector<uint64_t> idx(ndim);
-    uint64_t rem = first_elem, off = 0;
+    uint64_t rem = first, off = 0;
     for (size_t d = ndim; d-- > 0;) {
       idx[d] = rem % t.shape[d];
       rem /= t.shape[d];
@@ -190,30 +198,24 @@ Status View::ReadGather(const TensorEntry& t, uint64_t offset, size_t length, ch
         idx[d] = 0;
       }
     }
-    elems.resize(count * itemsize);
     const uint64_t span_bytes = (hi - lo + 1) * itemsize;
     if (span_bytes <= kMaxGatherSpan) {
       span.resize(span_bytes);
-      CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(layout.file, layout.base_offset + lo * itemsize, span_bytes, span.data()));
+      CKPTFS_RETURN_IF_ERROR(
+          catalog_->files->ReadExact(layout.file, layout.base_offset + lo * itemsize, span_bytes, span.data()));
       for (uint64_t k = 0; k < count; ++k)
-        std::memcpy(elems.data() + k * itemsize, span.data() + (src[k] - lo) * itemsize, itemsize);
-    } else {
-      for (uint64_t k = 0; k < count;) {
-        uint64_t run = 1;
-        while (k + run < count && src[k + run] == src[k] + run) ++run;
-        CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(layout.file, layout.base_offset + src[k] * itemsize,
-                                                          run * itemsize, elems.data() + k * itemsize));
-        k += run;
-      }
+        std::memcpy(elems + k * itemsize, span.data() + (src[k] - lo) * itemsize, itemsize);
+      return Status::OK();
     }
-    // Copy the requested bytes of this chunk (the first and last element may be partial).
-    const uint64_t chunk_begin = first_elem * itemsize;
-    const uint64_t copy_from = std::max(chunk_begin, offset);
-    const uint64_t copy_to = std::min(chunk_begin + count * itemsize, offset + length);
-    std::memcpy(out + (copy_from - offset), elems.data() + (copy_from - chunk_begin), copy_to - copy_from);
-    first_elem += count;
-  }
-  return Status::OK();
+    for (uint64_t k = 0; k < count;) {
+      uint64_t run = 1;
+      while (k + run < count && src[k + run] == src[k] + run) ++run;
+      CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(layout.file, layout.base_offset + src[k] * itemsize,
+                                                        run * itemsize, elems + k * itemsize));
+      k += run;
+    }
+    return Status::OK();
+  });
 }
 
 }  // namespace ckptfs
