@@ -1,5 +1,5 @@
-"""Helpers shared by the Python suites (compat, fuse): where the binary is, how keys flatten,
-and bit-for-bit comparison of tensors and safetensors files. pytest.ini puts tests/ on the
+"""Helpers shared by the Python suites (compat, fuse, views): where the binary is, how keys
+flatten, the dtypes ckptfs serves, and bit-for-bit comparison of tensors and safetensors files. pytest.ini puts tests/ on the
 import path."""
 
 import json
@@ -15,6 +15,58 @@ from safetensors.torch import load_file
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BIN = REPO_ROOT / "build" / "ckptfs"
+
+
+# The floating-point dtypes of torch that ckptfs reads (and converts with --dtype).
+FLOAT_DTYPES = (
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz,
+    torch.float8_e8m0fnu,
+)
+
+# torch dtype -> the safetensors dtype ckptfs serves it as (doc/CLI.md).
+SERVED_DTYPE = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.float8_e4m3fnuz: "F8_E4M3FNUZ",
+    torch.float8_e5m2fnuz: "F8_E5M2FNUZ",
+    torch.float8_e8m0fnu: "F8_E8M0",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.uint16: "U16",
+    torch.uint32: "U32",
+    torch.uint64: "U64",
+    torch.bool: "BOOL",
+    torch.complex64: "C64",
+    # safetensors has no name for these: served as their real view with a trailing 2.
+    torch.complex128: "F64",
+    torch.complex32: "F16",
+}
+
+# Every torch dtype ckptfs reads, in the order of SERVED_DTYPE.
+ALL_DTYPES = list(SERVED_DTYPE)
+assert ALL_DTYPES[: len(FLOAT_DTYPES)] == list(FLOAT_DTYPES)
+
+
+def served_form(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor as ckptfs serves it without conversion: complex128/complex32 become their
+    real view."""
+    if tensor.dtype in (torch.complex128, torch.complex32):
+        return torch.view_as_real(tensor)
+    return tensor
 
 
 # A ckptfs command that takes longer than this is hung: the test fails instead of the suite.

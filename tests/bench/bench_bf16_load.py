@@ -56,6 +56,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import benchlib
+from benchlib import GNU_TIME, Cache, unmount, mounted, wait4_timeout
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 
@@ -204,17 +207,6 @@ def verify_main(src: str, served: str):
 # ---------------------------------------------------------------------------
 
 
-def _find_gnu_time() -> str | None:
-    try:
-        out = subprocess.run(["/usr/bin/time", "--version"], capture_output=True, text=True, timeout=10)
-        return "/usr/bin/time" if "GNU" in out.stdout + out.stderr else None
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
-GNU_TIME = _find_gnu_time()
-
-
 @dataclass
 class Run:
     wall_s: float
@@ -264,43 +256,9 @@ class Method:
         return statistics.median(r.rss_kib + r.daemon_kib for r in self.runs) / 1024
 
 
-def _wait4_timeout(proc: subprocess.Popen, timeout: float):
-    """os.wait4 with a deadline (polls with WNOHANG); marks proc as reaped."""
-    deadline = time.monotonic() + timeout
-    delay = 0.001
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid == proc.pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return pid, status, usage
-        if time.monotonic() > deadline:
-            raise subprocess.TimeoutExpired(proc.args, timeout)
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
-
-
 def run_measured(argv: list[str], timeout: float) -> tuple[float, int, str]:
     """Run argv in a fresh process: (wall seconds, peak RSS KiB, stdout). Raises on failure."""
-    with tempfile.NamedTemporaryFile(suffix=".rss") as rss_file, tempfile.TemporaryFile() as out, \
-            tempfile.TemporaryFile() as err:
-        full = [GNU_TIME, "-f", "%M", "-o", rss_file.name, "--", *argv] if GNU_TIME else argv
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(full, stdout=out, stderr=err, start_new_session=True)
-        try:
-            _, status, usage = _wait4_timeout(proc, timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise RuntimeError(f"{' '.join(map(str, argv))}: timed out after {timeout}s")
-        wall = time.perf_counter() - t0
-        out.seek(0)
-        err.seek(0)
-        stdout = out.read().decode(errors="replace")
-        stderr = err.read().decode(errors="replace")
-        code = os.waitstatus_to_exitcode(status)
-        if code != 0:
-            raise RuntimeError(f"{' '.join(map(str, argv))} exited {code}: {stderr.strip()[-3000:]}")
-        rss = int(Path(rss_file.name).read_text().split()[-1]) if GNU_TIME else usage.ru_maxrss
+    wall, rss, stdout, _ = benchlib.run_measured(argv, timeout)
     return wall, rss, stdout
 
 
@@ -309,49 +267,6 @@ def child_json(stdout: str) -> dict:
     if not lines:
         raise RuntimeError(f"child printed no result: {stdout[-2000:]}")
     return json.loads(lines[-1])
-
-
-class Cache:
-    """Cold page cache before each run (root), else the checkpoint read once (warm)."""
-
-    def __init__(self, ckpt: Path):
-        self.ckpt = ckpt
-        self.mode = "cold"
-        try:
-            os.sync()
-            Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        except OSError as e:
-            self.mode = (f"warm (cannot drop caches: {e.strerror}; the checkpoint is read into the page cache "
-                         "before every run)")
-
-    def prepare(self):
-        os.sync()
-        if self.mode == "cold":
-            Path("/proc/sys/vm/drop_caches").write_text("3\n")
-            return
-        buf = bytearray(8 * MiB)
-        with open(self.ckpt, "rb", buffering=0) as f:
-            while f.readinto(buf):
-                pass
-
-
-def mounted(mnt: Path) -> bool:
-    target = str(mnt)
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) > 4 and parts[4].encode().decode("unicode_escape") == target:
-                return True
-    return False
-
-
-def unmount(mnt: Path):
-    if not mounted(mnt):
-        return
-    r = subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, text=True, timeout=60)
-    if r.returncode != 0 and mounted(mnt):
-        print(f"warning: fusermount3 -u {mnt}: {r.stderr.strip()}; unmounting lazily", file=sys.stderr)
-        subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True, timeout=60)
 
 
 class Mount:
@@ -395,7 +310,7 @@ class Mount:
             unmount(self.mnt)
         finally:
             try:
-                _, _, usage = _wait4_timeout(self.proc, 60)
+                _, _, usage = wait4_timeout(self.proc, 60)
             except subprocess.TimeoutExpired:
                 print("warning: ckptfs daemon still running 60 s after unmount; killing it", file=sys.stderr)
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -559,7 +474,7 @@ def main() -> int:
 
     mnt = workdir / "mnt"
     unmount(mnt)
-    cache = Cache(ckpt)
+    cache = Cache(ckpt, "the checkpoint is read into the page cache before every run")
     print(f"\npage cache: {cache.mode}")
     print(f"peak RSS: {'GNU time (/usr/bin/time -f %M)' if GNU_TIME else 'os.wait4 (no GNU time; over-reports)'}")
     print(f"{args.repeats} timed run(s) per method, in turn\n")

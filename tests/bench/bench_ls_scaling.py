@@ -42,6 +42,8 @@ from pathlib import Path
 
 import torch
 
+from benchlib import GNU_TIME  # peak RSS via GNU time: see benchlib
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 GiB = 1 << 30
@@ -383,20 +385,6 @@ class Run:
     max_rss_kib: int
     stdout: Path
     stderr: str
-
-
-def _find_gnu_time() -> str | None:
-    try:
-        out = subprocess.run(["/usr/bin/time", "--version"], capture_output=True, text=True)
-        return "/usr/bin/time" if "GNU" in out.stdout + out.stderr else None
-    except OSError:
-        return None
-
-
-# A direct child's ru_maxrss is at least the parent's RSS: Linux carries the old
-# mm's high-water mark across exec, and this script holds torch and 100k tensors.
-# GNU time is a small process, so the maxrss it reports for its own child is clean.
-GNU_TIME = _find_gnu_time()
 
 
 def run_measured(argv: list[str], stdout_path: Path) -> Run:

@@ -49,6 +49,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import benchlib
+from benchlib import GNU_TIME, Cache, unmount, mounted, wait4_timeout
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 
@@ -216,17 +219,6 @@ def ensure_checkpoint(args, workdir: Path) -> Path:
 # ---------------------------------------------------------------------------
 
 
-def _find_gnu_time() -> str | None:
-    try:
-        out = subprocess.run(["/usr/bin/time", "--version"], capture_output=True, text=True, timeout=10)
-        return "/usr/bin/time" if "GNU" in out.stdout + out.stderr else None
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
-GNU_TIME = _find_gnu_time()
-
-
 @dataclass
 class Run:
     wall_s: float
@@ -249,85 +241,11 @@ class Method:
 
 
 def run_measured(argv: list[str], timeout: float, stdout=None, env=None) -> tuple[float, int, str]:
-    """Run argv in a fresh process: (wall seconds, peak RSS KiB, stderr). Raises on failure."""
-    with tempfile.NamedTemporaryFile(suffix=".rss") as rss_file, tempfile.TemporaryFile() as err:
-        full = [GNU_TIME, "-f", "%M", "-o", rss_file.name, "--", *argv] if GNU_TIME else argv
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(full, stdout=stdout if stdout is not None else subprocess.DEVNULL, stderr=err,
-                                env=env, start_new_session=True)
-        try:
-            _, status, usage = _wait4_timeout(proc, timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise RuntimeError(f"{' '.join(map(str, argv))}: timed out after {timeout}s")
-        wall = time.perf_counter() - t0
-        err.seek(0)
-        stderr = err.read().decode(errors="replace")
-        code = os.waitstatus_to_exitcode(status)
-        if code != 0:
-            raise RuntimeError(f"{' '.join(map(str, argv))} exited {code}: {stderr.strip()[-3000:]}")
-        rss = int(Path(rss_file.name).read_text().split()[-1]) if GNU_TIME else usage.ru_maxrss
+    """Run argv in a fresh process: (wall seconds, peak RSS KiB, stderr); its stdout goes to
+    STDOUT, else nowhere. Raises on failure."""
+    out = stdout if stdout is not None else subprocess.DEVNULL
+    wall, rss, _, stderr = benchlib.run_measured(argv, timeout, stdout=out, env=env)
     return wall, rss, stderr
-
-
-def _wait4_timeout(proc: subprocess.Popen, timeout: float):
-    """os.wait4 with a deadline (polls with WNOHANG); marks proc as reaped."""
-    deadline = time.monotonic() + timeout
-    delay = 0.001
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid == proc.pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return pid, status, usage
-        if time.monotonic() > deadline:
-            raise subprocess.TimeoutExpired(proc.args, timeout)
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
-
-
-class Cache:
-    """Cold page cache before each run (root), else all source files read once (warm)."""
-
-    def __init__(self, save_dir: Path):
-        self.save_dir = save_dir
-        self.mode = "cold"
-        try:
-            os.sync()
-            Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        except OSError as e:
-            self.mode = f"warm (cannot drop caches: {e.strerror}; checkpoint files read into the page cache before every run)"
-
-    def prepare(self):
-        os.sync()  # the previous run's output is written back outside the timed region
-        if self.mode == "cold":
-            Path("/proc/sys/vm/drop_caches").write_text("3\n")
-            return
-        buf = bytearray(8 * MiB)
-        for p in sorted(self.save_dir.rglob("*")):
-            if p.is_file():
-                with open(p, "rb", buffering=0) as f:
-                    while f.readinto(buf):
-                        pass
-
-
-def mounted(mnt: Path) -> bool:
-    target = str(mnt)
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) > 4 and parts[4].encode().decode("unicode_escape") == target:
-                return True
-    return False
-
-
-def unmount(mnt: Path):
-    if not mounted(mnt):
-        return
-    r = subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, text=True, timeout=60)
-    if r.returncode != 0 and mounted(mnt):
-        print(f"warning: fusermount3 -u {mnt}: {r.stderr.strip()}; unmounting lazily", file=sys.stderr)
-        subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True, timeout=60)
 
 
 def run_mount_cp(ckptfs: Path, save_dir: Path, mnt: Path, out_file: Path, timeout: float, log: Path) -> Run:
@@ -355,7 +273,7 @@ def run_mount_cp(ckptfs: Path, save_dir: Path, mnt: Path, out_file: Path, timeou
         finally:
             unmount(mnt)
             try:
-                _, status, daemon_usage = _wait4_timeout(daemon, 60)
+                _, status, daemon_usage = wait4_timeout(daemon, 60)
             except subprocess.TimeoutExpired:
                 os.killpg(daemon.pid, signal.SIGKILL)
                 daemon.wait()
@@ -539,7 +457,7 @@ def main() -> int:
     if not z2f.is_file():
         print(f"{z2f} missing (DeepSpeed copies it into every save dir)", file=sys.stderr)
         return 1
-    cache = Cache(save_dir)
+    cache = Cache(save_dir, "checkpoint files read into the page cache before every run")
     outs = workdir / "out"
     mnt = workdir / "mnt"
     unmount(mnt)

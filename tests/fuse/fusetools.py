@@ -1,5 +1,7 @@
 """Helpers for the FUSE suite: start and tear down real ckptfs mounts without ever letting a
-hung mount hang the run, read /proc/mounts, compare tensors bit for bit.
+hung mount hang the run, read /proc/mounts, compare tensors bit for bit. Also the per-test
+machinery that tests/fuse/conftest.py and tests/views/conftest.py share: test bodies run with
+a deadline, and the `mounts` factory that tears down every mount it started.
 
 Nothing here touches a mount except through a subprocess with a timeout or from a test
 body (which conftest.py runs in a thread with a deadline)."""
@@ -9,9 +11,11 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
+import pytest
 
 from ckptfs_testlib import REPO_ROOT, assert_bitwise_equal, ckptfs_path, flatten_tensors  # noqa: F401
 
@@ -241,6 +245,143 @@ def teardown_mount(mountpoint, binary) -> list:
         if mount_entry(mountpoint) is not None:
             problems.append(f"{mountpoint} is still mounted after teardown")
     return problems
+
+
+# --- per-test machinery for the conftest.py files ------------------------------------
+
+DEFAULT_BODY_TIMEOUT_S = 120
+
+
+def add_body_timeout_marker(config, suite: str) -> None:
+    """Declare the body_timeout(seconds) marker of SUITE (e.g. "tests/fuse")."""
+    config.addinivalue_line(
+        "markers",
+        f"body_timeout(seconds): deadline of a {suite} test body (default "
+        f"{DEFAULT_BODY_TIMEOUT_S}s); past it the test fails and its mounts are torn down",
+    )
+
+
+def in_suite(item, suite_dir: Path) -> bool:
+    return suite_dir in Path(str(item.path)).resolve().parents
+
+
+def run_body_with_deadline(pyfuncitem) -> bool:
+    """Run the test body in a daemon thread and wait for it with a deadline (its body_timeout
+    marker, else DEFAULT_BODY_TIMEOUT_S); for a pytest_pyfunc_call hook.
+
+    A body stuck in the kernel on a hung mount cannot be interrupted from Python; the
+    deadline turns it into a failure, and the `mounts` teardown then kills the daemon, which
+    aborts the FUSE connection and lets the stuck thread return."""
+    marker = pyfuncitem.get_closest_marker("body_timeout")
+    limit = float(marker.args[0]) if marker else DEFAULT_BODY_TIMEOUT_S
+    funcargs = pyfuncitem.funcargs
+    testargs = {name: funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    outcome = {}
+
+    def body():
+        try:
+            pyfuncitem.obj(**testargs)
+        except BaseException as exc:  # re-raised in the main thread, skips and fails included
+            outcome["exc"] = exc
+
+    worker = threading.Thread(target=body, name=f"test:{pyfuncitem.name}", daemon=True)
+    worker.start()
+    worker.join(limit)
+    if worker.is_alive():
+        pytest.fail(
+            f"test body did not finish within {limit:.0f}s (a read or stat blocked on the "
+            "mount?); its mounts are torn down and their daemons killed",
+            pytrace=False,
+        )
+    if "exc" in outcome:
+        raise outcome["exc"]
+    return True
+
+
+# Every mountpoint any test used, for the end-of-session safety net.
+EVERY_MOUNTPOINT = set()
+
+
+class Mounts:
+    """Starts mounts and remembers every mountpoint it ever used, so teardown can clean up
+    whatever state each one is in (mounted, half-mounted, daemon hung, already gone)."""
+
+    def __init__(self, binary: Path, tmp_path_factory):
+        self.binary = binary
+        self._tmp = tmp_path_factory
+        self._used = []
+
+    def new_mountpoint(self) -> Path:
+        return self._tmp.mktemp("mnt")
+
+    def start(self, argv, mountpoint, *, timeout: float = MOUNT_TIMEOUT_S, **kwargs):
+        """Run ARGV (some way of mounting at MOUNTPOINT) with a timeout; the Bounded result.
+        The mountpoint is registered for teardown before anything runs."""
+        self.register(mountpoint)
+        return run_bounded(argv, timeout, **kwargs)
+
+    def mount(self, source, mountpoint=None, *args, argv=None, **kwargs) -> Path:
+        """`ckptfs SOURCE MOUNTPOINT ARGS...` (or ARGV); fails the test unless it exits 0 and
+        the mount shows in /proc/mounts before the deadline. Returns the mountpoint."""
+        mountpoint = Path(mountpoint) if mountpoint is not None else self.new_mountpoint()
+        if argv is None:
+            argv = [self.binary, source, mountpoint, *args]
+        res = self.start(argv, mountpoint, **kwargs)
+        self.check_mounted(mountpoint, res)
+        return mountpoint
+
+    @staticmethod
+    def check_mounted(mountpoint, res) -> None:
+        """Fail the test unless RES (the mount command) exited 0 and MOUNTPOINT shows in
+        /proc/mounts."""
+        if res.returncode != 0:
+            pytest.fail(f"mount failed: {res.describe()}", pytrace=False)
+        if wait_for_mount(mountpoint) is None:
+            pytest.fail(
+                f"{res.describe()}\nbut {mountpoint} did not appear in /proc/mounts",
+                pytrace=False,
+            )
+
+    def unmount(self, mountpoint) -> None:
+        """Unmount now (e.g. to remount); fails the test unless the clean path worked."""
+        problems = teardown_mount(mountpoint, self.binary)
+        assert not problems, f"unmounting {mountpoint}: " + "; ".join(problems)
+        assert mount_entry(mountpoint) is None
+
+    def register(self, mountpoint):
+        """Tear MOUNTPOINT down after the test, whatever mounted it."""
+        mp = Path(mountpoint)
+        if mp not in self._used:
+            self._used.append(mp)
+        EVERY_MOUNTPOINT.add(mp)
+
+    def teardown(self) -> list:
+        problems = []
+        for mp in reversed(self._used):
+            problems += [f"{mp}: {p}" for p in teardown_mount(mp, self.binary)]
+        return problems
+
+
+def serve_mounts(m: Mounts):
+    """The body of a `mounts` fixture: yields M, then unmounts everything it mounted, and
+    errors the test if a mount could not be taken down cleanly (daemon stuck, unmount
+    refused)."""
+    try:
+        yield m
+    finally:
+        problems = m.teardown()
+    if problems:
+        pytest.fail("mount teardown: " + "\n".join(problems), pytrace=False)
+
+
+def teardown_every_mount() -> None:
+    """Last resort for pytest_sessionfinish (the `mounts` teardown normally did this
+    already): leave nothing of this run mounted or running, even after an internal error or
+    an interrupted run."""
+    binary = ckptfs_path()
+    for mp in sorted(EVERY_MOUNTPOINT):
+        if mount_entry(mp) is not None:
+            teardown_mount(mp, binary)
 
 
 # --- tensors ----------------------------------------------------------------------------

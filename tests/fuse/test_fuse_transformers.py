@@ -7,49 +7,20 @@ import shutil
 import pytest
 import torch
 
-SENTENCES = [
-    "ckptfs mounts checkpoints read-only.",
-    "A quick brown fox jumps over the lazy dog, twice!",
-]
-# What a model folder needs besides its weights.
-NON_WEIGHT_FILES = (
-    "config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.txt",
-)
-
-
-def load(folder):
-    from transformers import AutoModel, AutoTokenizer
-
-    model, info = AutoModel.from_pretrained(str(folder), output_loading_info=True)
-    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
-        assert not info.get(kind), f"{folder}: {kind}: {info.get(kind)}"
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    return model.eval(), tokenizer
-
-
-def embed(model, tokenizer):
-    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        hidden = model(**batch).last_hidden_state
-    mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-    return batch["input_ids"], (hidden * mask).sum(1) / mask.sum(1)
+from minilm import NON_WEIGHT_FILES, encode, load_model
 
 
 @pytest.fixture(scope="module")
 def original(minilm_dir):
-    model, tokenizer = load(minilm_dir)
-    ids, emb = embed(model, tokenizer)
+    model, tokenizer = load_model(minilm_dir)
+    ids, emb = encode(model, tokenizer)
     return model, ids, emb
 
 
 def assert_same_embeddings(folder, original):
     _, want_ids, want = original
-    model, tokenizer = load(folder)
-    ids, got = embed(model, tokenizer)
+    model, tokenizer = load_model(folder)
+    ids, got = encode(model, tokenizer)
     assert torch.equal(ids, want_ids), "the mounted tokenizer encodes differently"
     assert got.dtype == want.dtype and got.shape == want.shape == (2, 384)
     assert torch.equal(got, want), f"embeddings differ by up to {(got - want).abs().max()}"

@@ -10,52 +10,18 @@ from pathlib import Path
 
 import torch
 
+from ckptfs_testlib import FLOAT_DTYPES, SERVED_DTYPE, served_form  # noqa: F401  (re-exported)
+from minilm import NON_WEIGHT_FILES, SENTENCES, embed, load_model  # noqa: F401  (re-exported)
+
 TARGETS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
-SAFETENSORS_DTYPE = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
-    torch.float8_e4m3fnuz: "F8_E4M3FNUZ",
-    torch.float8_e5m2fnuz: "F8_E5M2FNUZ",
-    torch.float8_e8m0fnu: "F8_E8M0",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-    torch.complex64: "C64",
-    torch.complex128: "F64",  # served as the real view, trailing 2
-    torch.complex32: "F16",
-}
-
-FLOAT_DTYPES = (
-    torch.float64,
-    torch.float32,
-    torch.float16,
-    torch.bfloat16,
-    torch.float8_e4m3fn,
-    torch.float8_e5m2,
-    torch.float8_e4m3fnuz,
-    torch.float8_e5m2fnuz,
-    torch.float8_e8m0fnu,
-)
+# The safetensors dtype each torch dtype is served as (ckptfs_testlib.SERVED_DTYPE).
+SAFETENSORS_DTYPE = SERVED_DTYPE
 
 _UINT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 # --- what ckptfs must serve --------------------------------------------------------------
-
-
-def served_form(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor as ckptfs serves it without conversion (complex128/complex32 as real views)."""
-    if tensor.dtype in (torch.complex128, torch.complex32):
-        return torch.view_as_real(tensor)
-    return tensor
 
 
 def converted(tensor: torch.Tensor, target) -> torch.Tensor:
@@ -252,36 +218,6 @@ def parse_xxh3_lines(text: str, what: str) -> dict:
 
 
 # --- models ------------------------------------------------------------------------------
-
-SENTENCES = [
-    "ckptfs mounts checkpoints read-only.",
-    "A quick brown fox jumps over the lazy dog, twice!",
-]
-NON_WEIGHT_FILES = (
-    "config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.txt",
-)
-
-
-def load_model(folder):
-    from transformers import AutoModel, AutoTokenizer
-
-    model, info = AutoModel.from_pretrained(str(folder), output_loading_info=True)
-    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
-        assert not info.get(kind), f"{folder}: {kind}: {info.get(kind)}"
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    return model.eval(), tokenizer
-
-
-def embed(model, tokenizer):
-    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        hidden = model(**batch).last_hidden_state
-    mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-    return (hidden * mask).sum(1) / mask.sum(1)
 
 
 def assert_same_embeddings(folder, want, what: str) -> None:
