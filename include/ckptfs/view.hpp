@@ -76,7 +76,8 @@ class View {
   std::optional<NodeId> Lookup(std::string_view path) const;
   std::string PathOf(NodeId id) const;
   // The virtual file that holds tensor `index` on its own ("tensors/<name>").
-  std::string TensorFilePath(size_t index) const;
+  NodeId TensorFile(size_t index) const { return tensor_files_[index]; }
+  std::string TensorFilePath(size_t index) const { return PathOf(tensor_files_[index]); }
 
   // Reads up to `length` bytes at `offset` of file `id` into `out`; *nread is short only
   // at the end of the file.

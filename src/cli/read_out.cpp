@@ -163,16 +163,12 @@ int RunHash(const Args& args) {
   if (Status s = OpenView(positional[0], options, &view); !s.ok()) return Fail(s);
   const size_t count = view->catalog().tensors.size();
   uint64_t total = 0;
-  std::vector<View::NodeId> ids;
-  for (size_t i = 0; i < count; ++i) {
-    ids.push_back(*view->Lookup(view->TensorFilePath(i)));
-    total += view->node(ids.back()).size;
-  }
+  for (size_t i = 0; i < count; ++i) total += view->node(view->TensorFile(i)).size;
   ProgressBar bar(total);
   for (size_t i = 0; i < count; ++i) {
     uint64_t hash = 0;
-    if (Status s = view->Xxh3(ids[i], &hash); !s.ok()) return Fail(s);
-    bar.Add(view->node(ids[i]).size);
+    if (Status s = view->Xxh3(view->TensorFile(i), &hash); !s.ok()) return Fail(s);
+    bar.Add(view->node(view->TensorFile(i)).size);
     std::printf("XXH3 (%s) = %016llx\n", view->TensorFilePath(i).c_str(), static_cast<unsigned long long>(hash));
   }
   return 0;

@@ -560,7 +560,6 @@ Status ZeroReader::ReadMpRank(uint64_t mp, const MpRankFiles& files, const std::
   info["stage"] = bf16_optimizer ? 1 : stage;
   info["optimizer"] = bf16_optimizer ? "BF16_Optimizer" : (stage == 3 ? "DeepSpeedZeroOptimizer_Stage3" : "DeepSpeedZeroOptimizer");
   info["world_size"] = world;
-  info["mp_world_size"] = 0;  // set by the caller
   if (const PyValue* v = Find(mroot, "ds_version"); v && v->kind == Kind::kStr) info["ds_version"] = std::string(v->s);
   if (uint64_t steps; AsUint(Find(mroot, "global_steps"), &steps)) info["global_steps"] = steps;
   json dtypes = json::object();

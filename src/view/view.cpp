@@ -73,8 +73,6 @@ std::string View::PathOf(NodeId id) const {
   return path;
 }
 
-std::string View::TensorFilePath(size_t index) const { return PathOf(tensor_files_[index]); }
-
 Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* nread) const {
   *nread = 0;
   const Node& n = nodes_[id];

@@ -443,12 +443,10 @@ def main() -> int:
         verify_main(*args._verify)
         return 0
 
-    workdir = Path(args.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    ckptfs = Path(args.ckptfs).resolve()
-    if not args.generate_only and not os.access(ckptfs, os.X_OK):
-        print(f"ckptfs binary not found: {ckptfs} (build it, or pass --ckptfs)", file=sys.stderr)
+    paths = benchlib.workdir_and_binary(args)
+    if paths is None:
         return 2
+    workdir, ckptfs = paths
 
     ckpt = ensure_checkpoint(args, workdir)
     spec = checkpoint_spec(args)

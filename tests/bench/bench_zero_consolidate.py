@@ -432,12 +432,10 @@ def main() -> int:
         generate_main(args._generate[0], args._generate[1], int(args._generate[2]))
         return 0
 
-    workdir = Path(args.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    ckptfs = Path(args.ckptfs).resolve()
-    if not args.generate_only and not os.access(ckptfs, os.X_OK):
-        print(f"ckptfs binary not found: {ckptfs} (build it, or pass --ckptfs)", file=sys.stderr)
+    paths = benchlib.workdir_and_binary(args)
+    if paths is None:
         return 2
+    workdir, ckptfs = paths
 
     save_dir = ensure_checkpoint(args, workdir)
     latest = (save_dir / "latest").read_text().strip()

@@ -117,3 +117,15 @@ def unmount(mnt: Path):
     if r.returncode != 0 and mounted(mnt):
         print(f"warning: fusermount3 -u {mnt}: {r.stderr.strip()}; unmounting lazily", file=sys.stderr)
         subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True, timeout=60)
+
+
+def workdir_and_binary(args) -> tuple[Path, Path] | None:
+    """The bench's work folder (created) and the ckptfs binary from --workdir/--ckptfs;
+    None, after saying why, when the binary is missing and the bench needs it."""
+    workdir = Path(args.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    ckptfs = Path(args.ckptfs).resolve()
+    if not args.generate_only and not os.access(ckptfs, os.X_OK):
+        print(f"ckptfs binary not found: {ckptfs} (build it, or pass --ckptfs)", file=sys.stderr)
+        return None
+    return workdir, ckptfs
