@@ -33,7 +33,10 @@ const char kReadOptionsHelp[] =
     "  --root PREFIX     only the tensors under PREFIX (e.g. model), prefix removed\n"
     "  --shard-size S    Hugging Face shards of at most S (5GB, 2GiB) instead of model.safetensors\n"
     "  --checksums       manifest.json lists each tensor file's XXH3-64\n"
-    "  --moments         DeepSpeed ZeRO: also the Adam moments (exp_avg.*, exp_avg_sq.*)\n";
+    "  --moments         DeepSpeed ZeRO: also the Adam moments (exp_avg.*, exp_avg_sq.*)\n"
+    "  --max-pickle S, --max-pickle-memory S, --max-header S, --max-tensors N\n"
+    "                    raise the limits on untrusted metadata (defaults 1GiB, 4GiB, 100MB,\n"
+    "                    10000000; see README, Limits)\n";
 
 int ParseReadArgs(const Args& args, const char* usage, bool allow_json, ReadOptions* options,
                   std::vector<std::string>* positional) {
@@ -52,22 +55,19 @@ int ParseReadArgs(const Args& args, const char* usage, bool allow_json, ReadOpti
       options->json = true;
       continue;
     }
-    if (a == "--moments") {
-      options->source.zero_moments = true;
-      continue;
-    }
     // --dtype T, --dtype=T and the like map onto the mount's -o dtype=T.
     std::string key = a.substr(2), value;
     if (size_t eq = key.find('='); eq != std::string::npos) {
       value = key.substr(eq + 1);
       key.resize(eq);
-    } else if (key != "checksums") {
+    } else if (key != "checksums" && key != "moments") {
       if (i + 1 >= args.size()) return UsageError("option '" + a + "' needs a value", usage);
       value = args[++i];
     }
     std::replace(key.begin(), key.end(), '-', '_');
     bool known = false;
     Status s = ParseViewOption(key, value, &options->view, &known);
+    if (!known) s = ParseSourceOption(key, value, &options->source, &known);
     if (!known) return UsageError("unknown option '" + a + "'", usage);
     if (!s.ok()) return UsageError(s.message(), usage);
   }
@@ -106,6 +106,7 @@ constexpr char kUsage[] =
     "  export SOURCE OUTDIR\n"
     "                   write the whole virtual tree as real files\n"
     "  hash SOURCE      XXH3-64 of every tensor file, as xxhsum -H3 prints them\n"
+    "  load SOURCE      stream every tensor into GPU memory (pinned buffers or cuFile)\n"
     "\n"
     "Run 'ckptfs COMMAND --help' for the options of a command.\n";
 
@@ -131,6 +132,7 @@ int main(int argc, char** argv) {
   if (command == "cat") return RunCat(args);
   if (command == "export") return RunExport(args);
   if (command == "hash") return RunHash(args);
+  if (command == "load") return RunLoad(args);
   if (command == "mount") return ckptfs::fuse::RunMount(argc - 2, argv + 2, false);
   return ckptfs::fuse::RunMount(argc - 1, argv + 1, false);
 }

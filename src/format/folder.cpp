@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "format/limit_hint.hpp"
 #include "format/readers.hpp"
 
 namespace ckptfs {
@@ -46,10 +47,14 @@ Status ListFiles(const std::string& dir, std::vector<std::string>* names) {
 }
 
 // The shard file names an index maps weights to, and the weight -> shard map itself.
-Status ReadIndex(const std::string& path, std::vector<std::string>* shards,
+Status ReadIndex(const std::string& path, const ReadLimits& limits, std::vector<std::string>* shards,
                  std::unordered_map<std::string, std::string>* weight_map, json* index_metadata) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::FromErrno(path, "cannot open", errno);
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) > limits.header_bytes)
+    return Status::Refused(path, "index is " + std::to_string(st.st_size) + " bytes, over the limit of " +
+                                     std::to_string(limits.header_bytes) + LimitHint("max_header"));
   std::stringstream text;
   text << in.rdbuf();
   json doc = json::parse(text.str(), nullptr, false);
@@ -76,7 +81,7 @@ void MergeInto(json* into, const json& from) {
 
 }  // namespace
 
-Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog) {
+Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const ReadLimits& limits) {
   std::vector<std::string> names;
   CKPTFS_RETURN_IF_ERROR(ListFiles(dir, &names));
   std::vector<std::string> indexes;
@@ -93,7 +98,7 @@ Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog) {
   std::string index_used;
   if (!indexes.empty()) {
     index_used = indexes.front();
-    CKPTFS_RETURN_IF_ERROR(ReadIndex(dir + "/" + index_used, &weights, &weight_map, &index_metadata));
+    CKPTFS_RETURN_IF_ERROR(ReadIndex(dir + "/" + index_used, limits, &weights, &weight_map, &index_metadata));
   } else {
     for (const auto& n : names)
       if (IsSafetensors(n)) weights.push_back(n);
@@ -110,8 +115,8 @@ Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog) {
     const std::string path = dir + "/" + w;
     const size_t first = catalog->tensors.size();
     json meta;
-    CKPTFS_RETURN_IF_ERROR(IsSafetensors(w) ? ReadSafetensorsFile(path, catalog, &meta)
-                                            : ReadTorchZip(path, catalog, &meta));
+    CKPTFS_RETURN_IF_ERROR(IsSafetensors(w) ? ReadSafetensorsFile(path, catalog, &meta, limits)
+                                            : ReadTorchZip(path, catalog, &meta, limits));
     MergeInto(&catalog->metadata, meta);
     for (size_t i = first; i < catalog->tensors.size(); ++i) {
       const std::string& key = catalog->tensors[i].key;

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "format/byte_reader.hpp"
+#include "format/limit_hint.hpp"
 
 namespace ckptfs {
 namespace {
@@ -60,8 +61,8 @@ bool RunsCode(std::string_view module, std::string_view name) {
 
 class Machine {
  public:
-  Machine(std::string_view bytes, std::string_view where, Pickle* out)
-      : r_(bytes), where_(where), out_(out), dense_limit_(bytes.size()) {}
+  Machine(std::string_view bytes, std::string_view where, Pickle* out, uint64_t memory_limit)
+      : r_(bytes), where_(where), out_(out), dense_limit_(bytes.size()), memory_limit_(memory_limit) {}
 
   Status Run();
 
@@ -71,7 +72,20 @@ class Machine {
   }
   Status Truncated() const { return Fail("truncated pickle"); }
 
+  // What the parse holds so far: values, container slots, kept strings, stack, marks and
+  // memo. Opcodes are 1-9 bytes but a value is ~150, and DUP/GET repeat references, so
+  // without this bound a small hostile pickle could ask for unbounded memory.
+  uint64_t MemoryInUse() const {
+    return charged_ + (stack_.capacity() + marks_.capacity() + memo_.capacity()) * sizeof(PyRef) +
+           sparse_memo_.size() * 64;
+  }
+  Status OverLimit() const {
+    return Status::Refused(where_, "pickle: reading it would take more than " + std::to_string(memory_limit_) +
+                                       " bytes of memory (at byte " + std::to_string(op_pos_) + ")" +
+                                       LimitHint("max_pickle_memory"));
+  }
   PyRef Make(PyValue::Kind kind) {
+    charged_ += sizeof(PyValue);
     PyRef v = out_->New();
     v->kind = kind;
     return v;
@@ -157,7 +171,7 @@ class Machine {
     PyRef top = nullptr;
     CKPTFS_RETURN_IF_ERROR(Top(&top));
     PyRef* slot;
-    if (index < dense_limit_) {
+    if (index < dense_limit_ && index <= memo_.size() * 2 + 4096) {
       if (index >= memo_.size()) memo_.resize(std::max<uint64_t>(index + 1, memo_.size() * 2), nullptr);
       slot = &memo_[index];
     } else {
@@ -188,6 +202,8 @@ class Machine {
   std::vector<PyRef> memo_;
   std::unordered_map<uint64_t, PyRef> sparse_memo_;
   uint64_t memo_count_ = 0;  // distinct memo keys stored: MEMOIZE's next index
+  uint64_t memory_limit_;
+  uint64_t charged_ = 0;  // bytes of values and container slots made so far
 };
 
 Status Machine::PushLong(std::string_view le) {
@@ -206,6 +222,7 @@ Status Machine::PushLong(std::string_view le) {
     hex += kHex[byte >> 4];
     hex += kHex[byte & 15];
   }
+  charged_ += hex.size();
   return PushStr(out_->Keep(std::move(hex)), PyValue::Kind::kBigInt);
 }
 
@@ -244,9 +261,11 @@ Status Machine::SetItems(std::vector<PyRef> kv) {
   CKPTFS_RETURN_IF_ERROR(Top(&target));
   if (target->kind != PyValue::Kind::kDict && target->kind != PyValue::Kind::kObject)
     return Fail("SETITEM on something that is not a dict");
+  const size_t before = target->entries.capacity();
   for (size_t k = 0; k < kv.size(); k += 2) {
     target->entries.emplace_back(std::move(kv[k]), std::move(kv[k + 1]));
   }
+  charged_ += (target->entries.capacity() - before) * sizeof(target->entries[0]);
   return Status::OK();
 }
 
@@ -256,9 +275,11 @@ Status Machine::Append(std::vector<PyRef> values) {
   if (target->kind != PyValue::Kind::kList && target->kind != PyValue::Kind::kSet &&
       target->kind != PyValue::Kind::kObject)
     return Fail("APPEND to something that is not a list");
+  const size_t before = target->items.capacity();
   for (auto& v : values) {
     target->items.push_back(std::move(v));
   }
+  charged_ += (target->items.capacity() - before) * sizeof(PyRef);
   return Status::OK();
 }
 
@@ -269,6 +290,8 @@ Status Machine::Run() {
     uint8_t op;
     if (!r_.U8(&op)) return Fail("pickle ends without STOP");
     CKPTFS_RETURN_IF_ERROR(Step(op, &stop));
+    // One step adds at most a copy of the stack, which was under the limit before it.
+    if (MemoryInUse() > memory_limit_) return OverLimit();
   }
   if (stack_.size() != 1 || !marks_.empty()) return Fail("STOP with a malformed stack");
   out_->root = stack_.back();
@@ -290,6 +313,9 @@ Status Machine::Step(uint8_t op, bool* stop) {
     case FRAME: {  // framing is only a read-ahead hint: the opcodes continue inline
       uint64_t len = 0;
       if (!r_.U64(&len)) return Truncated();
+      // ...but a frame longer than what is left is a lie CPython refuses ("pickle data was
+      // truncated"); refuse it too (issue #6, corpus case pkl-frame-length-lie).
+      if (len > r_.remaining()) return Fail("frame of " + std::to_string(len) + " bytes runs past the end of the pickle");
       return Status::OK();
     }
     case STOP: *stop = true; return Status::OK();
@@ -527,9 +553,9 @@ void Pickle::Clear() {
   kept_.clear();
 }
 
-Status ParsePickle(std::string_view bytes, std::string_view where, Pickle* result) {
+Status ParsePickle(std::string_view bytes, std::string_view where, Pickle* result, uint64_t memory_limit) {
   result->Clear();
-  Machine m(result->KeepBytes(bytes), where, result);
+  Machine m(result->KeepBytes(bytes), where, result, memory_limit);
   return m.Run();
 }
 

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckptfs/limits.hpp"
 #include "ckptfs/status.hpp"
 
 namespace ckptfs {
@@ -76,6 +77,8 @@ class Pickle {
   // Keeps a copy of the pickle's bytes, which string values point into.
   std::string_view KeepBytes(std::string_view bytes);
   void Clear();
+  // How many values the pickle made: walkers bound their work by it.
+  size_t value_count() const { return chunks_.empty() ? 0 : (chunks_.size() - 1) * kChunk + used_in_last_; }
 
  private:
   static constexpr size_t kChunk = 4096;  // values per arena chunk
@@ -85,8 +88,11 @@ class Pickle {
   std::deque<std::string> kept_;
 };
 
-// Parses one pickle from `bytes`. `where` names the file in error messages.
-Status ParsePickle(std::string_view bytes, std::string_view where, Pickle* result);
+// Parses one pickle from `bytes`. `where` names the file in error messages. Parsing fails
+// with kRefused once the values it builds would take more than `memory_limit` bytes.
+Status ParsePickle(std::string_view bytes, std::string_view where, Pickle* result,
+                   uint64_t memory_limit = ReadLimits{}.pickle_memory);
+
 
 }  // namespace ckptfs
 

@@ -13,15 +13,17 @@ namespace ckptfs {
 
 // A torch.save zip file (.pt/.bin, torch >= 1.6). Its non-tensor values are stored in
 // `*metadata` (a JSON tree mirroring the saved object, tensors left out).
-Status ReadTorchZip(const std::string& path, Catalog* catalog, nlohmann::json* metadata);
+Status ReadTorchZip(const std::string& path, Catalog* catalog, nlohmann::json* metadata,
+                    const ReadLimits& limits = ReadLimits{});
 
 // One .safetensors file; its "__metadata__" strings go to `*metadata`.
-Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, nlohmann::json* metadata);
+Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, nlohmann::json* metadata,
+                           const ReadLimits& limits = ReadLimits{});
 
 // Reads the checkpoint in folder `dir`: sharded safetensors with an index, a folder of
 // .safetensors files, or torch .bin/.pt files (with or without pytorch_model.bin.index.json).
 // Other regular files in the folder become sibling files, served unchanged.
-Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog);
+Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const ReadLimits& limits = ReadLimits{});
 
 // True when `dir` is a DeepSpeed save folder (it has `latest`) or tag folder (it holds
 // ZeRO rank files or pipeline layer files).

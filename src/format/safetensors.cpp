@@ -2,17 +2,18 @@
 // does (huggingface/safetensors safetensors/src/tensor.rs `read_metadata`, `validate`;
 // summarized in ../shared/reference/torch-safetensors-dcp.md section D.2).
 #include <algorithm>
+#include <string>
+#include <unordered_set>
+#include <vector>
 
 #include "format/byte_reader.hpp"
+#include "format/limit_hint.hpp"
 #include "format/readers.hpp"
 
 namespace ckptfs {
 namespace {
 
 using json = nlohmann::json;
-
-// safetensors' MAX_HEADER_SIZE.
-constexpr uint64_t kMaxHeaderSize = 100'000'000;
 
 struct Parsed {
   std::string key;
@@ -29,7 +30,7 @@ bool AsUint(const json& j, uint64_t* out) {
 
 }  // namespace
 
-Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, json* metadata) {
+Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, json* metadata, const ReadLimits& limits) {
   uint32_t file;
   CKPTFS_RETURN_IF_ERROR(catalog->files->Add(path, &file));
   const uint64_t size = catalog->files->size(file);
@@ -39,13 +40,31 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, json* meta
   CKPTFS_RETURN_IF_ERROR(catalog->files->ReadExact(file, 0, 8, len_bytes));
   uint64_t header_len;
   ByteReader(std::string_view(len_bytes, 8)).U64(&header_len);
-  if (header_len > kMaxHeaderSize)
-    return bad("header length " + std::to_string(header_len) + " exceeds the 100 MB limit");
+  if (header_len > limits.header_bytes)
+    return Status::Refused(path, "safetensors: header length " + std::to_string(header_len) + " exceeds the limit of " +
+                                     std::to_string(limits.header_bytes) + " bytes" + LimitHint("max_header"));
   if (header_len > size - 8) return bad("header length " + std::to_string(header_len) + " runs past the end of the file");
   std::string header(header_len, '\0');
   CKPTFS_RETURN_IF_ERROR(catalog->files->ReadExact(file, 8, header_len, header.data()));
-  json doc = json::parse(header, nullptr, /*allow_exceptions=*/false);
+  // JSON parsers disagree on a repeated key (nlohmann and Python keep the last one, others the
+  // first), so a header naming a tensor twice means different tensors to different loaders:
+  // refuse it (issue #6, corpus cases st-duplicate-key*). One key set per open object.
+  std::vector<std::unordered_set<std::string>> open_objects;
+  std::string duplicate;
+  json::parser_callback_t find_duplicates = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) open_objects.emplace_back();
+    else if (event == json::parse_event_t::object_end && !open_objects.empty()) open_objects.pop_back();
+    else if (event == json::parse_event_t::key && !open_objects.empty() && duplicate.empty() && parsed.is_string() &&
+             !open_objects.back().insert(parsed.get<std::string>()).second)
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  json doc = json::parse(header, find_duplicates, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object()) return bad("header is not a JSON object");
+  if (!duplicate.empty()) return bad("key '" + duplicate + "' appears twice in the header");
+  if (doc.size() > limits.tensors + 1)  // + __metadata__
+    return Status::Refused(path, "safetensors: header lists " + std::to_string(doc.size()) + " entries, over the limit of " +
+                                     std::to_string(limits.tensors) + " tensors" + LimitHint("max_tensors"));
 
   std::vector<Parsed> tensors;
   tensors.reserve(doc.size());

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "format/limit_hint.hpp"
 #include "format/readers.hpp"
 
 namespace ckptfs {
@@ -50,18 +51,18 @@ Status OpenCatalog(const std::string& source, const SourceOptions& options, std:
   if (::stat(source.c_str(), &st) != 0) return Status::FromErrno(source, "cannot access", errno);
   if (S_ISDIR(st.st_mode)) {
     CKPTFS_RETURN_IF_ERROR(IsDeepSpeedFolder(source) ? ReadDeepSpeedCheckpoint(source, options, catalog.get())
-                                                     : ReadCheckpointFolder(source, catalog.get()));
+                                                     : ReadCheckpointFolder(source, catalog.get(), options.limits));
   } else if (S_ISREG(st.st_mode)) {
     std::string head;
     CKPTFS_RETURN_IF_ERROR(Sniff(source, &head));
     if (head.size() >= 4 && head.compare(0, 4, "PK\x03\x04", 4) == 0) {
       catalog->format = "torch-zip";
-      CKPTFS_RETURN_IF_ERROR(ReadTorchZip(source, catalog.get(), &catalog->metadata));
+      CKPTFS_RETURN_IF_ERROR(ReadTorchZip(source, catalog.get(), &catalog->metadata, options.limits));
     } else if ((head.size() >= 9 && head[8] == '{') ||
                (source.size() > 12 && source.compare(source.size() - 12, 12, ".safetensors") == 0)) {
       // By content, or by name so that a damaged header gets a safetensors error message.
       catalog->format = "safetensors";
-      CKPTFS_RETURN_IF_ERROR(ReadSafetensorsFile(source, catalog.get(), &catalog->metadata));
+      CKPTFS_RETURN_IF_ERROR(ReadSafetensorsFile(source, catalog.get(), &catalog->metadata, options.limits));
     } else if (!head.empty() && static_cast<uint8_t>(head[0]) == 0x80) {
       return Status::NotSupported(source, "legacy (pre-1.6) torch.save format; re-save it with a newer torch");
     } else {
@@ -70,6 +71,11 @@ Status OpenCatalog(const std::string& source, const SourceOptions& options, std:
   } else {
     return Status::InvalidArgument(source, "not a file or folder");
   }
+  // Every reader bounds what it parses; this also covers formats whose tensors come from
+  // several files (folders, ZeRO ranks).
+  if (catalog->tensors.size() > options.limits.tensors)
+    return Status::Refused(source, std::to_string(catalog->tensors.size()) + " tensors, over the limit of " +
+                                       std::to_string(options.limits.tensors) + LimitHint("max_tensors"));
   *out = std::move(catalog);
   return Status::OK();
 }

@@ -6,6 +6,7 @@
 #include <optional>
 #include <unordered_set>
 
+#include "format/limit_hint.hpp"
 #include "format/readers.hpp"
 #include "format/torch_archive.hpp"
 
@@ -20,7 +21,8 @@ constexpr int kMaxDepth = 256;
 
 class TorchZipReader {
  public:
-  TorchZipReader(const std::string& path, Catalog* catalog) : path_(path), catalog_(catalog) {}
+  TorchZipReader(const std::string& path, Catalog* catalog, const ReadLimits& limits)
+      : path_(path), catalog_(catalog), limits_(limits) {}
 
   Status Read(json* metadata);
 
@@ -29,16 +31,29 @@ class TorchZipReader {
   Status WalkOpaque(const PyValue* v, std::vector<PathElement>* path, int depth, json* out);
   Status AddTensor(TensorEntry t, const std::vector<PathElement>& path);
   Status Bad(const std::string& what) const { return Status::Corruption(path_, what); }
+  // Memo references make the object graph a DAG: a pickle of a few KB can reference one
+  // list from two places at each of 200 levels, 2^200 paths. Every node visit is charged.
+  Status Visit() {
+    if (visits_left_ == 0)
+      return Status::Refused(path_, "the pickled objects reference each other so often that flattening them "
+                                    "would visit more than " + std::to_string(visit_budget_) + " nodes");
+    --visits_left_;
+    return Status::OK();
+  }
 
   std::string path_;
   Catalog* catalog_;
+  ReadLimits limits_;
+  uint64_t visit_budget_ = 0, visits_left_ = 0;
   TorchArchive archive_;
 };
 
 }  // namespace
 
 Status TorchZipReader::Read(json* metadata) {
-  CKPTFS_RETURN_IF_ERROR(archive_.Open(path_, catalog_->files.get()));
+  CKPTFS_RETURN_IF_ERROR(archive_.Open(path_, catalog_->files.get(), limits_));
+  // A tree visits each value once; tied weights and shared configs add a little.
+  visit_budget_ = visits_left_ = 4 * static_cast<uint64_t>(archive_.value_count()) + 1'000'000;
   const size_t first_tensor = catalog_->tensors.size();
   std::vector<PathElement> path;
   bool keep = false;
@@ -55,6 +70,8 @@ Status TorchZipReader::Read(json* metadata) {
 }
 
 Status TorchZipReader::AddTensor(TensorEntry t, const std::vector<PathElement>& path) {
+  if (catalog_->tensors.size() >= limits_.tensors)
+    return Status::Refused(path_, "more than " + std::to_string(limits_.tensors) + " tensors" + LimitHint("max_tensors"));
   t.path = path;
   t.key = path.empty() ? "tensor" : FlattenKey(path);
   catalog_->tensors.push_back(std::move(t));
@@ -62,6 +79,7 @@ Status TorchZipReader::AddTensor(TensorEntry t, const std::vector<PathElement>& 
 }
 
 Status TorchZipReader::Walk(const PyValue* v, std::vector<PathElement>* path, int depth, json* out, bool* keep) {
+  CKPTFS_RETURN_IF_ERROR(Visit());
   if (depth > kMaxDepth) return Bad("objects nested deeper than " + std::to_string(kMaxDepth) + " levels (a cycle?)");
   *keep = true;
   TensorEntry t;
@@ -120,6 +138,7 @@ Status TorchZipReader::Walk(const PyValue* v, std::vector<PathElement>* path, in
 // Values that are not containers: scalars become JSON, unknown objects become an inspectable
 // {"$class", "args", "state"} node. Tensors inside an opaque call's arguments are not served.
 Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* path, int depth, json* out) {
+  CKPTFS_RETURN_IF_ERROR(Visit());
   if (depth > kMaxDepth) return Bad("objects nested deeper than " + std::to_string(kMaxDepth) + " levels (a cycle?)");
   switch (v->kind) {
     case Kind::kNone: *out = nullptr; return Status::OK();
@@ -200,8 +219,8 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
   return Status::OK();
 }
 
-Status ReadTorchZip(const std::string& path, Catalog* catalog, json* metadata) {
-  TorchZipReader reader(path, catalog);
+Status ReadTorchZip(const std::string& path, Catalog* catalog, json* metadata, const ReadLimits& limits) {
+  TorchZipReader reader(path, catalog, limits);
   return reader.Read(metadata);
 }
 

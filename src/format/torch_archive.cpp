@@ -1,14 +1,13 @@
 #include "format/torch_archive.hpp"
 
 #include "format/byte_reader.hpp"
+#include "format/limit_hint.hpp"
 
 namespace ckptfs {
 namespace {
 
 using Kind = PyValue::Kind;
 
-// data.pkl of a 100k-tensor checkpoint is ~10 MB; anything near this is not a checkpoint.
-constexpr uint64_t kMaxPickleSize = uint64_t{4} << 30;
 // Tensor rebuild calls nest a few levels (parameter -> subclass -> tensor).
 constexpr int kMaxTensorDepth = 16;
 
@@ -70,11 +69,12 @@ const PyValue* Find(const PyValue* mapping, std::string_view key) {
   return nullptr;
 }
 
-Status TorchArchive::Open(const std::string& path, SourceFiles* files) {
+Status TorchArchive::Open(const std::string& path, SourceFiles* files, const ReadLimits& limits) {
   path_ = path;
   files_ = files;
   CKPTFS_RETURN_IF_ERROR(files->Add(path_, &file_));
-  CKPTFS_RETURN_IF_ERROR(zip_.Open(*files, file_));
+  // A torch archive holds one record per storage plus a few: the tensor limit bounds it.
+  CKPTFS_RETURN_IF_ERROR(zip_.Open(*files, file_, limits.tensors + 1024));
   if (zip_.entries().empty()) return Bad("zip archive has no entries");
   // torch takes the archive folder from the first central-directory entry.
   const std::string& first = zip_.entries().front().name;
@@ -92,8 +92,12 @@ Status TorchArchive::Open(const std::string& path, SourceFiles* files) {
     if (value != "little") return Bad("byteorder record holds '" + value + "'; expected 'little' or 'big'");
   }
   std::string pickle_bytes;
-  CKPTFS_RETURN_IF_ERROR(zip_.ReadStored(*pkl, kMaxPickleSize, &pickle_bytes));
-  CKPTFS_RETURN_IF_ERROR(ParsePickle(pickle_bytes, path_ + ": " + prefix_ + "data.pkl", &pickle_));
+  if (pkl->uncompressed_size > limits.pickle_bytes)
+    return Status::Refused(path_, prefix_ + "data.pkl is " + std::to_string(pkl->uncompressed_size) +
+                                      " bytes, over the limit of " + std::to_string(limits.pickle_bytes) +
+                                      LimitHint("max_pickle"));
+  CKPTFS_RETURN_IF_ERROR(zip_.ReadStored(*pkl, limits.pickle_bytes, &pickle_bytes));
+  CKPTFS_RETURN_IF_ERROR(ParsePickle(pickle_bytes, path_ + ": " + prefix_ + "data.pkl", &pickle_, limits.pickle_memory));
   storages_.assign(zip_.entries().size(), std::nullopt);
   return Status::OK();
 }

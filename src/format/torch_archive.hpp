@@ -20,11 +20,13 @@ class TorchArchive {
  public:
   // Opens `path` (adding it to `files`), checks it is a torch.save archive and parses
   // its data.pkl without executing anything.
-  Status Open(const std::string& path, SourceFiles* files);
+  Status Open(const std::string& path, SourceFiles* files, const ReadLimits& limits = ReadLimits{});
 
   const std::string& path() const { return path_; }
   uint32_t file() const { return file_; }
   const PyValue* root() const { return pickle_.root; }
+  // Values in the parsed pickle (walkers bound their work by it).
+  size_t value_count() const { return pickle_.value_count(); }
 
   // When `v` is a tensor rebuild call (_rebuild_tensor[_v2|_v3], _rebuild_parameter,
   // _rebuild_from_type_v2), sets *is_tensor and fills dtype, shape, extents or strided

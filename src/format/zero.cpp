@@ -301,7 +301,7 @@ class ZeroReader {
 
 Status ZeroReader::Open(const std::string& name, std::unique_ptr<TorchArchive>* out) {
   *out = std::make_unique<TorchArchive>();
-  return (*out)->Open(Path(name), catalog_->files.get());
+  return (*out)->Open(Path(name), catalog_->files.get(), options_.limits);
 }
 
 Status ZeroReader::Tensor(const TorchArchive& a, const PyValue* v, const std::string& what, TensorEntry* t) {
@@ -527,8 +527,11 @@ Status ZeroReader::ReadMpRank(uint64_t mp, const MpRankFiles& files, const std::
   if (shared) {
     for (const auto& [k, v] : shared->entries) {
       if (k->kind != Kind::kStr || v->kind != Kind::kStr) continue;
+      // The owner's key is built outside the lambda: clang before 16 cannot capture a
+      // structured binding (the fuzz build uses Debian's clang 14).
+      const std::string owner_key = prefix + std::string(v->s);
       auto owner = std::find_if(catalog_->tensors.begin() + first_trainable, catalog_->tensors.end(),
-                                [&](const TensorEntry& t) { return t.key == prefix + std::string(v->s); });
+                                [&](const TensorEntry& t) { return t.key == owner_key; });
       if (owner == catalog_->tensors.end()) continue;
       owner->storage_id = "zero:" + owner->key;
       TensorEntry alias = *owner;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "format/byte_reader.hpp"
+#include "format/limit_hint.hpp"
 
 namespace ckptfs {
 namespace {
@@ -33,7 +34,7 @@ Status ZipArchive::Corrupt(std::string_view what) const {
   return Status::Corruption(files_->path(file_), what);
 }
 
-Status ZipArchive::Open(const SourceFiles& files, uint32_t file) {
+Status ZipArchive::Open(const SourceFiles& files, uint32_t file, uint64_t max_entries) {
   files_ = &files;
   file_ = file;
   entries_.clear();
@@ -105,9 +106,34 @@ Status ZipArchive::Open(const SourceFiles& files, uint32_t file) {
   if (cd_size > kMaxCentralDirSize) return Corrupt("central directory is implausibly large");
   if (entry_count > cd_size / kCentralHeaderSize)
     return Corrupt("central directory is too small for its entry count");
+  if (entry_count > max_entries)
+    return Status::Refused(files.path(file), "zip directory lists " + std::to_string(entry_count) +
+                                                 " entries, over the limit of " + std::to_string(max_entries) +
+                                                 LimitHint("max_tensors"));
   std::string cd(cd_size, '\0');
   CKPTFS_RETURN_IF_ERROR(files.ReadExact(file, cd_offset, cd_size, cd.data()));
-  return ParseCentralDirectory(cd, entry_count);
+  CKPTFS_RETURN_IF_ERROR(ParseCentralDirectory(cd, entry_count));
+
+  // Records lie one after another before the central directory. Two entries that share bytes
+  // (the trick of overlapping-entry zip bombs, or a forged offset) or an entry that runs into
+  // the directory make the same bytes mean two things: refuse them (issue #6, corpus cases
+  // pt-entries-overlap, pt-entry-overlaps-central-dir). Each entry is taken as its local
+  // header, name and data; the local extra field is not known yet, so this is a lower bound.
+  std::vector<size_t> order(entries_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return entries_[a].local_header_offset < entries_[b].local_header_offset;
+  });
+  for (size_t k = 0; k < order.size(); ++k) {
+    const ZipEntry& e = entries_[order[k]];
+    // Cannot overflow: ParseCentralDirectory checked header + data lies inside the file,
+    // and a name is at most 65535 bytes.
+    const uint64_t end = e.local_header_offset + kLocalHeaderSize + e.name.size() + e.compressed_size;
+    if (k + 1 < order.size() && end > entries_[order[k + 1]].local_header_offset)
+      return Corrupt("entries '" + e.name + "' and '" + entries_[order[k + 1]].name + "' overlap");
+    if (end > cd_offset) return Corrupt("entry '" + e.name + "' overlaps the central directory");
+  }
+  return Status::OK();
 }
 
 Status ZipArchive::ParseCentralDirectory(std::string_view cd, uint64_t entry_count) {

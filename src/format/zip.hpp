@@ -29,8 +29,9 @@ class ZipArchive {
  public:
   static constexpr uint16_t kMethodStored = 0;
 
-  // Parses the end records and central directory of source file `file`.
-  Status Open(const SourceFiles& files, uint32_t file);
+  // Parses the end records and central directory of source file `file`, refusing
+  // directories of more than `max_entries` entries.
+  Status Open(const SourceFiles& files, uint32_t file, uint64_t max_entries = uint64_t{1} << 24);
 
   const std::vector<ZipEntry>& entries() const { return entries_; }
   // The entry named exactly `name`, or nullptr.

@@ -44,6 +44,8 @@ constexpr char kUsage[] =
     "  -o shard_size=S  Hugging Face shards of at most S (5GB, 2GiB) + index\n"
     "  -o checksums  manifest.json lists each tensor file's XXH3-64\n"
     "  -o moments    DeepSpeed ZeRO: also serve the Adam moments (exp_avg.*, exp_avg_sq.*)\n"
+    "  -o max_pickle=S,max_pickle_memory=S,max_header=S,max_tensors=N\n"
+    "                raise the limits on untrusted metadata (defaults 1GiB, 4GiB, 100MB, 10000000)\n"
     "  -o allow_other, -o auto_unmount, -o max_threads=N, ...  see below\n"
     "\n";
 
@@ -128,10 +130,17 @@ bool Parse(int argc, char** argv, bool as_mount_helper, ParsedCommandLine* cl) {
           cl->bad_value = true;
           return false;
         }
+        if (!known) {
+          s = ParseSourceOption(opt.substr(0, eq), eq == std::string::npos ? "" : opt.substr(eq + 1),
+                                &cl->source_options, &known);
+          if (!s.ok()) {
+            std::fprintf(stderr, "ckptfs: %s\n", s.message().c_str());
+            cl->bad_value = true;
+            return false;
+          }
+        }
         if (known) {
-          // a view option
-        } else if (opt == "moments") {
-          cl->source_options.zero_moments = true;
+          // a view or source option
         } else if (!opt.empty() && !IsMountOnlyOption(opt)) {
           cl->options.push_back(opt);
         }

@@ -366,3 +366,40 @@ BOOST_AUTO_TEST_CASE(harmless_builtins_are_not_refused) {
     BOOST_TEST(pk.root->CallableName() == "builtins." + std::string(name));
   }
 }
+
+// ---- resource limits ------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(memory_limit_stops_a_dup_bomb) {
+  // One list, duplicated on the stack 200,000 times: 200 KB of opcodes ask for 1.6 MB of
+  // stack, more than the 1 MiB allowed here. Without the limit, a 1 GiB pickle would ask
+  // for 8 GiB this way.
+  std::string bytes("\x80\x02]", 3);
+  bytes += std::string(200000, '2');
+  bytes += '.';
+  Pickle p;
+  Status s = ParsePickle(bytes, kWhere, &p, uint64_t{1} << 20);
+  BOOST_TEST(static_cast<int>(s.code()) == static_cast<int>(Status::Code::kRefused), s.message());
+  BOOST_TEST(Contains(s.message(), "max_pickle_memory"), s.message());
+}
+
+BOOST_AUTO_TEST_CASE(memory_limit_counts_values_and_container_slots) {
+  // 100,000 empty lists appended to one list: each value costs far more than its opcode.
+  std::string bytes("\x80\x02](", 4);
+  for (int i = 0; i < 100000; ++i) bytes += ']';
+  bytes += "e.";
+  Pickle p;
+  Status s = ParsePickle(bytes, kWhere, &p, uint64_t{4} << 20);
+  BOOST_TEST(static_cast<int>(s.code()) == static_cast<int>(Status::Code::kRefused), s.message());
+  // The same pickle parses with the default limit.
+  MustParse(bytes);
+}
+
+BOOST_AUTO_TEST_CASE(far_memo_index_does_not_allocate_the_gap) {
+  // LONG_BINPUT 4,000,000 in a short pickle must not grow the dense memo to that size.
+  std::string bytes("\x80\x02Nr", 4);
+  bytes += LE32(4000000);
+  bytes += "j" + LE32(4000000) + "0.";
+  Pickle p;
+  Status s = ParsePickle(bytes, kWhere, &p, uint64_t{1} << 20);
+  BOOST_TEST(s.ok(), s.message());
+}

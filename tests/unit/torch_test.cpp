@@ -380,3 +380,36 @@ BOOST_AUTO_TEST_CASE(one_storage_referenced_with_two_sizes) {
   Built b(TorchZip(p.bytes(), {{"0", "abcdefgh"}}));
   CheckError(b.status, b.path, Status::Code::kCorruption, "storage '0' is referenced with two different sizes");
 }
+
+// ---- resource limits ------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(shared_lists_cannot_blow_up_the_walk) {
+  // L0 = [], L(k+1) = [Lk, Lk] through the memo: 60 levels are 2^60 paths to walk.
+  PickleBuilder p;
+  p.Proto(2).EmptyList().BinPut(0).Op('0');
+  for (uint8_t k = 1; k <= 60; ++k) {
+    p.EmptyList().Mark().BinGet(k - 1).BinGet(k - 1).Op('e').BinPut(k);
+    if (k < 60) p.Op('0');  // POP: only the last list stays on the stack
+  }
+  p.Stop();
+  Built b(TorchZip(p.bytes(), {}));
+  CheckError(b.status, b.path, Status::Code::kRefused, "would visit more than");
+}
+
+BOOST_AUTO_TEST_CASE(tensor_and_pickle_limits_are_options) {
+  ckptfs::SourceOptions options;
+  std::shared_ptr<const Catalog> catalog;
+  options.limits.tensors = 5;
+  Status s = ckptfs::OpenCatalog(kSample, options, &catalog);
+  CheckError(s, kSample, Status::Code::kRefused, "more than 5 tensors (raise it with -o max_tensors=N");
+  options = {};
+  options.limits.pickle_bytes = 1000;
+  s = ckptfs::OpenCatalog(kSample, options, &catalog);
+  CheckError(s, kSample, Status::Code::kRefused, "over the limit of 1000 (raise it with -o max_pickle=N");
+  options = {};
+  options.limits.pickle_memory = 4096;
+  s = ckptfs::OpenCatalog(kSample, options, &catalog);
+  CheckError(s, kSample, Status::Code::kRefused, "max_pickle_memory");
+  options = {};
+  BOOST_TEST(ckptfs::OpenCatalog(kSample, options, &catalog).ok());
+}
