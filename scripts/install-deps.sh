@@ -3,6 +3,7 @@
 set -euo pipefail
 packages=(g++ cmake ninja-build pkg-config libfuse3-dev fuse3 nlohmann-json3-dev libxxhash-dev
           libboost-test-dev python3-venv rsync attr xxhash)
+packages+=(fuse-zip)  # tests/bench/bench_archive_peers.py: the archive-mount peer
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

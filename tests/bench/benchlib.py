@@ -129,3 +129,224 @@ def workdir_and_binary(args) -> tuple[Path, Path] | None:
         print(f"ckptfs binary not found: {ckptfs} (build it, or pass --ckptfs)", file=sys.stderr)
         return None
     return workdir, ckptfs
+
+
+# ---------------------------------------------------------------------------
+# Shared by the side-by-side benches that run_all.py drives (read throughput, archive
+# peers, mount + ls, load_file): results as JSON lines, a ckptfs mount with a deadline,
+# explicit page-cache control, dd timings.
+# ---------------------------------------------------------------------------
+
+import json
+import re
+import statistics
+
+GB = 1e9
+
+
+def add_common_args(ap, default_workdir: str = "/tmp/ckptfs-bench"):
+    """--ckptfs, --workdir, --quick, --repeats, --json-out: the options run_all.py passes."""
+    root = Path(__file__).resolve().parents[2]
+    ap.add_argument("--ckptfs", default=str(root / "build" / "ckptfs"))
+    ap.add_argument("--workdir", default=default_workdir)
+    ap.add_argument("--quick", action="store_true", help="small sizes, fewer repeats (smoke test)")
+    ap.add_argument("--repeats", type=int, default=0, help="timed runs per alternative (default 3, quick 1)")
+    ap.add_argument("--json-out", default="", help="append one JSON object per figure to this file")
+    ap.add_argument("--keep", action="store_true", help="keep generated data in the workdir")
+
+
+class Results:
+    """Collects figures; prints each one and appends it as a JSON line to --json-out.
+
+    A figure: id ("a.first"), text, ckptfs and alternative values (numbers, with unit),
+    ratio (ckptfs / alternative unless given), goal text and met (True/False/None for
+    information only), and a free-form detail dict (sizes, samples, cache state)."""
+
+    def __init__(self, bench: str, json_out: str):
+        self.bench = bench
+        self.json_out = json_out
+        self.rows: list[dict] = []
+
+    def add(self, fid: str, figure: str, ckptfs, alternative, unit: str, goal: str = "info",
+            met=None, ratio=None, alt_name: str = "", detail: dict | None = None):
+        if ratio is None and isinstance(ckptfs, (int, float)) and isinstance(alternative, (int, float)) \
+                and alternative:
+            ratio = ckptfs / alternative
+        row = {"bench": self.bench, "id": fid, "figure": figure, "ckptfs": ckptfs,
+               "alternative": alternative, "alt_name": alt_name, "unit": unit, "ratio": ratio,
+               "goal": goal, "met": met, "detail": detail or {},
+               "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        self.rows.append(row)
+        r = f"{ratio:.3f}" if isinstance(ratio, (int, float)) else "-"
+        m = {True: "yes", False: "NO", None: "-"}[met]
+        print(f"[{fid}] {figure}: ckptfs {fmt_value(ckptfs, unit)} | {alt_name or 'alternative'} "
+              f"{fmt_value(alternative, unit)} | ratio {r} | goal {goal} | met {m}", flush=True)
+        if self.json_out:
+            with open(self.json_out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+def fmt_value(v, unit: str) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g} {unit}".strip() if abs(v) < 100 else f"{v:.0f} {unit}".strip()
+    return f"{v} {unit}".strip()
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def drop_caches():
+    """echo 1 > drop_caches (page cache of every file; needs root)."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("1\n")
+
+
+def cached_pages(path: Path) -> tuple[int, int]:
+    """(resident pages, total pages) of a file, from mincore (fincore)."""
+    import mmap as _mmap
+    import ctypes
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0, 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, _mmap.PROT_READ, _mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap {path}")
+        n = (size + page - 1) // page
+        vec = ctypes.create_string_buffer(n)
+        try:
+            if libc.mincore(addr, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore {path}")
+        finally:
+            libc.munmap(addr, size)
+        return sum(b & 1 for b in vec.raw), n
+    finally:
+        os.close(fd)
+
+
+def evict(path: Path):
+    """Drop the page cache of one file (FADV_DONTNEED; works on FUSE files too) and check
+    that nothing stayed resident; falls back to drop_caches."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    if cached_pages(path)[0] != 0:
+        drop_caches()
+
+
+def dd(path: Path, skip: int = 0, count: int | None = None, timeout: float = 600) -> float:
+    """Seconds dd bs=1M takes to read [skip, skip+count) of path, as dd reports it."""
+    argv = ["dd", f"if={path}", "of=/dev/null", "bs=1M", f"skip={skip}", "iflag=skip_bytes,count_bytes"]
+    if count is not None:
+        argv.append(f"count={count}")
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {r.stderr.strip()}")
+    m = re.search(r"copied, ([0-9.e+-]+) s", r.stderr)
+    if not m:
+        raise RuntimeError(f"cannot parse dd output: {r.stderr!r}")
+    return float(m.group(1))
+
+
+def dd_parallel(jobs: list[tuple[Path, int, int]], timeout: float = 600) -> float:
+    """Wall seconds until all of several concurrent dd reads (path, skip, count) finish."""
+    procs = []
+    t0 = time.perf_counter()
+    for path, skip, count in jobs:
+        procs.append(subprocess.Popen(["dd", f"if={path}", "of=/dev/null", "bs=1M", f"skip={skip}",
+                                       f"count={count}", "iflag=skip_bytes,count_bytes"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    for p in procs:
+        _, err = p.communicate(timeout=timeout)
+        if p.returncode != 0:
+            raise RuntimeError(f"dd failed: {err.decode(errors='replace')}")
+    return time.perf_counter() - t0
+
+
+def daemon_pids(mnt: Path) -> list[int]:
+    """Pids of processes whose command line names mnt (the ckptfs daemon of that mount)."""
+    want = str(mnt).encode()
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            args = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if want in args and args and b"ckptfs" in os.path.basename(args[0]):
+            pids.append(int(d))
+    return pids
+
+
+def vm_hwm_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+class CkptfsMount:
+    """`ckptfs SRC MNT [-o OPTS]` (returns once mounted), with a deadline; the daemon's pid
+    is found by its command line. Unmounted on exit, and the daemon waited for."""
+
+    def __init__(self, ckptfs: Path, src: Path, mnt: Path, opts: str = "", timeout: float = 120):
+        self.argv = [str(ckptfs), str(src), str(mnt)] + (["-o", opts] if opts else [])
+        self.mnt, self.timeout = Path(mnt), timeout
+        self.pid = None
+        self.mount_s = 0.0
+
+    def __enter__(self):
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        if mounted(self.mnt):
+            unmount(self.mnt)
+        t0 = time.perf_counter()
+        r = subprocess.run(self.argv, capture_output=True, text=True, timeout=self.timeout)
+        self.mount_s = time.perf_counter() - t0
+        if r.returncode != 0 or not mounted(self.mnt):
+            unmount(self.mnt)
+            raise RuntimeError(f"{' '.join(self.argv)} exited {r.returncode}: {r.stderr.strip()}")
+        pids = daemon_pids(self.mnt)
+        self.pid = pids[0] if pids else None
+        return self
+
+    def hwm_kib(self) -> int:
+        return vm_hwm_kib(self.pid) if self.pid else 0
+
+    def __exit__(self, *exc):
+        unmount(self.mnt)
+        deadline = time.monotonic() + 30
+        while self.pid and Path(f"/proc/{self.pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return False
+
+
+def set_read_ahead_kb(mnt: Path, kb: int) -> int:
+    """Sets the FUSE mount's bdi read_ahead_kb; returns the old value."""
+    dev = os.stat(mnt).st_dev
+    p = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+    old = int(p.read_text())
+    p.write_text(f"{kb}\n")
+    return old
+
+
+def read_ahead_kb(mnt: Path) -> int:
+    dev = os.stat(mnt).st_dev
+    return int(Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb").read_text())
+
+
+def machine_note() -> str:
+    load = os.getloadavg()
+    return f"{os.cpu_count()} cpus, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Benchmark (f): mount-to-first-ls time and the daemon's peak RSS, by tensor count and by
+checkpoint size.
+
+Checkpoints (generated with bench_ls_scaling.py's helpers, cached under --workdir while
+the run lasts):
+  1k      1,000 small float32 tensors, real torch.save
+  100k    100,000 small float32 tensors, real torch.save (--quick: 10,000)
+  sparse-1GB   1,000 x 1 MiB float32 tensors, data left as file holes (torch's zip layout)
+  sparse-1TB   1,000 x 1 GiB float32 tensors, the same (about 4 MiB on disk)
+
+One timed run: `ckptfs SRC MNT` (it returns once the mount is ready), then `ls MNT` and
+`ls MNT/tensors` (sorted, to /dev/null; the listing's line count is checked); wall time
+from starting ckptfs to the end of the second ls. Peak RSS: VmHWM in /proc/<pid>/status
+of the daemon after the listing. Then unmount. Page cache: warm (each checkpoint gets one
+untimed mount + ls first; the sources' metadata are in the page cache). The checkpoints
+take turns; medians of --repeats (default 5, quick 2).
+
+Goals: 100,000 tensors under 1 s and under 200 MB; the sparse 1 TB checkpoint as fast as
+the 1 GB one (time ratio <= 1.5, as bench_ls_scaling judges `ckptfs ls`).
+
+    python tests/bench/bench_mount_ls.py --ckptfs build/ckptfs [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import benchlib
+from benchlib import CkptfsMount, Results, median
+
+
+def mount_and_ls(ckptfs: Path, src: Path, mnt: Path, expect: int) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    with CkptfsMount(ckptfs, src, mnt) as m:
+        subprocess.run(["ls", str(mnt)], stdout=subprocess.DEVNULL, check=True, timeout=120)
+        r = subprocess.run(["ls", str(mnt / "tensors")], stdout=subprocess.PIPE, check=True, timeout=120)
+        wall = time.perf_counter() - t0
+        hwm = m.hwm_kib()
+        n = r.stdout.count(b"\n")
+        if n != expect:
+            raise RuntimeError(f"{src}: listed {n} tensor files, expected {expect}")
+    return wall, hwm
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    benchlib.add_common_args(ap)
+    ap.add_argument("--tensors", type=int, default=0, help="the large tensor count (default 100000, quick 10000)")
+    args = ap.parse_args()
+    got = benchlib.workdir_and_binary(argparse.Namespace(workdir=args.workdir, ckptfs=args.ckptfs, generate_only=False))
+    if not got:
+        return 2
+    workdir, ckptfs = got
+    import bench_ls_scaling as ls  # imports torch: the generators use torch.save
+    big = args.tensors or (10_000 if args.quick else 100_000)
+    repeats = args.repeats or (2 if args.quick else 5)
+    res = Results("mount_ls", args.json_out)
+    ls.check_sparse_supported(workdir)
+
+    specs = {
+        "1k": (lambda p: ls.make_many_tensors(p, 1000), 1000),
+        f"{big // 1000}k": (lambda p: ls.make_many_tensors(p, big), big),
+        "sparse-1GB": (lambda p: ls.make_sparse(p, 1000, (512, 512), "1 GB"), 1000),
+        "sparse-1TB": (lambda p: ls.make_sparse(p, 1000, (16384, 16384), "1 TB"), 1000),
+    }
+    paths = {}
+    t0 = time.perf_counter()
+    for name, (make, _) in specs.items():
+        p = workdir / f"mountls-{name}.pt"
+        if not p.exists():
+            tmp = p.with_name(p.name + ".tmp")
+            make(tmp)
+            tmp.rename(p)
+        paths[name] = p
+    print(f"checkpoints ready in {time.perf_counter() - t0:.1f} s; {benchlib.machine_note()}", flush=True)
+    mnt = workdir / "mnt-ls"
+    walls = {n: [] for n in specs}
+    hwms = {n: [] for n in specs}
+    for name in specs:  # warm-up
+        mount_and_ls(ckptfs, paths[name], mnt, specs[name][1])
+    for _ in range(repeats):
+        for name in specs:
+            w, h = mount_and_ls(ckptfs, paths[name], mnt, specs[name][1])
+            walls[name].append(w)
+            hwms[name].append(h)
+    detail = {"repeats": repeats, "load": benchlib.machine_note(), "wall_s": walls, "vmhwm_kib": hwms,
+              "sizes": {n: paths[n].stat().st_size for n in specs}}
+    mb = {n: max(hwms[n]) * 1024 / 1e6 for n in specs}
+    w = {n: median(walls[n]) for n in specs}
+    bigname = f"{big // 1000}k"
+    res.add("f.1k", "mount + first ls, 1,000 tensors", w["1k"], None, "s", "info", None, detail=detail)
+    res.add("f.1k.rss", "daemon peak RSS, 1,000 tensors", mb["1k"], None, "MB", "info", None, detail=detail)
+    full = big >= 100_000
+    res.add(f"f.{bigname}", f"mount + first ls, {big:,} tensors", w[bigname], 1.0, "s",
+            "< 1 s" if full else "info (quick)", (w[bigname] < 1.0) if full else None, alt_name="goal",
+            detail=detail)
+    res.add(f"f.{bigname}.rss", f"daemon peak RSS, {big:,} tensors", mb[bigname], 200.0, "MB",
+            "< 200 MB" if full else "info (quick)", (mb[bigname] < 200) if full else None, alt_name="goal",
+            detail=detail)
+    ratio = w["sparse-1TB"] / w["sparse-1GB"]
+    res.add("f.sparse", "mount + first ls, sparse 1 TB vs 1 GB (1,000 tensors each)", w["sparse-1TB"],
+            w["sparse-1GB"], "s", "≤ 1.5 (as fast)", ratio <= 1.5, alt_name="1 GB checkpoint", detail=detail)
+    res.add("f.sparse.rss", "daemon peak RSS, sparse 1 TB vs 1 GB", mb["sparse-1TB"], mb["sparse-1GB"], "MB",
+            "info", None, alt_name="1 GB checkpoint", detail=detail)
+    if not args.keep:
+        for p in paths.values():
+            p.unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
