@@ -2,7 +2,7 @@
 # Installs the Debian packages ckptfs builds and tests with (skips what is present).
 set -euo pipefail
 packages=(g++ cmake ninja-build pkg-config libfuse3-dev fuse3 nlohmann-json3-dev libxxhash-dev
-          libboost-test-dev python3-venv rsync attr xxhash)
+          libboost-test-dev python3-venv rsync attr xxhash clang libclang-rt-14-dev)
 packages+=(fuse-zip)  # tests/bench/bench_archive_peers.py: the archive-mount peer
 missing=()
 for p in "${packages[@]}"; do
