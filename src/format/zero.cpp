@@ -16,6 +16,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "format/byte_reader.hpp"
 #include "format/readers.hpp"
 #include "format/torch_archive.hpp"
 
@@ -100,6 +101,17 @@ uint64_t Numel(const std::vector<uint64_t>& shape) {
   uint64_t n = 1;
   for (uint64_t d : shape) n *= d;
   return n;
+}
+
+// Whether a shape from the metadata has a byte size that fits in 64 bits (at 8 bytes an
+// element, the widest ZeRO dtype). Numel() wraps otherwise, and a wrapped count can match
+// the flat partition exactly, which served a tensor whose header shape did not match its
+// bytes (issue #6, corpus case zero-s2-param-shapes-wrap).
+bool ShapeFits(const std::vector<uint64_t>& shape) {
+  uint64_t n = 8;
+  for (uint64_t d : shape)
+    if (!CheckedMul(n, d, &n)) return false;
+  return true;
 }
 
 // The element range [start, start+count) of a contiguous 1-D tensor, as byte extents.
@@ -365,6 +377,7 @@ Status ParamShapes(const TorchArchive& a, const PyValue* v,
     for (const auto& [k, s] : m->entries) {
       std::vector<uint64_t> shape;
       if (k->kind != Kind::kStr || !AsUintTuple(s, &shape)) return a.Bad("malformed param_shapes entry");
+      if (!ShapeFits(shape)) return a.Bad("param_shapes entry '" + std::string(k->s) + "' has a shape whose size overflows");
       dst.emplace_back(std::string(k->s), std::move(shape));
     }
   }
@@ -470,6 +483,7 @@ Status ZeroReader::ReadMpRank(uint64_t mp, const MpRankFiles& files, const std::
       const std::string name(k->s);
       std::vector<uint64_t> shape;
       if (k->kind != Kind::kStr || !AsUintTuple(s, &shape)) return model.Bad("malformed frozen_param_shapes");
+      if (!ShapeFits(shape)) return model.Bad("frozen_param_shapes entry '" + name + "' has a shape whose size overflows");
       TensorEntry t;
       t.shape = shape;
       const uint64_t n = Numel(shape);

@@ -1,0 +1,1279 @@
+#!/usr/bin/env python3
+"""Generates the committed corpus of malformed checkpoints (tests/corpus/cases/) and
+tests/corpus/expected.json, which maps every case to the fault it carries and a regex the
+single stderr line of `ckptfs ls CASE` (and of a refused mount) must match.
+
+    python tests/corpus/make_corpus.py [--zero-fixtures DIR]
+
+Every case starts from a real file and is then damaged on purpose:
+- torch cases from a real torch.save() zip (its records, names and layout), with the zip
+  structures or the pickle in data.pkl rewritten;
+- safetensors cases from a real safetensors.torch.save() file;
+- ZeRO cases from real DeepSpeed saves made by tests/zero/make_zero_checkpoints.py (a
+  stage-2 and a stage-3 run of 2 ranks; DIR reuses a folder already holding them), whose
+  pickles are loaded with torch.load and saved again, changed, with torch.save.
+
+The corpus is committed: the test never regenerates it, so it keeps testing the same bytes
+whatever torch or DeepSpeed versions later produce. Regenerating rewrites cases/ and
+expected.json entirely; review the diff.
+
+Each regex matches the message after "ckptfs: <path>: " (the test checks the line starts
+with "ckptfs: " and names the case's file or folder)."""
+
+import argparse
+import io
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import zipfile
+import zlib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CASES_DIR = HERE / "cases"
+EXPECTED = HERE / "expected.json"
+ZERO_SUITE = HERE.parent / "zero"
+
+CASES = []  # (name, fault, error regex, builder(path))
+
+
+def case(name, fault, error):
+    def register(builder):
+        CASES.append((name, fault, error, builder))
+        return builder
+
+    return register
+
+
+# --- real starting points ---------------------------------------------------------------
+
+
+def real_torch_bytes() -> bytes:
+    """A real torch.save of a small state dict with three dtypes and a view."""
+    import torch
+
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    state = {
+        "w": base,
+        "b": torch.ones(4, dtype=torch.float16),
+        "i": torch.arange(5, dtype=torch.int64),
+        "t": base.t(),  # shares w's storage, non-contiguous
+    }
+    buf = io.BytesIO()
+    # The archive's folder is named after the file ("base/"), as torch.save(path) names it.
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "base.pt"
+        torch.save(state, p)
+        return p.read_bytes()
+    return buf.getvalue()
+
+
+def real_safetensors_bytes() -> bytes:
+    import torch
+    from safetensors.torch import save
+
+    return save(
+        {
+            "a": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+            "b": torch.ones(4, dtype=torch.bfloat16),
+            "c": torch.arange(3, dtype=torch.int64),
+        },
+        metadata={"format": "pt"},
+    )
+
+
+TORCH = None  # bytes of the real torch.save file
+ST = None  # bytes of the real safetensors file
+
+
+# --- zip structure --------------------------------------------------------------------------
+
+
+class ZipInfo:
+    """Offsets of every structure of a zip file (stored entries, as torch writes them)."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self.eocd = data.rindex(b"PK\x05\x06")
+        (self.cd_entries, self.cd_size, self.cd_offset) = struct.unpack_from("<HII", data, self.eocd + 10)
+        self.zip64_locator = data.rfind(b"PK\x06\x07", 0, self.eocd)
+        self.zip64_end = data.rfind(b"PK\x06\x06", 0, self.eocd)
+        self.entries = []  # (name, local header offset, data offset, size, central header offset)
+        pos = self.cd_offset
+        while data[pos : pos + 4] == b"PK\x01\x02":
+            csize, usize = struct.unpack_from("<II", data, pos + 20)
+            nlen, xlen, clen = struct.unpack_from("<HHH", data, pos + 28)
+            lho = struct.unpack_from("<I", data, pos + 42)[0]
+            name = data[pos + 46 : pos + 46 + nlen].decode()
+            lnlen, lxlen = struct.unpack_from("<HH", data, lho + 26)
+            self.entries.append((name, lho, lho + 30 + lnlen + lxlen, csize, pos))
+            pos += 46 + nlen + xlen + clen
+        self.cd_end = pos
+
+    def entry(self, suffix):
+        for e in self.entries:
+            if e[0].endswith(suffix):
+                return e
+        raise KeyError(suffix)
+
+
+def patch(data: bytes, offset: int, fmt: str, *values) -> bytes:
+    b = bytearray(data)
+    struct.pack_into(fmt, b, offset, *values)
+    return bytes(b)
+
+
+def write_stored_zip(entries, *, zip64=False, comment=b"") -> bytes:
+    """A zip of stored entries [(name, bytes)], aligned like torch's writer (data at 64-byte
+    boundaries, padding in an extra field), optionally with zip64 end records."""
+    out = bytearray()
+    central = bytearray()
+    for name, payload in entries:
+        nb = name.encode()
+        lho = len(out)
+        pad = (-(lho + 30 + len(nb) + 4)) % 64
+        extra = struct.pack("<HH", 0x4B46, pad) + b"Z" * pad  # torch's "FB" padding field
+        crc = zlib.crc32(payload)
+        out += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 0, 0, 0, crc, len(payload), len(payload), len(nb), len(extra))
+        out += nb + extra + payload
+        central += struct.pack(
+            "<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 0, 0, 0, crc, len(payload), len(payload), len(nb), 0, 0, 0, 0, 0, lho
+        )
+        central += nb
+    cd_offset = len(out)
+    out += central
+    n = len(entries)
+    if zip64:
+        z64 = len(out)
+        out += struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, n, n, len(central), cd_offset)
+        out += struct.pack("<IIQI", 0x07064B50, 0, z64, 1)
+        out += struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, len(comment))
+    else:
+        out += struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, n, n, len(central), cd_offset, len(comment))
+    return bytes(out + comment)
+
+
+def torch_records():
+    """[(name, bytes)] of the real torch file, in its order."""
+    z = zipfile.ZipFile(io.BytesIO(TORCH))
+    return [(i.filename, z.read(i.filename)) for i in z.infolist()]
+
+
+def rebuild(pickle_bytes=None, *, drop=(), replace=None, zip64=False, extra=()) -> bytes:
+    """The real torch file's records written again as a stored zip, with data.pkl replaced by
+    PICKLE_BYTES, records whose names end in DROP left out, REPLACE {suffix: bytes}."""
+    entries = []
+    for name, payload in torch_records():
+        if any(name.endswith(d) for d in drop):
+            continue
+        if pickle_bytes is not None and name.endswith("/data.pkl"):
+            payload = pickle_bytes
+        for suffix, new in (replace or {}).items():
+            if name.endswith(suffix):
+                payload = new
+        entries.append((name, payload))
+    entries += list(extra)
+    return write_stored_zip(entries, zip64=zip64)
+
+
+# --- pickles --------------------------------------------------------------------------------
+
+
+def pstr(s: str) -> bytes:
+    b = s.encode()
+    return b"X" + struct.pack("<I", len(b)) + b
+
+
+def pint(v: int) -> bytes:
+    if 0 <= v < 256:
+        return b"K" + bytes([v])
+    if -(2**31) <= v < 2**31:
+        return b"J" + struct.pack("<i", v)
+    data = v.to_bytes((v.bit_length() + 8) // 8, "little", signed=True)
+    return b"\x8a" + bytes([len(data)]) + data
+
+
+def ptuple(items) -> bytes:
+    return b"(" + b"".join(items) + b"t"
+
+
+def pglobal(module, name) -> bytes:
+    return b"c" + f"{module}\n{name}\n".encode()
+
+
+def ptensor(storage="FloatStorage", key="0", numel=12, offset=0, size=(3, 4), stride=(4, 1), args=None) -> bytes:
+    pid = ptuple([pstr("storage"), pglobal("torch", storage), pstr(key), pstr("cpu"), pint(numel)]) + b"Q"
+    if args is None:
+        args = [
+            pid,
+            pint(offset),
+            ptuple(map(pint, size)),
+            ptuple(map(pint, stride)),
+            b"\x89",
+            pglobal("collections", "OrderedDict") + b")R",
+        ]
+    else:
+        args = [pid] + args
+    return pglobal("torch._utils", "_rebuild_tensor_v2") + ptuple(args) + b"R"
+
+
+def pdict(items) -> bytes:
+    """{key: value} from [(key opcodes, value opcodes)], protocol 2."""
+    return b"\x80\x02}(" + b"".join(k + v for k, v in items) + b"u."
+
+
+def good_pickle() -> bytes:
+    """data.pkl of the real file, as torch wrote it."""
+    return dict(torch_records())["base/data.pkl"]
+
+
+def hand_pickle(**tensor_kwargs) -> bytes:
+    """A one-tensor state dict {"w": tensor} (record 0: 12 float32) built by hand."""
+    return pdict([(pstr("w"), ptensor(**tensor_kwargs))])
+
+
+# --- ZeRO -----------------------------------------------------------------------------------
+
+ZERO_FIXTURES = {"s2": "w2-s2-bf16", "s3": "w2-s3-bf16-sg8"}
+ZERO_DIR = None  # folder holding the generated fixtures
+
+
+def zero_source(kind: str) -> Path:
+    sys.path.insert(0, str(ZERO_SUITE))
+    from make_zero_checkpoints import TAG
+
+    return ZERO_DIR / ZERO_FIXTURES[kind] / "checkpoint" / TAG
+
+
+def zero_copy(kind: str, dest: Path) -> Path:
+    """DEST/latest + DEST/global_step2/ with the real rank files (no DeepSpeed scripts)."""
+    src = zero_source(kind)
+    dest.mkdir(parents=True)
+    (dest / "latest").write_text(src.name)
+    tag = dest / src.name
+    tag.mkdir()
+    for f in sorted(src.iterdir()):
+        if f.suffix == ".pt":
+            shutil.copyfile(f, tag / f.name)
+    return tag
+
+
+def zero_edit(path: Path, edit) -> None:
+    """Load a DeepSpeed pickle, EDIT(obj) it, save it back with torch.save under its name."""
+    import torch
+
+    obj = torch.load(path, map_location="cpu", weights_only=False)
+    obj = edit(obj) or obj
+    torch.save(obj, path)
+
+
+OPTIM = "bf16_zero_pp_rank_{}_mp_rank_00_optim_states.pt"
+MODEL2 = "mp_rank_00_model_states.pt"
+MODEL3 = "zero_pp_rank_{}_mp_rank_00_model_states.pt"
+
+
+# =============================================================================================
+# torch zip: truncation at every structural boundary
+# =============================================================================================
+
+NO_EOCD = r"not a zip archive: no end-of-central-directory record"
+
+
+def cut(at):
+    return lambda p: p.write_bytes(TORCH[: at(ZipInfo(TORCH))])
+
+
+@case("pt-empty.pt", "empty file", r"not a recognized checkpoint")
+def _(p):
+    p.write_bytes(b"")
+
+
+@case("pt-trunc-local-header.pt", "cut inside the first local file header", r"not a zip archive: too short for an end-of-central-directory record")
+def _(p):
+    p.write_bytes(TORCH[:17])
+
+
+@case("pt-trunc-after-local-header.pt", "cut after the first local header + name, before data.pkl's bytes", NO_EOCD)
+def _(p):
+    zi = ZipInfo(TORCH)
+    p.write_bytes(TORCH[: zi.entries[0][2]])
+
+
+@case("pt-trunc-mid-pickle-record.pt", "cut in the middle of data.pkl's stored bytes", NO_EOCD)
+def _(p):
+    zi = ZipInfo(TORCH)
+    p.write_bytes(TORCH[: zi.entries[0][2] + zi.entries[0][3] // 2])
+
+
+@case("pt-trunc-mid-tensor-record.pt", "cut in the middle of a tensor record", NO_EOCD)
+def _(p):
+    e = ZipInfo(TORCH).entry("data/0")
+    p.write_bytes(TORCH[: e[2] + 20])
+
+
+@case("pt-trunc-before-central-dir.pt", "cut where the central directory starts", NO_EOCD)
+def _(p):
+    p.write_bytes(TORCH[: ZipInfo(TORCH).cd_offset])
+
+
+@case("pt-trunc-mid-central-dir.pt", "cut inside a central directory header", NO_EOCD)
+def _(p):
+    zi = ZipInfo(TORCH)
+    p.write_bytes(TORCH[: zi.entries[2][4] + 30])
+
+
+@case("pt-trunc-before-eocd.pt", "cut right before the end-of-central-directory record", NO_EOCD)
+def _(p):
+    p.write_bytes(TORCH[: ZipInfo(TORCH).eocd])
+
+
+@case("pt-trunc-mid-eocd.pt", "last 5 bytes of the end-of-central-directory record missing", NO_EOCD)
+def _(p):
+    p.write_bytes(TORCH[:-5])
+
+
+@case("pt-zip64-trunc-end-record.pt", "zip64 archive cut inside the zip64 end record (EOCD kept)",
+      r"zip64 locator points outside the file")
+def _(p):
+    data = rebuild(zip64=True)
+    zi = ZipInfo(data)
+    # Drop the second half of the zip64 end record, keep locator + EOCD (the locator lies now).
+    p.write_bytes(data[: zi.zip64_end + 20] + data[zi.zip64_locator :])
+
+
+@case("pt-zip64-trunc-locator.pt", "zip64 archive with its locator cut short (EOCD kept)",
+      r"central directory lies outside the file")
+def _(p):
+    data = rebuild(zip64=True)
+    zi = ZipInfo(data)
+    p.write_bytes(data[: zi.zip64_locator + 10] + data[zi.eocd :])
+
+
+@case("pt-removed-middle-bytes.pt", "64 bytes cut out of a tensor record: every later offset lies",
+      r"zip64 locator points outside the file")
+def _(p):
+    e = ZipInfo(TORCH).entry("data/0")
+    p.write_bytes(TORCH[: e[2]] + TORCH[e[2] + 64 :])
+
+
+# =============================================================================================
+# torch zip: lies in lengths and offsets, overlapping entries
+# =============================================================================================
+
+
+@case("pt-not-a-zip.pt", "random bytes named .pt", r"not a recognized checkpoint")
+def _(p):
+    p.write_bytes(bytes((i * 73 + 11) % 256 for i in range(4096)))
+
+
+def plain_zip() -> bytes:
+    """The real records in a zip without zip64 end records (torch always writes them, and
+    their values override the EOCD's), so that a lie in the EOCD is the one that counts."""
+    return rebuild(zip64=False)
+
+
+@case("pt-eocd-cd-offset-outside.pt", "EOCD central-directory offset beyond the end of the file",
+      r"central directory lies outside the file")
+def _(p):
+    data = plain_zip()
+    p.write_bytes(patch(data, ZipInfo(data).eocd + 16, "<I", 0xFFFFFF00))
+
+
+@case("pt-eocd-cd-size-lie.pt", "EOCD central-directory size larger than the file", r"central directory lies outside the file")
+def _(p):
+    data = plain_zip()
+    p.write_bytes(patch(data, ZipInfo(data).eocd + 12, "<I", 0x7FFFFFFF))
+
+
+@case("pt-eocd-entry-count-lie.pt", "EOCD claims 60000 entries in a directory of 9",
+      r"central directory is too small for its entry count")
+def _(p):
+    data = plain_zip()
+    p.write_bytes(patch(data, ZipInfo(data).eocd + 8, "<HH", 60000, 60000))
+
+
+@case("pt-multi-disk.pt", "EOCD says the directory is on disk 3 (split archive)", r"multi-disk zip archives are not supported")
+def _(p):
+    data = plain_zip()
+    p.write_bytes(patch(data, ZipInfo(data).eocd + 4, "<HH", 3, 3))
+
+
+@case("pt-central-bad-signature.pt", "second central directory header has a bad signature",
+      r"central directory entry 1 has a bad signature")
+def _(p):
+    zi = ZipInfo(TORCH)
+    p.write_bytes(patch(TORCH, zi.entries[1][4], "<I", 0x02014B51))
+
+
+@case("pt-central-name-past-dir.pt", "a central header's name length runs past the directory",
+      r"central directory entry 8 is truncated")
+def _(p):
+    zi = ZipInfo(TORCH)
+    p.write_bytes(patch(TORCH, zi.entries[-1][4] + 28, "<H", 0xFFF0))
+
+
+@case("pt-entry-outside-file.pt", "a tensor record's local header offset points past the end of the file",
+      r"extends past the end of the file")
+def _(p):
+    e = ZipInfo(TORCH).entry("data/1")
+    p.write_bytes(patch(TORCH, e[4] + 42, "<I", 0x7FFFFFF0))
+
+
+@case("pt-entry-size-past-file.pt", "a tensor record's sizes (both) say 1 GiB", r"extends past the end of the file")
+def _(p):
+    e = ZipInfo(TORCH).entry("data/2")
+    p.write_bytes(patch(TORCH, e[4] + 20, "<II", 1 << 30, 1 << 30))
+
+
+@case("pt-stored-size-mismatch.pt", "a stored record whose compressed and uncompressed sizes differ",
+      r"different compressed and uncompressed sizes")
+def _(p):
+    e = ZipInfo(TORCH).entry("data/2")
+    p.write_bytes(patch(TORCH, e[4] + 24, "<I", 8))
+
+
+@case("pt-local-bad-signature.pt", "a tensor record's local header has a bad signature",
+      r"local header of 'base/data/0' has a bad signature")
+def _(p):
+    e = ZipInfo(TORCH).entry("data/0")
+    p.write_bytes(patch(TORCH, e[1], "<I", 0x04034B5F))
+
+
+@case("pt-entries-overlap.pt", "two tensor records point at the same local header (overlapping entries)",
+      r"entries 'base/data/[01]' and 'base/data/[01]' overlap")
+def _(p):
+    zi = ZipInfo(TORCH)
+    e0, e1 = zi.entry("data/0"), zi.entry("data/1")
+    # data/1 now claims data/0's local header and its first 8 bytes.
+    data = patch(TORCH, e1[4] + 42, "<I", e0[1])
+    p.write_bytes(data)
+
+
+@case("pt-entry-overlaps-central-dir.pt", "the last record's size runs 200 bytes into the central directory",
+      r"entry 'base/\.data/serialization_id' overlaps the central directory")
+def _(p):
+    zi = ZipInfo(TORCH)
+    e = zi.entries[-1]
+    grow = zi.cd_offset - e[2] + 200
+    p.write_bytes(patch(TORCH, e[4] + 20, "<II", grow, grow))
+
+
+@case("pt-duplicate-entry-name.pt", "two zip entries named base/data/0", r"duplicate entry name 'base/data/0'")
+def _(p):
+    recs = torch_records()
+    p.write_bytes(write_stored_zip(recs + [("base/data/0", recs[-1][1])]))
+
+
+@case("pt-zip64-locator-outside.pt", "zip64 locator points past the end of the file", r"zip64 locator points outside the file")
+def _(p):
+    data = rebuild(zip64=True)
+    zi = ZipInfo(data)
+    p.write_bytes(patch(data, zi.zip64_locator + 8, "<Q", 1 << 62))
+
+
+@case("pt-zip64-end-bad-signature.pt", "zip64 end record with a bad signature",
+      r"zip64 end-of-central-directory record has a bad signature")
+def _(p):
+    data = rebuild(zip64=True)
+    zi = ZipInfo(data)
+    p.write_bytes(patch(data, zi.zip64_end, "<I", 0x06064B5F))
+
+
+@case("pt-zip64-cd-offset-huge.pt", "zip64 end record: directory offset 2^63 (overflows offset + size)",
+      r"central directory lies outside the file")
+def _(p):
+    data = rebuild(zip64=True)
+    zi = ZipInfo(data)
+    p.write_bytes(patch(data, zi.zip64_end + 40, "<QQ", 1 << 63, 1 << 63))
+
+
+@case("pt-zip64-entry-count-huge.pt", "zip64 end record: 2^40 entries", r"central directory is too small for its entry count")
+def _(p):
+    data = rebuild(zip64=True)
+    zi = ZipInfo(data)
+    p.write_bytes(patch(data, zi.zip64_end + 24, "<QQ", 1 << 40, 1 << 40))
+
+
+@case("pt-zip64-short-extra.pt", "an entry with 0xFFFFFFFF sizes but no zip64 extra field to give the real ones",
+      r"entry 'base/data/2' extends past the end of the file")
+def _(p):
+    e = ZipInfo(TORCH).entry("data/2")
+    p.write_bytes(patch(TORCH, e[4] + 20, "<II", 0xFFFFFFFF, 0xFFFFFFFF))
+
+
+@case("pt-encrypted-entry.pt", "data.pkl flagged as encrypted", r"entry 'base/data\.pkl' is encrypted")
+def _(p):
+    zi = ZipInfo(TORCH)
+    p.write_bytes(patch(TORCH, zi.entries[0][4] + 8, "<H", 1))
+
+
+@case("pt-pickle-compressed.pt", "data.pkl deflate-compressed", r"record 'base/data\.pkl' is compressed \(method 8\); only stored records are supported")
+def _(p):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, payload in torch_records():
+            z.writestr(name, payload, zipfile.ZIP_DEFLATED if name.endswith("data.pkl") else zipfile.ZIP_STORED)
+    p.write_bytes(buf.getvalue())
+
+
+@case("pt-record-compressed.pt", "a tensor record deflate-compressed", r"record base/data/0 is compressed \(method 8\); tensor data must be stored uncompressed")
+def _(p):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, payload in torch_records():
+            z.writestr(name, payload, zipfile.ZIP_DEFLATED if name.endswith("data/0") else zipfile.ZIP_STORED)
+    p.write_bytes(buf.getvalue())
+
+
+# =============================================================================================
+# torch: missing records, wrong dtypes, overflowing shapes and strides
+# =============================================================================================
+
+
+@case("pt-missing-data-pkl.pt", "zip without data.pkl", r"not a torch\.save archive: no base/data\.pkl")
+def _(p):
+    p.write_bytes(rebuild(drop=("data.pkl",)))
+
+
+@case("pt-missing-tensor-record.pt", "the pickle references record data/1, which is missing", r"the pickle references storage '1' but the archive has no record base/data/1")
+def _(p):
+    p.write_bytes(rebuild(drop=("data/1",)))
+
+
+@case("pt-record-too-short.pt", "record data/0 holds 40 bytes, the pickle says 12 float32 (48)", r"holds 40 bytes but the pickle says 48")
+def _(p):
+    recs = dict(torch_records())
+    p.write_bytes(rebuild(replace={"data/0": recs["base/data/0"][:40]}))
+
+
+@case("pt-unknown-storage-dtype.pt", "storage type torch.EvilStorage", r"storage class torch\.EvilStorage is not supported")
+def _(p):
+    p.write_bytes(rebuild(hand_pickle(storage="EvilStorage")))
+
+
+@case("pt-storage-numel-overflow.pt", "storage numel 2^62 float32 (numel*itemsize overflows 64 bits)",
+      r"storage '0' size overflows")
+def _(p):
+    p.write_bytes(rebuild(hand_pickle(numel=1 << 62)))
+
+
+@case("pt-shape-numel-overflow.pt", "shape (2^32, 2^32, 16): numel overflows 64 bits", r"tensor shape overflows")
+def _(p):
+    p.write_bytes(rebuild(hand_pickle(size=(1 << 32, 1 << 32, 16), stride=(1, 1, 1))))
+
+
+@case("pt-stride-overflow.pt", "stride 2^62 on a dimension of 8: the last element's offset overflows",
+      r"tensor strides overflow")
+def _(p):
+    p.write_bytes(rebuild(hand_pickle(size=(8, 1), stride=(1 << 62, 1))))
+
+
+@case("pt-storage-offset-huge.pt", "storage offset 2^63-1", r"tensor reads past the end of storage '0' \(48 bytes\)")
+def _(p):
+    p.write_bytes(rebuild(hand_pickle(offset=(1 << 63) - 1, size=(1,), stride=(1,))))
+
+
+@case("pt-view-past-storage.pt", "a (4, 4) view of a 12-element storage", r"tensor reads past the end of storage '0' \(48 bytes\)")
+def _(p):
+    p.write_bytes(rebuild(hand_pickle(size=(4, 4), stride=(4, 1))))
+
+
+@case("pt-negative-dim.pt", "shape (-1, 12)", r"tensor rebuild call has a malformed offset or size")
+def _(p):
+    p.write_bytes(rebuild(hand_pickle(size=(-1, 12), stride=(12, 1))))
+
+
+@case("pt-negative-stride.pt", "stride (-4, 1)", r"tensor with negative or malformed strides")
+def _(p):
+    p.write_bytes(rebuild(hand_pickle(size=(3, 4), stride=(-4, 1))))
+
+
+@case("pt-size-stride-rank-mismatch.pt", "size of 2 dimensions, stride of 3", r"tensor with negative or malformed strides")
+def _(p):
+    p.write_bytes(rebuild(hand_pickle(size=(3, 4), stride=(4, 1, 1))))
+
+
+@case("pt-rebuild-too-few-args.pt", "_rebuild_tensor_v2 called with only the storage", r"tensor rebuild call has a malformed offset or size")
+def _(p):
+    p.write_bytes(rebuild(hand_pickle(args=[])))
+
+
+@case("pt-rebuild-storage-not-persistent.pt", "_rebuild_tensor_v2 of an integer instead of a persistent storage",
+      r"tensor storage is not a \('storage', \.\.\.\) persistent id")
+def _(p):
+    call = pglobal("torch._utils", "_rebuild_tensor_v2") + ptuple(
+        [pint(7), pint(0), ptuple([pint(12)]), ptuple([pint(1)]), b"\x89", pglobal("collections", "OrderedDict") + b")R"]
+    ) + b"R"
+    p.write_bytes(rebuild(pdict([(pstr("w"), call)])))
+
+
+# =============================================================================================
+# pickle: truncation, bad opcodes, memo abuse, recursion bombs, duplicate keys
+# =============================================================================================
+
+
+@case("pkl-trunc-mid-opcode.pt", "data.pkl cut inside a BINUNICODE length field", r"base/data\.pkl: pickle: truncated pickle at byte 6")
+def _(p):
+    pk = good_pickle()
+    at = pk.index(b"X\x01\x00\x00\x00w")
+    p.write_bytes(rebuild(pk[: at + 3]))
+
+
+@case("pkl-trunc-mid-string.pt", "data.pkl cut inside a string's bytes", r"base/data\.pkl: pickle: truncated pickle at byte 14")
+def _(p):
+    pk = good_pickle()
+    at = pk.index(b"_rebuild_tensor_v2")
+    p.write_bytes(rebuild(pk[: at + 5]))
+
+
+@case("pkl-no-stop.pt", "data.pkl without its final STOP opcode", r"base/data\.pkl: pickle: pickle ends without STOP at byte \d+")
+def _(p):
+    p.write_bytes(rebuild(good_pickle()[:-1]))
+
+
+@case("pkl-empty.pt", "data.pkl of zero bytes", r"base/data\.pkl: pickle: pickle ends without STOP at byte 0")
+def _(p):
+    p.write_bytes(rebuild(b""))
+
+
+@case("pkl-unknown-opcode.pt", "opcode 0xff in the middle of data.pkl", r"base/data\.pkl: pickle: unknown opcode 0xff at byte 6")
+def _(p):
+    p.write_bytes(rebuild(b"\x80\x02}q\x00(\xff" + good_pickle()[7:]))
+
+
+@case("pkl-stack-underflow.pt", "REDUCE on an empty stack", r"base/data\.pkl: pickle: stack underflow at byte 2")
+def _(p):
+    p.write_bytes(rebuild(b"\x80\x02R."))
+
+
+@case("pkl-tuple-without-mark.pt", "TUPLE with no MARK on the stack", r"base/data\.pkl: pickle: MARK expected at byte 6")
+def _(p):
+    p.write_bytes(rebuild(b"\x80\x02K\x01K\x02t."))
+
+
+@case("pkl-stop-leaves-stack.pt", "STOP with three values on the stack", r"base/data\.pkl: pickle: STOP with a malformed stack at byte 8")
+def _(p):
+    p.write_bytes(rebuild(b"\x80\x02K\x01K\x02K\x03."))
+
+
+@case("pkl-binget-unset.pt", "BINGET of memo slot 7, never set", r"base/data\.pkl: pickle: memo key 7 was never stored at byte 12")
+def _(p):
+    p.write_bytes(rebuild(b"\x80\x02}q\x00(X\x01\x00\x00\x00wh\x07u."))
+
+
+@case("pkl-long-binget-huge.pt", "LONG_BINGET of memo index 2^32-1", r"base/data\.pkl: pickle: memo key \d+ was never stored at byte 12")
+def _(p):
+    p.write_bytes(rebuild(b"\x80\x02}q\x00(X\x01\x00\x00\x00wj\xff\xff\xff\xffu."))
+
+
+@case("pkl-long-binput-huge.pt", "LONG_BINPUT at memo index 2^32-1, then a GET of an unset slot (sparse memo)",
+      r"base/data\.pkl: pickle: memo key 5 was never stored at byte 15")
+def _(p):
+    p.write_bytes(rebuild(b"\x80\x02}r\xff\xff\xff\xff(X\x01\x00\x00\x00wh\x05u."))
+
+
+@case("pkl-memoize-flood.pt", "50,000 MEMOIZE of one value then GET of an unset index", r"base/data\.pkl: pickle: memo key \d+ was never stored at byte \d+")
+def _(p):
+    p.write_bytes(rebuild(b"\x80\x04}" + b"\x94" * 50_000 + b"j\x00\x00\x00\x10."))
+
+
+@case("pkl-binunicode-length-lie.pt", "BINUNICODE claiming 2^32-1 bytes in a 40-byte pickle",
+      r"base/data\.pkl: pickle: length runs past the end of the pickle at byte 6")
+def _(p):
+    p.write_bytes(rebuild(b"\x80\x02}q\x00(X\xff\xff\xff\xffabcdefgh"))
+
+
+@case("pkl-binunicode8-length-overflow.pt", "BINUNICODE8 claiming 2^64-1 bytes (offset + length overflows)",
+      r"base/data\.pkl: pickle: length runs past the end of the pickle at byte 4")
+def _(p):
+    p.write_bytes(rebuild(b"\x80\x04}(\x8d" + b"\xff" * 8 + b"abc"))
+
+
+@case("pkl-frame-length-lie.pt", "FRAME of 2^63 bytes", r"base/data\.pkl: pickle: frame of \d+ bytes runs past the end of the pickle at byte 2")
+def _(p):
+    p.write_bytes(rebuild(b"\x80\x04\x95" + struct.pack("<Q", 1 << 63) + b"}."))
+
+
+@case("pkl-long4-huge.pt", "LONG4 claiming 2^31-1 bytes", r"base/data\.pkl: pickle: length runs past the end of the pickle at byte 2")
+def _(p):
+    p.write_bytes(rebuild(b"\x80\x02\x8b\xff\xff\xff\x7f\x01\x02."))
+
+
+@case("pkl-nested-list-100k.pt", "lists nested 100,000 deep (EMPTY_LIST ... APPEND)", r"objects nested deeper than 256 levels")
+def _(p):
+    n = 100_000
+    p.write_bytes(rebuild(b"\x80\x02}(X\x01\x00\x00\x00x" + b"]" * n + b"a" * (n - 1) + b"u."))
+
+
+@case("pkl-nested-tuple-300k.pt", "tuples nested 300,000 deep (TUPLE1)", r"objects nested deeper than 256 levels")
+def _(p):
+    n = 300_000
+    p.write_bytes(rebuild(b"\x80\x02}(X\x01\x00\x00\x00xN" + b"\x85" * n + b"u."))
+
+
+@case("pkl-nested-dict-1m.pt", "dicts nested 1,000,000 deep ({None: {None: ...}})", r"objects nested deeper than 256 levels")
+def _(p):
+    n = 1_000_000
+    p.write_bytes(rebuild(b"\x80\x02" + b"}N" * n + b"}" + b"s" * n + b"."))
+
+
+@case("pkl-self-referencing-list.pt", "a list that contains itself (BINGET + APPEND cycle)", r"objects nested deeper than 256 levels \(a cycle\?\)")
+def _(p):
+    p.write_bytes(rebuild(b"\x80\x02}(X\x01\x00\x00\x00x]q\x01h\x01au."))
+
+
+@case("pkl-duplicate-dict-key.pt", "state dict with the key 'w' twice (two different tensors)", r"two tensors flatten to the same key 'w'")
+def _(p):
+    p.write_bytes(
+        rebuild(
+            pdict(
+                [
+                    (pstr("w"), ptensor()),
+                    (pstr("w"), ptensor(key="2", storage="LongStorage", numel=5, size=(5,), stride=(1,))),
+                ]
+            )
+        )
+    )
+
+
+# =============================================================================================
+# safetensors
+# =============================================================================================
+
+
+def st_split():
+    n = struct.unpack_from("<Q", ST)[0]
+    return n, json.loads(ST[8 : 8 + n]), ST[8 + n :]
+
+
+def st_write(p, header, data=None, *, header_len=None, raw=None):
+    n, _, buf = st_split()
+    body = raw if raw is not None else json.dumps(header).encode()
+    body += b" " * (-len(body) % 8)
+    p.write_bytes(struct.pack("<Q", len(body) if header_len is None else header_len) + body + (buf if data is None else data))
+
+
+def st_header():
+    return st_split()[1]
+
+
+@case("st-empty.safetensors", "empty file", r"shorter than its 8-byte header length")
+def _(p):
+    p.write_bytes(b"")
+
+
+@case("st-trunc-in-length.safetensors", "cut inside the 8-byte header length", r"shorter than its 8-byte header length")
+def _(p):
+    p.write_bytes(ST[:5])
+
+
+@case("st-trunc-after-length.safetensors", "only the 8-byte header length", r"runs past the end of the file")
+def _(p):
+    p.write_bytes(ST[:8])
+
+
+@case("st-trunc-mid-header.safetensors", "cut in the middle of the JSON header", r"runs past the end of the file")
+def _(p):
+    n = st_split()[0]
+    p.write_bytes(ST[: 8 + n // 2])
+
+
+@case("st-trunc-after-header.safetensors", "header complete, no data", r"cover \d+ bytes but the data buffer holds 0")
+def _(p):
+    n = st_split()[0]
+    p.write_bytes(ST[: 8 + n])
+
+
+@case("st-trunc-mid-data.safetensors", "cut in the middle of the last tensor's data", r"cover \d+ bytes but the data buffer holds")
+def _(p):
+    p.write_bytes(ST[:-7])
+
+
+@case("st-header-len-2e40.safetensors", "header length 2^40", r"header length 1099511627776 exceeds the limit")
+def _(p):
+    p.write_bytes(struct.pack("<Q", 1 << 40) + ST[8:])
+
+
+@case("st-header-len-above-limit.safetensors", "header length 100,000,001: one byte over the default limit",
+      r"header length 100000001 exceeds the limit of 100000000")
+def _(p):
+    p.write_bytes(struct.pack("<Q", 100_000_001) + ST[8:])
+
+
+@case("st-header-len-max.safetensors", "header length 2^64-1", r"header length 18446744073709551615 exceeds the limit")
+def _(p):
+    p.write_bytes(b"\xff" * 8 + ST[8:])
+
+
+@case("st-header-len-short.safetensors", "header length 3 bytes shorter than the JSON", r"header is not a JSON object")
+def _(p):
+    n, _, _ = st_split()
+    p.write_bytes(struct.pack("<Q", n - 3) + ST[8:])
+
+
+@case("st-header-not-json.safetensors", "header of garbage bytes", r"header is not a JSON object")
+def _(p):
+    st_write(p, None, raw=b"\x00\x01{not json")
+
+
+@case("st-header-json-array.safetensors", "header is a JSON array", r"header is not a JSON object")
+def _(p):
+    st_write(p, [1, 2, 3])
+
+
+@case("st-header-nested-100k.safetensors", "header nested 100,000 arrays deep", r"tensor 'x' lacks dtype, shape or data_offsets")
+def _(p):
+    st_write(p, None, raw=b'{"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+
+
+@case("st-duplicate-key.safetensors", "tensor 'a' appears twice in the header (same offsets)", r"key 'a' appears twice in the header")
+def _(p):
+    h = st_header()
+    a = json.dumps(h["a"])
+    body = json.dumps(h)[:-1] + ', "a": ' + a + "}"
+    st_write(p, None, raw=body.encode())
+
+
+@case("st-duplicate-key-conflict.safetensors", "tensor 'c' twice, the second entry with another dtype",
+      r"key 'c' appears twice in the header")
+def _(p):
+    h = st_header()
+    c = dict(h["c"], dtype="F64")
+    body = json.dumps(h)[:-1] + ', "c": ' + json.dumps(c) + "}"
+    st_write(p, None, raw=body.encode())
+
+
+@case("st-unknown-dtype.safetensors", "dtype 'F33'", r"tensor 'a' has an unknown dtype \"F33\"")
+def _(p):
+    h = st_header()
+    h["a"]["dtype"] = "F33"
+    st_write(p, h)
+
+
+@case("st-dtype-not-string.safetensors", "dtype 4 (a number)", r"tensor 'a' has an unknown dtype 4")
+def _(p):
+    h = st_header()
+    h["a"]["dtype"] = 4
+    st_write(p, h)
+
+
+@case("st-wrong-dtype-size.safetensors", "dtype I32 on 3 int64 values (12 bytes needed, 24 present)",
+      r"tensor 'c' spans 24 bytes but its dtype and shape need 12")
+def _(p):
+    h = st_header()
+    h["c"]["dtype"] = "I32"
+    st_write(p, h)
+
+
+@case("st-shape-negative.safetensors", "shape [-2, 3]", r"tensor 'a' has a malformed shape")
+def _(p):
+    h = st_header()
+    h["a"]["shape"] = [-2, 3]
+    st_write(p, h)
+
+
+@case("st-shape-float.safetensors", "shape [2.0, 3]", r"tensor 'a' has a malformed shape")
+def _(p):
+    h = st_header()
+    h["a"]["shape"] = [2.0, 3]
+    st_write(p, h)
+
+
+@case("st-shape-numel-overflow.safetensors", "shape [2^32, 2^32, 2]: numel overflows 64 bits", r"tensor 'a' shape overflows")
+def _(p):
+    h = st_header()
+    h["a"]["shape"] = [1 << 32, 1 << 32, 2]
+    st_write(p, h)
+
+
+@case("st-nbytes-overflow.safetensors", "shape [2^62] of F32: numel*itemsize overflows 64 bits", r"tensor 'a' size overflows")
+def _(p):
+    h = st_header()
+    h["a"]["shape"] = [1 << 62]
+    st_write(p, h)
+
+
+@case("st-offsets-reversed.safetensors", "data_offsets [24, 0]", r"tensor 'a' has malformed data_offsets")
+def _(p):
+    h = st_header()
+    h["a"]["data_offsets"] = [24, 0]
+    st_write(p, h)
+
+
+@case("st-offsets-three.safetensors", "data_offsets with three numbers", r"tensor 'a' has malformed data_offsets")
+def _(p):
+    h = st_header()
+    h["a"]["data_offsets"] = [0, 24, 48]
+    st_write(p, h)
+
+
+@case("st-offsets-overlap.safetensors", "the second tensor in the buffer starts 4 bytes inside the first",
+      r"starts at \d+, overlapping the previous tensor")
+def _(p):
+    h = st_header()
+    first, second = sorted((k for k in h if k != "__metadata__"), key=lambda k: h[k]["data_offsets"][0])[:2]
+    n = h[second]["data_offsets"][1] - h[second]["data_offsets"][0]
+    start = h[first]["data_offsets"][1] - 4
+    h[second]["data_offsets"] = [start, start + n]
+    st_write(p, h)
+
+
+@case("st-offsets-gap.safetensors", "8 unused bytes between two tensors", r"leaving a gap after the previous tensor")
+def _(p):
+    h = st_header()
+    n, _, buf = st_split()
+    order = sorted(h.items(), key=lambda kv: kv[1]["data_offsets"][0] if kv[0] != "__metadata__" else -1)
+    last_key = order[-1][0]
+    o0, o1 = h[last_key]["data_offsets"]
+    h[last_key]["data_offsets"] = [o0 + 8, o1 + 8]
+    st_write(p, h, buf[:o0] + b"\0" * 8 + buf[o0:])
+
+
+@case("st-offsets-past-file.safetensors", "last tensor's offsets point 2^40 past the data", r"safetensors: tensor 'b' starts at \d+, leaving a gap after the previous tensor \(expected 48\)")
+def _(p):
+    h = st_header()
+    for k, v in h.items():
+        if k != "__metadata__" and v["data_offsets"][1] == max(
+            x["data_offsets"][1] for kk, x in h.items() if kk != "__metadata__"
+        ):
+            n = v["data_offsets"][1] - v["data_offsets"][0]
+            v["data_offsets"] = [1 << 40, (1 << 40) + n]
+    st_write(p, h)
+
+
+@case("st-trailing-bytes.safetensors", "64 bytes after the last tensor", r"cover \d+ bytes but the data buffer holds")
+def _(p):
+    p.write_bytes(ST + b"\0" * 64)
+
+
+@case("st-missing-dtype.safetensors", "tensor entry without dtype", r"tensor 'b' lacks dtype, shape or data_offsets")
+def _(p):
+    h = st_header()
+    del h["b"]["dtype"]
+    st_write(p, h)
+
+
+@case("st-metadata-not-string.safetensors", "__metadata__ value 3 (not a string)", r"__metadata__ value of 'format' is not a string")
+def _(p):
+    h = st_header()
+    h["__metadata__"]["format"] = 3
+    st_write(p, h)
+
+
+# =============================================================================================
+# folders (sharded safetensors with an index)
+# =============================================================================================
+
+
+def folder(p: Path, index) -> None:
+    p.mkdir()
+    (p / "model-00001-of-00001.safetensors").write_bytes(ST)
+    (p / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+@case("dir-index-shard-outside/", "index weight_map names ../../etc/passwd", r"weight_map names shard '\.\./\.\./etc/passwd' outside the folder")
+def _(p):
+    folder(p, {"metadata": {}, "weight_map": {"a": "../../etc/passwd", "b": "model-00001-of-00001.safetensors",
+                                              "c": "model-00001-of-00001.safetensors"}})
+
+
+@case("dir-index-missing-shard/", "index names a shard file that does not exist", r"model-00002-of-00002\.safetensors")
+def _(p):
+    folder(p, {"metadata": {}, "weight_map": {"a": "model-00002-of-00002.safetensors", "b": "model-00001-of-00001.safetensors",
+                                              "c": "model-00001-of-00001.safetensors"}})
+
+
+@case("dir-index-not-json/", "index file is not JSON", r"index is not a JSON object with a weight_map")
+def _(p):
+    p.mkdir()
+    (p / "model-00001-of-00001.safetensors").write_bytes(ST)
+    (p / "model.safetensors.index.json").write_text("{weight_map: oops")
+
+
+@case("dir-index-tensor-missing/", "index lists tensor 'zz' that no shard holds", r"tensor 'zz' is missing from model-\d+-of-\d+\.safetensors")
+def _(p):
+    folder(p, {"metadata": {}, "weight_map": {"a": "model-00001-of-00001.safetensors", "b": "model-00001-of-00001.safetensors",
+                                              "c": "model-00001-of-00001.safetensors", "zz": "model-00001-of-00001.safetensors"}})
+
+
+# =============================================================================================
+# DeepSpeed ZeRO: metadata that disagrees with the rank files
+# =============================================================================================
+
+
+@case("zero-s2-missing-rank-file/", "stage 2, world size 2: rank 1's optimizer file deleted",
+      r"zero_pp_rank_1_mp_rank_00_optim_states\.pt: missing: the checkpoint was saved by 2 data-parallel ranks")
+def _(p):
+    tag = zero_copy("s2", p)
+    (tag / OPTIM.format(1)).unlink()
+
+
+@case("zero-s2-world-size-mismatch/", "stage 2: rank 1's file says partition_count 4, rank 0's says 2",
+      r"was saved by 4 data-parallel ranks, rank 0 by 2")
+def _(p):
+    tag = zero_copy("s2", p)
+
+    def edit(obj):
+        osd = obj["optimizer_state_dict"]
+        osd["partition_count"] = [4 for _ in osd["partition_count"]]
+
+    zero_edit(tag / OPTIM.format(1), edit)
+
+
+@case("zero-s2-world-size-says-3/", "stage 2: rank 0 says 3 ranks, 2 rank files present",
+      r"zero_pp_rank_2_mp_rank_00_optim_states\.pt: missing: the checkpoint was saved by 3")
+def _(p):
+    tag = zero_copy("s2", p)
+
+    def edit(obj):
+        osd = obj["optimizer_state_dict"]
+        osd["partition_count"] = [3 for _ in osd["partition_count"]]
+
+    zero_edit(tag / OPTIM.format(0), edit)
+
+
+@case("zero-s2-extra-rank-file/", "stage 2: a third rank file in a world-size-2 checkpoint",
+      r"zero_pp_rank_2_mp_rank_00_optim_states\.pt: unexpected: rank 0 says the world size is 2")
+def _(p):
+    tag = zero_copy("s2", p)
+    shutil.copyfile(tag / OPTIM.format(1), tag / OPTIM.format(2))
+
+
+@case("zero-s2-partitions-short/", "stage 2: rank 1's flat fp32 partition cut to half: partition sizes do not sum",
+      r"parameter 'fc1\.weight' runs past the end of the flat partitions")
+def _(p):
+    tag = zero_copy("s2", p)
+
+    def edit(obj):
+        groups = obj["optimizer_state_dict"]["single_partition_of_fp32_groups"]
+        groups[0] = groups[0][: groups[0].numel() // 2].clone()
+
+    zero_edit(tag / OPTIM.format(1), edit)
+
+
+@case("zero-s2-param-shapes-too-big/", "stage 2: param_shapes gives a parameter 1000x its numel",
+      r"parameter 'embed\.weight' runs past the end of the flat partitions")
+def _(p):
+    tag = zero_copy("s2", p)
+    import torch
+
+    def edit(obj):
+        group = obj["param_shapes"][0]
+        name = next(iter(group))
+        group[name] = torch.Size([1000, *group[name]])
+
+    zero_edit(tag / MODEL2, edit)
+
+
+@case("zero-s2-param-shapes-overflow/", "stage 2: a param_shapes entry whose numel overflows 64 bits",
+      r"param_shapes entry .* has a shape whose size overflows")
+def _(p):
+    tag = zero_copy("s2", p)
+    import torch
+
+    def edit(obj):
+        group = obj["param_shapes"][0]
+        name = next(iter(group))
+        # 2^32 * 2^32 * 2^0 wraps to 0 elements in 64-bit arithmetic.
+        group[name] = torch.Size([1 << 32, 1 << 32])
+
+    zero_edit(tag / MODEL2, edit)
+
+
+@case("zero-s2-param-shapes-wrap/", "stage 2: a param_shapes entry whose numel wraps around 2^64 to the true element count",
+      r"param_shapes entry 'embed\.weight' has a shape whose size overflows")
+def _(p):
+    tag = zero_copy("s2", p)
+    import torch
+
+    def edit(obj):
+        group = obj["param_shapes"][0]
+        name = next(iter(group))
+        n = group[name].numel()
+        # a * b == n (mod 2^64) with a odd and b < 2^63: the wrapped count matches the flat
+        # partition exactly, so only the overflow itself is wrong.
+        for a in range(3, 1000, 2):
+            b = n * pow(a, -1, 1 << 64) % (1 << 64)
+            if b < 1 << 63 and a * b != n:
+                break
+        group[name] = torch.Size([a, b])
+
+    zero_edit(tag / MODEL2, edit)
+
+
+@case("zero-s2-groups-mismatch/", "stage 2: param_shapes lists 3 groups, the partitions hold 2",
+      r"holds \d+ parameter groups but param_shapes lists \d+")
+def _(p):
+    tag = zero_copy("s2", p)
+
+    def edit(obj):
+        obj["param_shapes"].append({"ghost.weight": obj["param_shapes"][0][next(iter(obj["param_shapes"][0]))]})
+
+    zero_edit(tag / MODEL2, edit)
+
+
+@case("zero-s2-missing-model-states/", "stage 2: mp_rank_00_model_states.pt deleted",
+      r"mp_rank_00_model_states\.pt: missing model-states file")
+def _(p):
+    tag = zero_copy("s2", p)
+    (tag / MODEL2).unlink()
+
+
+@case("zero-s2-missing-buffer/", "stage 2: buffer_names lists a buffer the module does not hold",
+      r"buffer 'ghost_buffer' in module is not a tensor")
+def _(p):
+    tag = zero_copy("s2", p)
+
+    def edit(obj):
+        obj["buffer_names"] = list(obj["buffer_names"]) + ["ghost_buffer"]
+
+    zero_edit(tag / MODEL2, edit)
+
+
+@case("zero-s2-bad-stage/", "stage 2: zero_stage 7", r"unsupported ZeRO stage")
+def _(p):
+    tag = zero_copy("s2", p)
+
+    def edit(obj):
+        obj["optimizer_state_dict"]["zero_stage"] = 7
+
+    zero_edit(tag / OPTIM.format(0), edit)
+
+
+@case("zero-s2-no-optimizer-state/", "stage 2: rank 0's file without optimizer_state_dict",
+      r"no optimizer_state_dict: not a DeepSpeed ZeRO optimizer file")
+def _(p):
+    tag = zero_copy("s2", p)
+
+    def edit(obj):
+        del obj["optimizer_state_dict"]
+
+    zero_edit(tag / OPTIM.format(0), edit)
+
+
+@case("zero-s2-latest-missing-tag/", "latest names global_step99, which does not exist", r"the tag named by 'latest' does not exist")
+def _(p):
+    zero_copy("s2", p)
+    (p / "latest").write_text("global_step99")
+
+
+@case("zero-s2-latest-dotdot/", "latest holds '..'", r"latest: does not name a checkpoint tag")
+def _(p):
+    zero_copy("s2", p)
+    (p / "latest").write_text("..")
+
+
+@case("zero-s2-truncated-rank-file/", "stage 2: rank 1's optimizer file cut in half",
+      r"zero_pp_rank_1_mp_rank_00_optim_states\.pt: not a zip archive")
+def _(p):
+    tag = zero_copy("s2", p)
+    f = tag / OPTIM.format(1)
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+
+
+@case("zero-s3-missing-model-rank/", "stage 3: rank 1's model-states file deleted",
+      r"zero_pp_rank_1_mp_rank_00_model_states\.pt: missing: stage-3 checkpoints have one model-states file per rank")
+def _(p):
+    tag = zero_copy("s3", p)
+    (tag / MODEL3.format(1)).unlink()
+
+
+@case("zero-s3-subgroup-size-differs/", "stage 3: rank 1's first fp32 sub-group shorter than rank 0's",
+      r"sub-group 0 differs in size from rank 0's")
+def _(p):
+    tag = zero_copy("s3", p)
+
+    def edit(obj):
+        groups = obj["optimizer_state_dict"]["fp32_flat_groups"]
+        groups[0] = groups[0][:-1].clone()
+
+    zero_edit(tag / OPTIM.format(1), edit)
+
+
+@case("zero-s3-param-shapes-too-big/", "stage 3: param_shapes numel larger than the flat partitions",
+      r"parameters run past the flat groups")
+def _(p):
+    tag = zero_copy("s3", p)
+    import torch
+
+    def edit(obj):
+        group = obj["param_shapes"][-1]
+        name = list(group)[-1]
+        group[name] = torch.Size([64, *group[name]])
+
+    zero_edit(tag / MODEL3.format(0), edit)
+
+
+@case("zero-s3-world-size-mismatch/", "stage 3: rank 1 says partition_count 8",
+      r"was saved by 8 data-parallel ranks, rank 0 by 2")
+def _(p):
+    tag = zero_copy("s3", p)
+
+    def edit(obj):
+        obj["optimizer_state_dict"]["partition_count"] = 8
+
+    zero_edit(tag / OPTIM.format(1), edit)
+
+
+@case("zero-s3-flat-group-not-tensor/", "stage 3: rank 0's fp32_flat_groups[1] is a string",
+      r"fp32_flat_groups\[1\] is not a tensor")
+def _(p):
+    tag = zero_copy("s3", p)
+
+    def edit(obj):
+        obj["optimizer_state_dict"]["fp32_flat_groups"][1] = "not a tensor"
+
+    zero_edit(tag / OPTIM.format(0), edit)
+
+
+# --- driver ---------------------------------------------------------------------------------
+
+
+def ensure_zero_fixtures(dirpath):
+    global ZERO_DIR
+    if dirpath is not None and all((Path(dirpath) / n / ".done").exists() or (Path(dirpath) / n / "checkpoint").exists()
+                                   for n in ZERO_FIXTURES.values()):
+        ZERO_DIR = Path(dirpath)
+        return None
+    tmp = tempfile.TemporaryDirectory()
+    ZERO_DIR = Path(dirpath) if dirpath else Path(tmp.name)
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    subprocess.run(
+        [sys.executable, str(ZERO_SUITE / "make_zero_checkpoints.py"), str(ZERO_DIR), "--only",
+         ",".join(ZERO_FIXTURES.values()), "--no-zero-to-fp32"],
+        check=True, env=env, timeout=300,
+    )
+    return tmp
+
+
+def main(argv=None) -> int:
+    global TORCH, ST
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--zero-fixtures", help="folder with (or for) the DeepSpeed fixtures w2-s2-bf16, w2-s3-bf16-sg8")
+    args = ap.parse_args(argv)
+    TORCH = real_torch_bytes()
+    ST = real_safetensors_bytes()
+    keep = ensure_zero_fixtures(args.zero_fixtures)  # noqa: F841  (the temp dir lives until exit)
+    if CASES_DIR.exists():
+        shutil.rmtree(CASES_DIR)
+    CASES_DIR.mkdir()
+    expected = {}
+    for name, fault, error, builder in CASES:
+        assert name not in expected, name
+        path = CASES_DIR / name.rstrip("/")
+        builder(path)
+        assert path.exists(), name
+        expected[name] = {"fault": fault, "error": error}
+    EXPECTED.write_text(json.dumps(expected, indent=1) + "\n")
+    total = sum(f.stat().st_size for f in CASES_DIR.rglob("*") if f.is_file())
+    print(f"{len(expected)} cases, {total / 1e6:.2f} MB in {CASES_DIR}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
