@@ -86,6 +86,10 @@ class View {
   // XXH3-64 of the whole content of file `id` (reads it all).
   Status Xxh3(NodeId id, uint64_t* hash) const;
 
+  // Bytes [offset, offset+length) of tensor `tensor_index`'s data as served (converted,
+  // gathered), without any safetensors header. The range must lie within served_nbytes().
+  Status ReadTensorData(size_t tensor_index, uint64_t offset, size_t length, char* out) const;
+
  private:
   friend class ViewBuilder;
   View() = default;

@@ -19,6 +19,7 @@ int RunInfo(const Args& args);
 int RunCat(const Args& args);
 int RunExport(const Args& args);
 int RunHash(const Args& args);
+int RunLoad(const Args& args);  // src/cli/load.cpp: stream tensors to a GPU
 
 // Shared helpers.
 int Fail(const Status& status);                  // prints "ckptfs: MESSAGE", returns 1

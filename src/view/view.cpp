@@ -217,3 +217,22 @@ Status View::ReadGather(const TensorEntry& t, uint64_t offset, size_t length, ch
 }
 
 }  // namespace ckptfs
+
+// ---- Tensor data for the device loader (src/device/) ------------------------------------
+
+namespace ckptfs {
+
+Status View::ReadTensorData(size_t tensor_index, uint64_t offset, size_t length, char* out) const {
+  if (tensor_index >= catalog_->tensors.size())
+    return Status::InvalidArgument(catalog_->source, "tensor index " + std::to_string(tensor_index) + " out of range");
+  const TensorEntry& t = catalog_->tensors[tensor_index];
+  const uint64_t size = t.served_nbytes();
+  if (offset > size || length > size - offset)
+    return Status::InvalidArgument(t.key, "read of " + std::to_string(length) + " bytes at " + std::to_string(offset) +
+                                              " is past the tensor's " + std::to_string(size) + " bytes");
+  if (length == 0) return Status::OK();
+  if (t.convert_to) return ReadConverted(t, offset, length, out);
+  return ReadStored(t, offset, length, out);
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,54 @@
+/* libckptfs: a small C ABI over the ckptfs core and device loader, for Python (ctypes) and
+ * other languages. Every function is thread-compatible: one handle per thread, or external
+ * locking. Errors: functions return NULL or -1 and ckptfs_last_error() gives the one-line
+ * message of the calling thread's last failure. */
+#ifndef CKPTFS_C_API_H_
+#define CKPTFS_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CKPTFS_C_API_VERSION 1
+
+typedef struct ckptfs_handle ckptfs_handle;
+
+/* The ABI version this library implements (CKPTFS_C_API_VERSION). */
+int ckptfs_api_version(void);
+
+/* Opens the view of SOURCE. OPTIONS_JSON (may be NULL) is a JSON object of view and source
+ * options, as the CLI takes them: {"dtype": "bf16", "root": "model", "moments": true}.
+ * NULL on error. */
+ckptfs_handle* ckptfs_open(const char* source, const char* options_json);
+void ckptfs_close(ckptfs_handle* handle);
+
+size_t ckptfs_tensor_count(const ckptfs_handle* handle);
+
+/* A JSON array, one object per tensor in catalog order: {"index", "key", "dtype" (the
+ * safetensors name as served), "shape" (as served: complex128/complex32 get their real
+ * view's trailing 2), "nbytes"}. Owned by the handle, valid until ckptfs_close. */
+const char* ckptfs_tensor_info(ckptfs_handle* handle);
+
+/* Loads COUNT tensors: tensor INDICES[i] into PTRS[i], which holds NBYTES[i] bytes (the
+ * tensor's served size). BACKEND is "host" (PTRS are host memory), "cuda", "cufile" or
+ * "auto" (PTRS are device memory of DEVICE). OPTIONS_JSON (may be NULL): {"buffer_size":
+ * bytes, "buffers": n, "io_threads": n, "direct_io": bool, "verify": bool}. Returns 0, or -1
+ * (the destinations then hold partial data). */
+int ckptfs_load_into(ckptfs_handle* handle, size_t count, const uint64_t* indices, void* const* ptrs,
+                     const uint64_t* nbytes, const char* backend, int device, const char* options_json);
+
+/* JSON of the calling thread's last successful load: {"tensors", "bytes", "bytes_read",
+ * "direct_bytes", "view_bytes", "seconds", "backend", "o_direct"}. */
+const char* ckptfs_last_load_stats(void);
+
+/* The calling thread's last error message ("" if none). */
+const char* ckptfs_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CKPTFS_C_API_H_ */

@@ -1,0 +1,271 @@
+// The host back end: "device" memory is host heap and each stream is a worker thread that
+// performs the copies in order, so asynchronous semantics (a buffer reused before its copy
+// ran, a missing wait) show up as wrong bytes in tests, as they would on a GPU.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "ckptfs/device.hpp"
+#include "device/plan.hpp"
+
+namespace ckptfs {
+namespace {
+
+struct HostEvent {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0, done = 0;
+};
+
+struct Op {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+  HostEvent* event = nullptr;  // a signal instead of a copy
+  uint64_t generation = 0;
+};
+
+class HostBackend;
+
+struct HostStream {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Op> queue;
+  bool busy = false;  // an op taken from the queue is running
+  const void* running_src = nullptr;
+  bool stop = false;
+  std::thread worker;
+};
+
+class HostBackend final : public DeviceBackend {
+ public:
+  explicit HostBackend(const HostBackendOptions& options) : options_(options) {}
+  ~HostBackend() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (HostStream* s : streams_) StopStream(s);
+  }
+
+  const char* name() const override { return "host"; }
+  std::string Describe() const override { return "host memory (no GPU; copies by worker threads)"; }
+  Status BindThread() override { return Status::OK(); }
+
+  Status AllocDevice(size_t bytes, void** ptr) override {
+    *ptr = std::aligned_alloc(device::kAlign, device::AlignUp(std::max<size_t>(bytes, 1)));
+    if (!*ptr) return Status::FromErrno("host backend", "cannot allocate " + std::to_string(bytes) + " bytes", ENOMEM);
+    ++stats_.live_device_allocs;
+    return Status::OK();
+  }
+  void FreeDevice(void* ptr) override {
+    if (!ptr) return;
+    --stats_.live_device_allocs;
+    std::free(ptr);
+  }
+  Status AllocPinned(size_t bytes, void** ptr) override {
+    const size_t size = device::AlignUp(std::max<size_t>(bytes, 1));
+    *ptr = std::aligned_alloc(device::kAlign, size);
+    if (!*ptr) return Status::FromErrno("host backend", "cannot allocate " + std::to_string(bytes) + " bytes", ENOMEM);
+    std::lock_guard<std::mutex> lock(mu_);
+    pinned_[*ptr] = size;
+    ++stats_.live_pinned_allocs;
+    return Status::OK();
+  }
+  void FreePinned(void* ptr) override {
+    if (!ptr) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const size_t size = pinned_[ptr];
+      pinned_.erase(ptr);
+      const char* lo = static_cast<const char*>(ptr);
+      auto inside = [&](const void* p) {
+        return p && static_cast<const char*>(p) >= lo && static_cast<const char*>(p) < lo + size;
+      };
+      for (HostStream* s : streams_) {
+        std::lock_guard<std::mutex> slock(s->mu);
+        bool hit = s->busy && inside(s->running_src);
+        for (const Op& op : s->queue) hit |= !op.event && inside(op.src);
+        if (hit) ++stats_.freed_while_in_flight;
+      }
+      --stats_.live_pinned_allocs;
+    }
+    std::free(ptr);
+  }
+
+  Status CreateStream(DeviceStream* stream) override {
+    auto* s = new HostStream;
+    s->worker = std::thread([this, s] { Run(s); });
+    std::lock_guard<std::mutex> lock(mu_);
+    streams_.push_back(s);
+    ++stats_.live_streams;
+    *stream = s;
+    return Status::OK();
+  }
+  void DestroyStream(DeviceStream stream) override {
+    auto* s = static_cast<HostStream*>(stream);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < streams_.size(); ++i)
+      if (streams_[i] == s) streams_.erase(streams_.begin() + static_cast<long>(i));
+    StopStream(s);
+    --stats_.live_streams;
+  }
+  Status CreateEvent(DeviceEvent* event) override {
+    *event = new HostEvent;
+    ++stats_.live_events;
+    return Status::OK();
+  }
+  void DestroyEvent(DeviceEvent event) override {
+    delete static_cast<HostEvent*>(event);
+    --stats_.live_events;
+  }
+
+  Status CopyAsync(void* dst, const void* src, size_t bytes, CopyKind kind, DeviceStream stream) override {
+    const uint64_t n = ++copy_calls_;
+    if (options_.fail_copy_at != 0 && n == options_.fail_copy_at)
+      return Status::FromErrno("host backend", "injected copy failure", EIO);
+    Push(static_cast<HostStream*>(stream), Op{dst, src, bytes, nullptr, 0});
+    return Status::OK();
+  }
+  Status RecordEvent(DeviceEvent event, DeviceStream stream) override {
+    auto* e = static_cast<HostEvent*>(event);
+    uint64_t gen;
+    {
+      std::lock_guard<std::mutex> lock(e->mu);
+      gen = ++e->recorded;
+    }
+    Push(static_cast<HostStream*>(stream), Op{nullptr, nullptr, 0, e, gen});
+    return Status::OK();
+  }
+  Status WaitEvent(DeviceEvent event) override {
+    auto* e = static_cast<HostEvent*>(event);
+    std::unique_lock<std::mutex> lock(e->mu);
+    const uint64_t want = e->recorded;
+    e->cv.wait(lock, [&] { return e->done >= want; });
+    return Status::OK();
+  }
+  Status Synchronize(DeviceStream stream) override {
+    auto* s = static_cast<HostStream*>(stream);
+    std::unique_lock<std::mutex> lock(s->mu);
+    s->cv.wait(lock, [&] { return s->queue.empty() && !s->busy; });
+    return Status::OK();
+  }
+  Status CopyToHost(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return Status::OK();
+  }
+
+  bool SupportsDirectRead() const override { return options_.emulate_direct; }
+  Status OpenDirect(int fd, const std::string& path, DirectFile* file) override {
+    if (!options_.emulate_direct) return DeviceBackend::OpenDirect(fd, path, file);
+    *file = reinterpret_cast<DirectFile>(static_cast<intptr_t>(fd) + 1);
+    return Status::OK();
+  }
+  Status ReadDirect(DirectFile file, const std::string& path, void* device_ptr, size_t bytes,
+                    uint64_t file_offset) override {
+    const int fd = static_cast<int>(reinterpret_cast<intptr_t>(file) - 1);
+    if (file_offset % device::kAlign != 0) return Status::InvalidArgument(path, "unaligned direct read");
+    // O_DIRECT descriptors want whole blocks: read them, the end of the file stops it.
+    const size_t want = device::AlignUp(bytes);
+    size_t done = 0;
+    while (done < want) {
+      ssize_t n = ::pread(fd, static_cast<char*>(device_ptr) + done, want - done, static_cast<off_t>(file_offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return Status::FromErrno(path, "direct read failed", errno);
+      }
+      if (n == 0) break;
+      done += static_cast<size_t>(n);
+    }
+    if (done < bytes) return Status::SourceChanged(path, "file is shorter than when it was indexed");
+    ++stats_.direct_reads;
+    return Status::OK();
+  }
+
+  HostBackendStats stats() const {
+    HostBackendStats s;
+    s.live_device_allocs = stats_.live_device_allocs;
+    s.live_pinned_allocs = stats_.live_pinned_allocs;
+    s.live_streams = stats_.live_streams;
+    s.live_events = stats_.live_events;
+    s.copies = stats_.copies;
+    s.direct_reads = stats_.direct_reads;
+    s.freed_while_in_flight = stats_.freed_while_in_flight;
+    return s;
+  }
+
+ private:
+  struct AtomicStats {
+    std::atomic<uint64_t> live_device_allocs{0}, live_pinned_allocs{0}, live_streams{0}, live_events{0};
+    std::atomic<uint64_t> copies{0}, direct_reads{0}, freed_while_in_flight{0};
+  };
+
+  void Push(HostStream* s, Op op) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->queue.push_back(op);
+    s->cv.notify_all();
+  }
+
+  void Run(HostStream* s) {
+    std::unique_lock<std::mutex> lock(s->mu);
+    for (;;) {
+      s->cv.wait(lock, [&] { return s->stop || !s->queue.empty(); });
+      if (s->queue.empty()) return;  // stop, and nothing left
+      Op op = s->queue.front();
+      s->queue.pop_front();
+      s->busy = true;
+      s->running_src = op.src;
+      lock.unlock();
+      if (op.event) {
+        std::lock_guard<std::mutex> elock(op.event->mu);
+        op.event->done = std::max(op.event->done, op.generation);
+        op.event->cv.notify_all();
+      } else {
+        if (options_.copy_delay_us) std::this_thread::sleep_for(std::chrono::microseconds(options_.copy_delay_us));
+        std::memcpy(op.dst, op.src, op.bytes);
+        ++stats_.copies;
+      }
+      lock.lock();
+      s->busy = false;
+      s->running_src = nullptr;
+      s->cv.notify_all();
+    }
+  }
+
+  // Called with mu_ held: drains the stream's queue, ends its worker, frees it.
+  void StopStream(HostStream* s) {
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      s->stop = true;
+      s->cv.notify_all();
+    }
+    s->worker.join();
+    delete s;
+  }
+
+  HostBackendOptions options_;
+  std::mutex mu_;
+  std::vector<HostStream*> streams_;
+  std::map<void*, size_t> pinned_;
+  std::atomic<uint64_t> copy_calls_{0};
+  AtomicStats stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceBackend> MakeHostBackend(const HostBackendOptions& options) {
+  return std::make_unique<HostBackend>(options);
+}
+
+HostBackendStats GetHostBackendStats(const DeviceBackend& backend) {
+  return dynamic_cast<const HostBackend&>(backend).stats();
+}
+
+}  // namespace ckptfs
