@@ -107,7 +107,6 @@ constexpr char kUsage[] =
     "                   write the whole virtual tree as real files\n"
     "  hash SOURCE      XXH3-64 of every tensor file, as xxhsum -H3 prints them\n"
     "  load SOURCE      stream every tensor into GPU memory (pinned buffers or cuFile)\n"
-    "  load SOURCE      stream every tensor into GPU memory (pinned buffers or cuFile)\n"
     "\n"
     "Run 'ckptfs COMMAND --help' for the options of a command.\n";
 
@@ -133,7 +132,6 @@ int main(int argc, char** argv) {
   if (command == "cat") return RunCat(args);
   if (command == "export") return RunExport(args);
   if (command == "hash") return RunHash(args);
-  if (command == "load") return RunLoad(args);
   if (command == "load") return RunLoad(args);
   if (command == "mount") return ckptfs::fuse::RunMount(argc - 2, argv + 2, false);
   return ckptfs::fuse::RunMount(argc - 1, argv + 1, false);
