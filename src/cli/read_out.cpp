@@ -1,12 +1,18 @@
 // `ckptfs cat` and `ckptfs export`: stream virtual files through the View into real
 // files, in bounded chunks, so memory stays flat whatever the checkpoint size.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <climits>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "ckptfs/view.hpp"
@@ -31,7 +37,10 @@ constexpr char kExportUsage[] =
     "\n"
     "Writes every file of the virtual tree of SOURCE (model.safetensors, tensors/,\n"
     "manifest.json, metadata.json, sibling files) under OUTDIR, creating it if needed.\n"
-    "Memory stays bounded; a progress bar is shown when stderr is a terminal.\n";
+    "Memory stays bounded; a progress bar is shown when stderr is a terminal.\n"
+    "Each file is written under a temporary name (.NAME.ckptfs-tmp-PID), fsynced and\n"
+    "renamed into place when complete: an interrupted export leaves no partial file\n"
+    "under a final name.\n";
 
 constexpr char kHashUsage[] =
     "usage: ckptfs hash [OPTIONS] SOURCE\n"
@@ -97,6 +106,90 @@ class ProgressBar {
   std::chrono::steady_clock::time_point last_;
 };
 
+// Export never leaves a partial file under a final name (issue #6): each file is written to
+// a temporary name in its own folder, fsynced, and renamed into place only when complete.
+// SIGINT, SIGTERM and SIGHUP remove the temporary file being written and then end the
+// process as the signal would have; after SIGKILL or a crash at most one `.*.ckptfs-tmp-PID`
+// file is left, never a final name with partial contents.
+char g_temp_path[PATH_MAX + 1];  // the file being written, "" when none
+volatile sig_atomic_t g_temp_set = 0;
+
+void RemoveTempAndDie(int sig) {
+  if (g_temp_set) ::unlink(g_temp_path);  // async-signal-safe
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+class TempFileGuard {
+ public:
+  TempFileGuard() {
+    struct sigaction sa {};
+    sa.sa_handler = RemoveTempAndDie;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 3; ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~TempFileGuard() {
+    Clear();
+    for (int i = 0; i < 3; ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  // Registers `path` (before it is created); false if it does not fit the buffer.
+  bool Set(const std::string& path) {
+    if (path.size() > PATH_MAX) return false;
+    g_temp_set = 0;
+    std::memcpy(g_temp_path, path.c_str(), path.size() + 1);
+    g_temp_set = 1;
+    return true;
+  }
+  void Clear() { g_temp_set = 0; }
+
+ private:
+  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction old_[3];
+};
+
+// `.<name>.ckptfs-tmp-<pid>` next to `path`, or `.ckptfs-tmp-<pid>-<id>` when the name is
+// too long to carry (tensor file names may already use all 255 bytes).
+std::string TempPathFor(const std::string& path, View::NodeId id) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = path.substr(0, slash + 1), name = path.substr(slash + 1);
+  const std::string suffix = ".ckptfs-tmp-" + std::to_string(::getpid());
+  if (1 + name.size() + suffix.size() <= 255) return dir + "." + name + suffix;
+  return dir + suffix + "-" + std::to_string(id);
+}
+
+Status SyncDir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(dir, "cannot open", errno);
+  Status s = ::fsync(fd) == 0 ? Status::OK() : Status::FromErrno(dir, "fsync failed", errno);
+  ::close(fd);
+  return s;
+}
+
+// Writes virtual file `id` to `path` through a temporary file: complete, fsynced and with its
+// mtime set before it gets its name.
+template <typename Progress>
+Status ExportFile(const View& view, View::NodeId id, const std::string& path, TempFileGuard* guard,
+                  std::vector<char>* buf, Progress progress) {
+  const View::Node& n = view.node(id);
+  const std::string temp = TempPathFor(path, id);
+  if (!guard->Set(temp)) return Status::InvalidArgument(path, "path too long");
+  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    guard->Clear();
+    return Status::FromErrno(temp, "cannot create", errno);
+  }
+  Status s = Copy(view, id, fd, path, buf, progress);
+  // The source mtime, so rsync's quick check sees unchanged tensors as unchanged.
+  struct timespec times[2] = {{0, UTIME_OMIT}, {n.mtime_ns / 1000000000, n.mtime_ns % 1000000000}};
+  if (s.ok() && ::futimens(fd, times) != 0) s = Status::FromErrno(path, "cannot set mtime", errno);
+  if (s.ok() && ::fsync(fd) != 0) s = Status::FromErrno(path, "fsync failed", errno);
+  if (::close(fd) != 0 && s.ok()) s = Status::FromErrno(path, "close failed", errno);
+  if (s.ok() && ::rename(temp.c_str(), path.c_str()) != 0) s = Status::FromErrno(path, "cannot rename into place", errno);
+  if (!s.ok()) ::unlink(temp.c_str());
+  guard->Clear();
+  return s;
+}
+
 Status ExportTree(const View& view, const std::string& outdir) {
   if (::mkdir(outdir.c_str(), 0755) != 0 && errno != EEXIST) return Status::FromErrno(outdir, "cannot create", errno);
   uint64_t total = 0;
@@ -104,22 +197,20 @@ Status ExportTree(const View& view, const std::string& outdir) {
     if (!view.node(id).is_dir) total += view.node(id).size;
   ProgressBar bar(total);
   std::vector<char> buf(kChunk);
+  TempFileGuard guard;
+  std::set<std::string> dirs = {outdir};
   for (View::NodeId id = 1; id < view.node_count(); ++id) {
     const View::Node& n = view.node(id);
     const std::string path = outdir + "/" + view.PathOf(id);
     if (n.is_dir) {
       if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return Status::FromErrno(path, "cannot create", errno);
+      dirs.insert(path);
       continue;
     }
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return Status::FromErrno(path, "cannot create", errno);
-    Status s = Copy(view, id, fd, path, &buf, [&](uint64_t k) { bar.Add(k); });
-    // The source mtime, so rsync's quick check sees unchanged tensors as unchanged.
-    struct timespec times[2] = {{0, UTIME_OMIT}, {n.mtime_ns / 1000000000, n.mtime_ns % 1000000000}};
-    if (s.ok() && ::futimens(fd, times) != 0) s = Status::FromErrno(path, "cannot set mtime", errno);
-    if (::close(fd) != 0 && s.ok()) s = Status::FromErrno(path, "close failed", errno);
-    CKPTFS_RETURN_IF_ERROR(s);
+    CKPTFS_RETURN_IF_ERROR(ExportFile(view, id, path, &guard, &buf, [&](uint64_t k) { bar.Add(k); }));
   }
+  // The renames are durable once their folders are synced.
+  for (const std::string& dir : dirs) CKPTFS_RETURN_IF_ERROR(SyncDir(dir));
   return Status::OK();
 }
 

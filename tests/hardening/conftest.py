@@ -1,0 +1,92 @@
+"""Fixtures for tests/hardening: fault injection, access control and a load test on real
+mounts. The mount machinery is tests/fuse's (fusetools): every command has a timeout, every
+test body runs with a deadline, every mount is torn down, also after a failure."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+SUITE_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(SUITE_DIR.parent / "fuse"))
+
+from ckptfs_testlib import ckptfs_bin  # noqa: E402,F401  (shared fixture)
+from fusetools import (  # noqa: E402
+    Mounts,
+    add_body_timeout_marker,
+    fuse_unavailable_reason,
+    in_suite,
+    run_body_with_deadline,
+    serve_mounts,
+    teardown_every_mount,
+)
+
+FUSE_MISSING = fuse_unavailable_reason()
+
+
+def pytest_configure(config):
+    add_body_timeout_marker(config, "tests/hardening")
+
+
+def pytest_collection_modifyitems(config, items):
+    if FUSE_MISSING is None:
+        return
+    skip = pytest.mark.skip(reason=f"tests/hardening mounts for real and cannot run here: {FUSE_MISSING}")
+    for item in items:
+        if in_suite(item, SUITE_DIR) and "mounts" in getattr(item, "fixturenames", ()):
+            item.add_marker(skip)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    return run_body_with_deadline(pyfuncitem)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    teardown_every_mount()
+
+
+@pytest.fixture
+def mounts(ckptfs_bin, tmp_path_factory):
+    yield from serve_mounts(Mounts(ckptfs_bin, tmp_path_factory))
+
+
+def make_large_checkpoint(path: Path, megabytes: int = 256) -> None:
+    """A torch.save checkpoint of about MEGABYTES: big float32, float16, bfloat16 and int64
+    tensors, a transposed (non-contiguous, served by gathering) float32 matrix, a view with a
+    storage offset, and a few hundred small tensors of mixed dtypes so that ranges of
+    model.safetensors cross many segment boundaries."""
+    import torch
+
+    g = torch.Generator().manual_seed(606)
+    unit = megabytes * (1 << 20) // 16  # bytes per share
+    state = {
+        "big.f32": torch.randn(unit * 5 // 4, generator=g).reshape(-1, 1024),  # 5 shares
+        "big.f16": torch.randn(unit * 3 // 2, generator=g).to(torch.float16).reshape(-1, 512),  # 3
+        "big.bf16": torch.randn(unit * 3 // 2, generator=g).to(torch.bfloat16).reshape(-1, 256),  # 3
+        "big.i64": torch.randint(-(2**40), 2**40, (unit * 2 // 8,), generator=g),  # 2
+        "big.transposed": torch.randn(1024, unit * 2 // 4 // 1024, generator=g).t(),  # 2, strides (1, n)
+    }
+    flat = torch.randn(unit // 4, generator=g)  # 1 share
+    state["window.full"] = flat
+    state["window.view"] = flat[1000:1000 + 4096 * 8].view(4096, 8)  # offset into full's storage
+    dtypes = [torch.float32, torch.float16, torch.int8, torch.bool, torch.float64, torch.int32, torch.bfloat16]
+    for i in range(300):
+        n = int(torch.randint(1, 5000, (1,), generator=g))
+        dt = dtypes[i % len(dtypes)]
+        if dt == torch.bool:
+            t = torch.rand(n, generator=g) > 0.5
+        elif dt in (torch.int8, torch.int32):
+            t = torch.randint(-100, 100, (n,), generator=g).to(dt)
+        else:
+            t = torch.randn(n, generator=g).to(dt)
+        state[f"small.{i:03d}"] = t
+    torch.save({"state": state, "step": 7}, path)
+
+
+@pytest.fixture(scope="session")
+def large_ckpt(tmp_path_factory):
+    """A ~256 MB torch.save checkpoint (make_large_checkpoint)."""
+    path = tmp_path_factory.mktemp("large") / "large.pt"
+    make_large_checkpoint(path)
+    return path
