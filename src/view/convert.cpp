@@ -136,6 +136,21 @@ float LoadAsFloat(DType t, const char* p) {
   }
 }
 
+// The common case, fp32 -> bf16, as a branch-free loop the compiler vectorizes (this file
+// is built with -O3; see CMakeLists.txt): same results as FloatToBF16(f, kBF16NanVector).
+// Built twice, for AVX2 and for the baseline (SSE2), and picked at load time by the CPU
+// (an ifunc): the AVX2 loop converts 8 elements per step instead of 4.
+__attribute__((target_clones("avx2", "default"))) void F32ToBF16(const char* src, size_t count, char* dst) {
+  for (size_t i = 0; i < count; ++i) {
+    uint32_t u;
+    std::memcpy(&u, src + 4 * i, 4);
+    const uint32_t rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16;
+    const bool nan = (u & 0x7FFFFFFF) > 0x7F800000;
+    const uint16_t b = static_cast<uint16_t>(nan ? kBF16NanVector : rounded);
+    std::memcpy(dst + 2 * i, &b, 2);
+  }
+}
+
 }  // namespace
 
 bool ConvertsTo(DType from, DType to) {
@@ -145,19 +160,7 @@ bool ConvertsTo(DType from, DType to) {
 
 void ConvertElements(DType from, DType to, const char* src, size_t count, char* dst) {
   const size_t in = Info(from).itemsize;
-  // The common case gets a branch-free loop the compiler vectorizes (this file is built
-  // with -O3; see CMakeLists.txt): same results as FloatToBF16(f, kBF16NanVector).
-  if (from == DType::kF32 && to == DType::kBF16) {
-    for (size_t i = 0; i < count; ++i) {
-      uint32_t u;
-      std::memcpy(&u, src + 4 * i, 4);
-      const uint32_t rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16;
-      const bool nan = (u & 0x7FFFFFFF) > 0x7F800000;
-      const uint16_t b = static_cast<uint16_t>(nan ? kBF16NanVector : rounded);
-      std::memcpy(dst + 2 * i, &b, 2);
-    }
-    return;
-  }
+  if (from == DType::kF32 && to == DType::kBF16) return F32ToBF16(src, count, dst);
   const uint16_t bf16_nan = (from == DType::kF32 || from == DType::kF64) ? kBF16NanVector : kBF16NanScalar;
   for (size_t i = 0; i < count; ++i) {
     const float f = LoadAsFloat(from, src + i * in);

@@ -20,20 +20,27 @@ constexpr uint64_t kGatherChunkElements = uint64_t{1} << 18;
 
 // Serves bytes [offset, offset+length) of an array of `elem_size`-byte elements that
 // produce(first, count, buffer) fills in bounded chunks; the first and last element of
-// the range may be partial.
+// the range may be partial. Whole chunks are produced straight into `out`; only a partial
+// first or last element goes through `scratch` (a per-thread buffer of the caller's, kept
+// between reads so a read allocates nothing).
 template <typename Produce>
-Status ReadElementwise(uint64_t offset, size_t length, uint64_t elem_size, char* out, Produce produce) {
-  std::vector<char> chunk;
+Status ReadElementwise(uint64_t offset, size_t length, uint64_t elem_size, char* out, std::vector<char>& scratch,
+                       Produce produce) {
   uint64_t elem = offset / elem_size;
   const uint64_t end_elem = (offset + length + elem_size - 1) / elem_size;
   while (elem < end_elem) {
     const uint64_t count = std::min(kGatherChunkElements, end_elem - elem);
-    chunk.resize(count * elem_size);
-    CKPTFS_RETURN_IF_ERROR(produce(elem, count, chunk.data()));
     const uint64_t chunk_begin = elem * elem_size;
-    const uint64_t copy_from = std::max(chunk_begin, offset);
-    const uint64_t copy_to = std::min(chunk_begin + count * elem_size, offset + length);
-    std::memcpy(out + (copy_from - offset), chunk.data() + (copy_from - chunk_begin), copy_to - copy_from);
+    const uint64_t chunk_end = chunk_begin + count * elem_size;
+    if (chunk_begin >= offset && chunk_end <= offset + length) {
+      CKPTFS_RETURN_IF_ERROR(produce(elem, count, out + (chunk_begin - offset)));
+    } else {
+      if (scratch.size() < count * elem_size) scratch.resize(count * elem_size);
+      CKPTFS_RETURN_IF_ERROR(produce(elem, count, scratch.data()));
+      const uint64_t copy_from = std::max(chunk_begin, offset);
+      const uint64_t copy_to = std::min(chunk_end, offset + length);
+      std::memcpy(out + (copy_from - offset), scratch.data() + (copy_from - chunk_begin), copy_to - copy_from);
+    }
     elem += count;
   }
   return Status::OK();
@@ -135,10 +142,13 @@ Status View::ReadStored(const TensorEntry& t, uint64_t offset, size_t length, ch
 Status View::ReadConverted(const TensorEntry& t, uint64_t offset, size_t length, char* out) const {
   const DType from = t.dtype, to = t.served_dtype();
   const uint64_t in_size = Info(from).itemsize;
-  std::vector<char> stored;
-  return ReadElementwise(offset, length, Info(to).itemsize, out, [&](uint64_t first, uint64_t count, char* dst) {
-    stored.resize(count * in_size);
-    CKPTFS_RETURN_IF_ERROR(ReadStored(t, first * in_size, stored.size(), stored.data()));
+  // Per-thread buffers, reused by every read of this thread (FUSE workers live for the
+  // mount): no allocation, and no page faults on fresh memory, per request.
+  thread_local std::vector<char> stored, scratch;
+  return ReadElementwise(offset, length, Info(to).itemsize, out, scratch, [&](uint64_t first, uint64_t count, char* dst) {
+    const size_t need = count * in_size;
+    if (stored.size() < need) stored.resize(need);
+    CKPTFS_RETURN_IF_ERROR(ReadStored(t, first * in_size, need, stored.data()));
     ConvertElements(from, to, stored.data(), count, dst);
     return Status::OK();
   });
@@ -172,9 +182,12 @@ Status View::ReadGather(const TensorEntry& t, uint64_t offset, size_t length, ch
   const size_t ndim = t.shape.size();
   CKPTFS_RETURN_IF_ERROR(catalog_->files->CheckUnchanged(layout.file));
 
+  // src and scratch are bounded by the chunk size and kept per thread; span can reach
+  // kMaxGatherSpan, so it is not kept.
+  thread_local std::vector<char> scratch;
+  thread_local std::vector<uint64_t> src;  // source element offset of each output element in the chunk
   std::vector<char> span;
-  std::vector<uint64_t> src;  // source element offset of each output element in the chunk
-  return ReadElementwise(offset, length, itemsize, out, [&](uint64_t first, uint64_t count, char* elems) {
+  return ReadElementwise(offset, length, itemsize, out, scratch, [&](uint64_t first, uint64_t count, char* elems) {
     // Multi-index of `first`, then walk forward like an odometer.
     std::vector<uint64_t> idx(ndim);
     uint64_t rem = first, off = 0;
