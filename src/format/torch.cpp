@@ -171,7 +171,9 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
         json key, child;
         CKPTFS_RETURN_IF_ERROR(WalkOpaque(k, path, depth + 1, &key));
         CKPTFS_RETURN_IF_ERROR(WalkOpaque(val, path, depth + 1, &child));
-        (*out)[key.is_string() ? key.get<std::string>() : key.dump()] = std::move(child);
+        // A key's JSON text may hold strings that are not UTF-8: dump() would throw.
+        (*out)[key.is_string() ? key.get<std::string>() : key.dump(-1, ' ', false, json::error_handler_t::replace)] =
+            std::move(child);
       }
       return Status::OK();
     }
@@ -209,12 +211,21 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
     CKPTFS_RETURN_IF_ERROR(Walk(v->state, path, depth + 1, &(*out)["state"], &keep));
     if (!keep) out->erase("state");
   }
-  if (!v->items.empty() || !v->entries.empty()) {
+  // Set items (SETITEMS on the object: a dict subclass) go under "items" as a mapping,
+  // appended items (APPENDS: a list subclass) under "appended" as a list. They must not share
+  // one synthetic dict: pushing list items into a JSON object throws, which escaped the
+  // reader as an uncaught exception (found by fuzz_torch, tests/fuzz/regressions/torch/).
+  if (!v->entries.empty()) {
     PyValue rest;
     rest.kind = Kind::kDict;
-    rest.items = v->items;
     rest.entries = v->entries;
     CKPTFS_RETURN_IF_ERROR(WalkOpaque(&rest, path, depth + 1, &(*out)["items"]));
+  }
+  if (!v->items.empty()) {
+    PyValue rest;
+    rest.kind = Kind::kList;
+    rest.items = v->items;
+    CKPTFS_RETURN_IF_ERROR(WalkOpaque(&rest, path, depth + 1, &(*out)["appended"]));
   }
   return Status::OK();
 }

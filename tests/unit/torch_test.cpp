@@ -381,6 +381,28 @@ BOOST_AUTO_TEST_CASE(one_storage_referenced_with_two_sizes) {
   CheckError(b.status, b.path, Status::Code::kCorruption, "storage '0' is referenced with two different sizes");
 }
 
+BOOST_AUTO_TEST_CASE(opaque_objects_with_appended_and_set_items) {
+  // {"o": mod.Cls() with APPENDS [1, 2] and SETITEMS {"k": 3},
+  //  "p": mod.Other({("\xff",): 4})}. Found by tests/fuzz (fuzz_torch): an object's appended
+  // items were pushed into a JSON object and a non-UTF-8 tuple key was dumped without a
+  // replacement, both throwing out of the reader.
+  PickleBuilder p;
+  p.Proto(2).EmptyDict();
+  p.BinUnicode("o").Global("mod", "Cls").EmptyTuple().Reduce();
+  p.Mark().BinInt1(1).BinInt1(2).Op('e');
+  p.Mark().BinUnicode("k").BinInt1(3).SetItems();
+  p.SetItem();
+  p.BinUnicode("p").Global("mod", "Other").Mark().EmptyDict().BinUnicode("\xff").Op(0x85).BinInt1(4).SetItem();
+  p.Tuple().Reduce().SetItem().Stop();
+  Built b(TorchZip(p.bytes(), {}));
+  BOOST_REQUIRE_MESSAGE(b.status.ok(), b.status.message());
+  const nlohmann::json& m = b.catalog->metadata;
+  BOOST_TEST(m["o"]["$class"] == "mod.Cls");
+  BOOST_TEST(m["o"]["appended"] == nlohmann::json({1, 2}));
+  BOOST_TEST(m["o"]["items"]["k"] == 3);
+  BOOST_TEST(m["p"]["args"].at(0).size() == 1u);
+}
+
 // ---- resource limits ------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(shared_lists_cannot_blow_up_the_walk) {
