@@ -122,6 +122,7 @@ def main() -> int:
     if not args.keep:
         src.unlink(missing_ok=True)
     real.unlink(missing_ok=True)
+    real.parent.rmdir()
     return 0
 
 
