@@ -112,6 +112,9 @@ void ServedDTypeAndShape(const TensorEntry& t, std::string_view* dtype, std::vec
 // What `ls --json` and manifest.json say of one tensor: key, path, dtype (as served),
 // torch_dtype, shape (as served), nbytes and its per-tensor file.
 nlohmann::json TensorSummary(const TensorEntry& tensor);
+// The same fields written as JSON text, without the enclosing braces, for outputs with one
+// entry per tensor (ls --json, manifest.json) where building a json tree would dominate.
+void AppendTensorSummary(std::string* out, const TensorEntry& tensor);
 
 }  // namespace ckptfs
 

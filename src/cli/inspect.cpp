@@ -69,29 +69,11 @@ int RunLs(const Args& args) {
   if (Status s = OpenPresented(positional[0], options, &catalog); !s.ok()) return Fail(s);
 
   if (options.json) {
-    // The fields of TensorSummary, one object per line, written directly.
+    // One TensorSummary object per line.
     std::string out = "[";
-    std::vector<uint64_t> shape;
     for (size_t i = 0; i < catalog->tensors.size(); ++i) {
-      const TensorEntry& t = catalog->tensors[i];
-      std::string_view dtype;
-      ServedDTypeAndShape(t, &dtype, &shape);
-      out += i ? ",\n {\"key\": " : "\n {\"key\": ";
-      AppendJsonString(&out, t.key);
-      out += ", \"path\": [";
-      for (size_t k = 0; k < t.path.size(); ++k) {
-        if (k) out += ", ";
-        if (const auto* s = std::get_if<std::string>(&t.path[k])) AppendJsonString(&out, *s);
-        else out += std::to_string(std::get<int64_t>(t.path[k]));
-      }
-      out += "], \"dtype\": \"";
-      out += dtype;
-      out += "\", \"torch_dtype\": \"";
-      out += Info(t.dtype).torch_name;
-      out += "\", \"shape\": ";
-      AppendJsonArray(&out, shape);
-      out += ", \"nbytes\": " + std::to_string(t.served_nbytes()) + ", \"file\": ";
-      AppendJsonString(&out, "tensors/" + TensorFileName(t.key));
+      out += i ? ",\n {" : "\n {";
+      AppendTensorSummary(&out, catalog->tensors[i]);
       out += "}";
     }
     out += "\n]\n";

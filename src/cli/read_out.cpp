@@ -11,7 +11,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -38,9 +37,9 @@ constexpr char kExportUsage[] =
     "Writes every file of the virtual tree of SOURCE (model.safetensors, tensors/,\n"
     "manifest.json, metadata.json, sibling files) under OUTDIR, creating it if needed.\n"
     "Memory stays bounded; a progress bar is shown when stderr is a terminal.\n"
-    "Each file is written under a temporary name (.NAME.ckptfs-tmp-PID), fsynced and\n"
-    "renamed into place when complete: an interrupted export leaves no partial file\n"
-    "under a final name.\n";
+    "Each file is written under a temporary name (.NAME.ckptfs-tmp-PID) and renamed\n"
+    "into place when complete: an interrupted export leaves no partial file under a\n"
+    "final name. The output is synced to disk before export returns.\n";
 
 constexpr char kHashUsage[] =
     "usage: ckptfs hash [OPTIONS] SOURCE\n"
@@ -107,7 +106,9 @@ class ProgressBar {
 };
 
 // Export never leaves a partial file under a final name (issue #6): each file is written to
-// a temporary name in its own folder, fsynced, and renamed into place only when complete.
+// a temporary name in its own folder and renamed into place only when complete. Durability
+// comes from one syncfs at the end: an fsync per file made a 70,000-tensor export take
+// minutes instead of seconds.
 // SIGINT, SIGTERM and SIGHUP remove the temporary file being written and then end the
 // process as the signal would have; after SIGKILL or a crash at most one `.*.ckptfs-tmp-PID`
 // file is left, never a final name with partial contents.
@@ -157,16 +158,8 @@ std::string TempPathFor(const std::string& path, View::NodeId id) {
   return dir + suffix + "-" + std::to_string(id);
 }
 
-Status SyncDir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(dir, "cannot open", errno);
-  Status s = ::fsync(fd) == 0 ? Status::OK() : Status::FromErrno(dir, "fsync failed", errno);
-  ::close(fd);
-  return s;
-}
-
-// Writes virtual file `id` to `path` through a temporary file: complete, fsynced and with its
-// mtime set before it gets its name.
+// Writes virtual file `id` to `path` through a temporary file: complete and with its mtime
+// set before it gets its name.
 template <typename Progress>
 Status ExportFile(const View& view, View::NodeId id, const std::string& path, TempFileGuard* guard,
                   std::vector<char>* buf, Progress progress) {
@@ -182,7 +175,6 @@ Status ExportFile(const View& view, View::NodeId id, const std::string& path, Te
   // The source mtime, so rsync's quick check sees unchanged tensors as unchanged.
   struct timespec times[2] = {{0, UTIME_OMIT}, {n.mtime_ns / 1000000000, n.mtime_ns % 1000000000}};
   if (s.ok() && ::futimens(fd, times) != 0) s = Status::FromErrno(path, "cannot set mtime", errno);
-  if (s.ok() && ::fsync(fd) != 0) s = Status::FromErrno(path, "fsync failed", errno);
   if (::close(fd) != 0 && s.ok()) s = Status::FromErrno(path, "close failed", errno);
   if (s.ok() && ::rename(temp.c_str(), path.c_str()) != 0) s = Status::FromErrno(path, "cannot rename into place", errno);
   if (!s.ok()) ::unlink(temp.c_str());
@@ -198,19 +190,22 @@ Status ExportTree(const View& view, const std::string& outdir) {
   ProgressBar bar(total);
   std::vector<char> buf(kChunk);
   TempFileGuard guard;
-  std::set<std::string> dirs = {outdir};
   for (View::NodeId id = 1; id < view.node_count(); ++id) {
     const View::Node& n = view.node(id);
     const std::string path = outdir + "/" + view.PathOf(id);
     if (n.is_dir) {
       if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return Status::FromErrno(path, "cannot create", errno);
-      dirs.insert(path);
       continue;
     }
     CKPTFS_RETURN_IF_ERROR(ExportFile(view, id, path, &guard, &buf, [&](uint64_t k) { bar.Add(k); }));
   }
-  // The renames are durable once their folders are synced.
-  for (const std::string& dir : dirs) CKPTFS_RETURN_IF_ERROR(SyncDir(dir));
+  // Everything written (data and renames) reaches the disk before export reports success.
+  int fd = ::open(outdir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(outdir, "cannot open", errno);
+  const int rc = ::syncfs(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return Status::FromErrno(outdir, "syncfs failed", err);
   return Status::OK();
 }
 

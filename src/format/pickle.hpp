@@ -39,8 +39,12 @@ struct PyValue {
   Kind kind = Kind::kNone;
 
   bool b = false;
-  int64_t i = 0;
-  double f = 0;
+  // A checkpoint's pickle makes ~13 values per tensor, so the size of a value sets the
+  // reader's peak memory: ints and floats share their slot (the kind tells which).
+  union {
+    int64_t i = 0;
+    double f;
+  };
   // kStr, kBytes, kBigInt (LONG1/LONG4: "0x..." two's complement hex; protocol-0 LONG:
   // decimal), kGlobal module. Views into
   // the owning Pickle, valid as long as it lives.

@@ -10,7 +10,8 @@
 
 namespace ckptfs {
 
-// `s` as a JSON string literal (quotes included). Bytes >= 0x80 pass through unchanged.
+// `s` as a JSON string literal (quotes included). Valid UTF-8 passes through unchanged;
+// each byte of an invalid sequence becomes \ufffd.
 void AppendJsonString(std::string* out, std::string_view s);
 
 // `[a,b,c]`
