@@ -7,6 +7,7 @@
 // its event), then waits on that event, fills the slot, enqueues its copies and records the
 // event again. On any error (I/O, source change, back end, cancellation) the first status
 // is kept, no new batch starts, and every stream is synchronized before any buffer is freed.
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -71,6 +72,7 @@ class Loader {
   bool failed_ = false;    // guarded by mu_
   Status error_;           // guarded by mu_
   std::mutex cancel_mu_;   // the callback is called from one thread at a time
+  std::atomic<bool> stop_{false};  // set with failed_, read without the lock
 
   std::atomic<uint64_t> bytes_read_{0}, direct_bytes_{0}, view_bytes_{0}, copied_{0}, filled_{0};
 };
@@ -79,6 +81,7 @@ void Loader::SetError(const Status& s) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!failed_) {
     failed_ = true;
+    stop_ = true;
     error_ = s;
   }
   cv_.notify_all();
@@ -143,9 +146,15 @@ Status Loader::Fill(size_t batch_index, Slot& slot) {
     CKPTFS_RETURN_IF_ERROR(backend_.WaitEvent(slot.event));
     slot.in_flight = false;
   }
+  // Another thread failed or saw the cancellation: start nothing more (its status is kept).
+  if (stop_) return Status::FromErrno(view_.catalog().source, "load stopped", ECANCELED);
   if (options_.cancelled) {
     std::lock_guard<std::mutex> lock(cancel_mu_);
-    if (options_.cancelled()) return Status::FromErrno(view_.catalog().source, "load cancelled", ECANCELED);
+    if (stop_) return Status::FromErrno(view_.catalog().source, "load stopped", ECANCELED);
+    if (options_.cancelled()) {
+      stop_ = true;
+      return Status::FromErrno(view_.catalog().source, "load cancelled", ECANCELED);
+    }
   }
   const Batch& batch = plan_.batches[batch_index];
   const Catalog& catalog = view_.catalog();
@@ -209,6 +218,7 @@ void Loader::Worker() {
       ++slot.turn;
       if (!s.ok() && !failed_) {
         failed_ = true;
+        stop_ = true;
         error_ = s;
       }
       cv_.notify_all();
