@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
 # Installs everything, builds, and runs every test: the Boost.Test unit tests and the
-# Python suites (real torch / safetensors / transformers) through CTest.
+# Python suites (real torch / safetensors / transformers) through CTest, twice:
+#   1. the normal build (build/), as shipped;
+#   2. the AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/, through
+#      scripts/test-sanitized.sh), which also fails on any sanitizer report a daemon left.
+# Extra arguments go to both ctest runs (e.g. -R unit). CKPTFS_SKIP_SANITIZED=1 runs only
+# the first pass (a quick local run; CI runs both).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh"
 venv=$("$root/scripts/setup-venv.sh")
 "$root/scripts/build.sh" -DCKPTFS_PYTHON="$venv/bin/python"
-cd "$root/build"
-ctest --output-on-failure --timeout 1500 "$@"
+rc=0
+(cd "$root/build" && ctest --output-on-failure --timeout 1500 "$@") || rc=$?
+if [ "${CKPTFS_SKIP_SANITIZED:-0}" != 1 ]; then
+  echo "test.sh: normal pass exit $rc; now the sanitized pass (scripts/test-sanitized.sh)" >&2
+  "$root/scripts/test-sanitized.sh" "$@" || rc=$?
+fi
+exit "$rc"

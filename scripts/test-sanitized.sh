@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Builds ckptfs with AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer included)
+# into build-asan/ and runs the whole CTest suite against that build: the Boost.Test unit
+# tests and every pytest suite (whose ckptfs subprocesses and FUSE daemons are then the
+# instrumented binary; the Python processes themselves are not instrumented).
+#
+# Every sanitizer report goes to a file under build-asan/sanitizer-logs/ instead of stderr:
+# a mounted daemon has daemonized and points stderr at /dev/null, so a finding there would
+# otherwise be lost (the test that triggered it may even pass). The job fails when ctest
+# fails OR when any report file exists, and prints every report.
+#
+# Run scripts/test.sh first (or let it call this script): it installs the Debian packages
+# and the Python environment this uses. Extra arguments go to ctest (e.g. -R unit).
+#   CKPTFS_ASAN_BUILD_TYPE  CMake build type (default RelWithDebInfo: -O2 -g)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build="$root/build-asan"
+logs="$build/sanitizer-logs"
+venv=$("$root/scripts/setup-venv.sh")
+
+start=$(date +%s)
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="${CKPTFS_ASAN_BUILD_TYPE:-RelWithDebInfo}" \
+  -DCKPTFS_SANITIZE=address,undefined -DCKPTFS_PYTHON="$venv/bin/python" >/dev/null
+nice cmake --build "$build" -j"$(nproc)"
+built=$(date +%s)
+
+rm -rf "$logs"
+mkdir -p "$logs"
+# log_path: one file per process, <prefix>.<exe>.<pid>, created only when there is a report.
+# abort_on_error: a finding kills the process with SIGABRT (a test sees it as a crash).
+# detect_stack_use_after_return: affordable here (the suite is dominated by Python).
+export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=1:disable_coredump=1\
+:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1\
+:strict_string_checks=1\
+:log_path=$logs/asan:log_exe_name=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$logs/ubsan:log_exe_name=1"
+# Leaks inside third-party libraries only; each entry says why.
+export LSAN_OPTIONS="suppressions=$root/tests/sanitizer-suppressions-lsan.txt:print_suppressions=0"
+
+# Tests see that the binary under test is sanitized (for assertions on its resources).
+export CKPTFS_SANITIZED=address,undefined
+# Deselected here, and only here: the tests whose point is a bound on the daemon's or CLI's
+# memory. Under ASan that memory is mostly the sanitizer's (shadow, redzones, quarantine;
+# large blocks are mmapped and unmapped as they leave the quarantine, so RSS swings by
+# +-100 MB under load), so these bounds measure ASan, not ckptfs. Every other test in these
+# files (the 16-reader load itself excepted, see below) still runs; the normal pass
+# (scripts/test.sh) asserts the bounds on the normal build.
+#  - corpus, the 10^6-deep nested dict: peak RSS 181 MB normally, 310 MB under ASan (limit 256).
+#  - hardening/test_load: "RSS stays flat within 16 MB" during 16 readers x 60 s (+ bf16).
+#    Concurrent reads under ASan stay covered by tests/fuse/test_fuse_concurrent.py.
+# TODO(owners of tests/corpus, tests/hardening): skip only the RSS assertion when
+# CKPTFS_SANITIZED is set, then drop these lines.
+deselect=(
+  "tests/corpus/test_corpus.py::test_ls_refuses[pkl-nested-dict-1m.pt]"
+  "tests/corpus/test_corpus.py::test_mount_refuses[pkl-nested-dict-1m.pt]"
+  "tests/hardening/test_load.py::test_load_16_readers_random_ranges"
+  "tests/hardening/test_load.py::test_load_bf16_view"
+)
+export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-}${deselect[*]/#/ --deselect }"
+
+cd "$build"
+rc=0
+ctest --output-on-failure --timeout 1500 "$@" || rc=$?
+end=$(date +%s)
+
+shopt -s nullglob
+reports=("$logs"/*)
+if [ ${#reports[@]} -gt 0 ]; then
+  for f in "${reports[@]}"; do
+    echo "===== sanitizer report: $f"
+    cat "$f"
+  done
+  echo "test-sanitized: ${#reports[@]} sanitizer report(s) under $logs" >&2
+  [ "$rc" -ne 0 ] || rc=1
+fi
+echo "test-sanitized: build $((built - start))s, tests $((end - built))s, ctest exit $rc" >&2
+exit "$rc"
