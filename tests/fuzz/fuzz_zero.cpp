@@ -92,7 +92,8 @@ void RemoveWorkDir() {
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  // Folders of earlier runs that crashed (their process is gone).
+  // Folders of earlier runs that did not clean up (a crash, or an exit that skipped atexit):
+  // their process is gone.
   for (const auto& e : fs::directory_iterator("/dev/shm", ec)) {
     const std::string name = e.path().filename();
     if (name.rfind("ckptfs-fuzz-zero-", 0) != 0) continue;
