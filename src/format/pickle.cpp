@@ -530,10 +530,12 @@ std::string PyValue::CallableName() const {
 }
 
 PyRef Pickle::New() {
-  if (used_in_last_ == kChunk) {
-    chunks_.push_back(std::make_unique<PyValue[]>(kChunk));
+  if (used_in_last_ == last_chunk_size_) {
+    last_chunk_size_ = last_chunk_size_ == 0 ? kFirstChunk : std::min(kMaxChunk, last_chunk_size_ * 2);
+    chunks_.push_back(std::make_unique<PyValue[]>(last_chunk_size_));
     used_in_last_ = 0;
   }
+  ++values_;
   return &chunks_.back()[used_in_last_++];
 }
 
@@ -548,7 +550,7 @@ std::string_view Pickle::KeepBytes(std::string_view bytes) {
 void Pickle::Clear() {
   root = nullptr;
   chunks_.clear();
-  used_in_last_ = kChunk;
+  last_chunk_size_ = used_in_last_ = values_ = 0;
   bytes_.reset();
   kept_.clear();
 }

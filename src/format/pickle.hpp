@@ -82,12 +82,14 @@ class Pickle {
   std::string_view KeepBytes(std::string_view bytes);
   void Clear();
   // How many values the pickle made: walkers bound their work by it.
-  size_t value_count() const { return chunks_.empty() ? 0 : (chunks_.size() - 1) * kChunk + used_in_last_; }
+  size_t value_count() const { return values_; }
 
  private:
-  static constexpr size_t kChunk = 4096;  // values per arena chunk
+  // Chunks double from 32 to 4096 values: a ZeRO rank file's pickle makes a few hundred
+  // values, a 100k-tensor state dict over a million.
+  static constexpr size_t kFirstChunk = 32, kMaxChunk = 4096;
   std::vector<std::unique_ptr<PyValue[]>> chunks_;
-  size_t used_in_last_ = kChunk;
+  size_t last_chunk_size_ = 0, used_in_last_ = 0, values_ = 0;
   std::unique_ptr<char[]> bytes_;
   std::deque<std::string> kept_;
 };
