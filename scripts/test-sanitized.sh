@@ -60,7 +60,17 @@ export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-}${deselect[*]/#/ --deselect }"
 
 cd "$build"
 rc=0
-ctest --output-on-failure --timeout 1500 "$@" || rc=$?
+ctest --output-on-failure --timeout 1500 -E '^device$' "$@" || rc=$?
+# The device suite also loads the instrumented libckptfs.so into Python through ctypes
+# (ckptfs.load). The ASan runtime must then be the first library of the process, or it
+# aborts at load ("ASan runtime does not come first"): preload it, for this suite only.
+# Every uninstrumented process of the suite (Python with torch, the DeepSpeed fixture
+# generator, tail) then carries ASan too and reports its own interpreter's and torch's
+# exit-time leaks, so leak detection is off here; ASan and UBSan errors still abort.
+# The other suites check ckptfs's leaks.
+libasan=$(ldd "$build/libckptfs.so" | awk '$1 ~ /^libasan\.so/ {print $3}')
+LD_PRELOAD="$libasan" ASAN_OPTIONS="${ASAN_OPTIONS/detect_leaks=1/detect_leaks=0}" \
+  ctest --output-on-failure --timeout 1500 -R '^device$' "$@" || rc=$?
 end=$(date +%s)
 
 shopt -s nullglob
