@@ -415,3 +415,42 @@ def expect_errno(code: int, fn, *args, **kwargs):
     raise AssertionError(
         f"{getattr(fn, '__name__', fn)}{args} succeeded, expected {errno.errorcode[code]}"
     )
+
+
+def mount_suite_hooks(suite_dir: Path, label: str) -> dict:
+    """The pytest hooks and the `mounts` fixture of a suite whose tests mount (tests/corpus,
+    tests/hardening): a conftest does `globals().update(mount_suite_hooks(SUITE_DIR, NAME))`.
+    Test bodies run with a deadline, every mount is torn down (per test and at session end),
+    and tests that use `mounts` are skipped, with the reason, where FUSE is unavailable."""
+    missing = fuse_unavailable_reason()
+
+    def pytest_configure(config):
+        add_body_timeout_marker(config, label)
+
+    def pytest_collection_modifyitems(config, items):
+        if missing is None:
+            return
+        skip = pytest.mark.skip(reason=f"{label} mounts for real and cannot run here: {missing}")
+        for item in items:
+            if in_suite(item, suite_dir) and "mounts" in getattr(item, "fixturenames", ()):
+                item.add_marker(skip)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pyfunc_call(pyfuncitem):
+        return run_body_with_deadline(pyfuncitem)
+
+    def pytest_sessionfinish(session, exitstatus):
+        teardown_every_mount()
+
+    @pytest.fixture
+    def mounts(ckptfs_bin, tmp_path_factory):
+        yield from serve_mounts(Mounts(ckptfs_bin, tmp_path_factory))
+
+    return {
+        "FUSE_MISSING": missing,
+        "pytest_configure": pytest_configure,
+        "pytest_collection_modifyitems": pytest_collection_modifyitems,
+        "pytest_pyfunc_call": pytest_pyfunc_call,
+        "pytest_sessionfinish": pytest_sessionfinish,
+        "mounts": mounts,
+    }
