@@ -24,40 +24,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ckptfs_testlib import ckptfs_bin  # noqa: E402,F401  (shared fixture)
-from fusetools import (  # noqa: E402
-    MOUNT_TIMEOUT_S,
-    Mounts,
-    add_body_timeout_marker,
-    fuse_unavailable_reason,
-    in_suite,
-    run_body_with_deadline,
-    run_bounded,
-    serve_mounts,
-    teardown_every_mount,
-)
+from fusetools import MOUNT_TIMEOUT_S, mount_suite_hooks, run_bounded  # noqa: E402
 from minilm import minilm_dir  # noqa: E402,F401  (shared fixture)
 
 SUITE_DIR = Path(__file__).resolve().parent
-FUSE_MISSING = fuse_unavailable_reason()
-
-
-def pytest_configure(config):
-    add_body_timeout_marker(config, "tests/fuse")
-
-
-def pytest_collection_modifyitems(config, items):
-    if FUSE_MISSING is None:
-        return
-    skip = pytest.mark.skip(reason=f"tests/fuse mounts for real and cannot run here: {FUSE_MISSING}")
-    for item in items:
-        if in_suite(item, SUITE_DIR):
-            item.add_marker(skip)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem):
-    """Every test body runs in a thread with a deadline (fusetools.run_body_with_deadline)."""
-    return run_body_with_deadline(pyfuncitem)
+globals().update(mount_suite_hooks(SUITE_DIR, "tests/fuse", skip_all=True))
 
 
 # --- the binary ------------------------------------------------------------------------
@@ -90,15 +61,6 @@ def run_ckptfs_bytes(run_ckptfs):
 # --- mounts ----------------------------------------------------------------------------
 
 
-def pytest_sessionfinish(session, exitstatus):
-    teardown_every_mount()
-
-
-@pytest.fixture
-def mounts(ckptfs_bin, tmp_path_factory):
-    """The mount factory of one test (fusetools.Mounts); everything it mounted is unmounted
-    afterwards and the test errors if a mount could not be taken down cleanly."""
-    yield from serve_mounts(Mounts(ckptfs_bin, tmp_path_factory))
 
 
 # --- checkpoints -----------------------------------------------------------------------

@@ -417,11 +417,13 @@ def expect_errno(code: int, fn, *args, **kwargs):
     )
 
 
-def mount_suite_hooks(suite_dir: Path, label: str) -> dict:
-    """The pytest hooks and the `mounts` fixture of a suite whose tests mount (tests/corpus,
-    tests/hardening): a conftest does `globals().update(mount_suite_hooks(SUITE_DIR, NAME))`.
+def mount_suite_hooks(suite_dir: Path, label: str, mounts_class=None, skip_all: bool = False) -> dict:
+    """The pytest hooks and the `mounts` fixture of a suite whose tests mount (tests/fuse,
+    views, corpus, hardening): a conftest does `globals().update(mount_suite_hooks(...))`.
     Test bodies run with a deadline, every mount is torn down (per test and at session end),
-    and tests that use `mounts` are skipped, with the reason, where FUSE is unavailable."""
+    and where FUSE is unavailable the tests that use `mounts` (every test of the suite with
+    SKIP_ALL) are skipped with the reason. MOUNTS_CLASS: a Mounts subclass for the fixture."""
+    mounts_class = mounts_class or Mounts
     missing = fuse_unavailable_reason()
 
     def pytest_configure(config):
@@ -432,7 +434,7 @@ def mount_suite_hooks(suite_dir: Path, label: str) -> dict:
             return
         skip = pytest.mark.skip(reason=f"{label} mounts for real and cannot run here: {missing}")
         for item in items:
-            if in_suite(item, suite_dir) and "mounts" in getattr(item, "fixturenames", ()):
+            if in_suite(item, suite_dir) and (skip_all or "mounts" in getattr(item, "fixturenames", ())):
                 item.add_marker(skip)
 
     @pytest.hookimpl(tryfirst=True)
@@ -444,7 +446,7 @@ def mount_suite_hooks(suite_dir: Path, label: str) -> dict:
 
     @pytest.fixture
     def mounts(ckptfs_bin, tmp_path_factory):
-        yield from serve_mounts(Mounts(ckptfs_bin, tmp_path_factory))
+        yield from serve_mounts(mounts_class(ckptfs_bin, tmp_path_factory))
 
     return {
         "FUSE_MISSING": missing,

@@ -24,43 +24,9 @@ sys.path.insert(0, str(SUITE_DIR))
 sys.path.insert(0, str(SUITE_DIR.parent / "fuse"))
 
 from ckptfs_testlib import ckptfs_bin, ls_json, run_ckptfs  # noqa: E402,F401  (shared fixtures)
-from fusetools import (  # noqa: E402
-    Mounts,
-    add_body_timeout_marker,
-    fuse_unavailable_reason,
-    in_suite,
-    run_body_with_deadline,
-    serve_mounts,
-    teardown_every_mount,
-)
+from fusetools import Mounts, mount_suite_hooks  # noqa: E402
 from minilm import NON_WEIGHT_FILES, SENTENCES, embed, load_model  # noqa: E402
 from minilm import minilm_dir  # noqa: E402,F401  (shared fixture)
-
-FUSE_MISSING = fuse_unavailable_reason()
-
-
-def pytest_configure(config):
-    add_body_timeout_marker(config, "tests/views")
-
-
-def pytest_collection_modifyitems(config, items):
-    if FUSE_MISSING is None:
-        return
-    skip = pytest.mark.skip(reason=f"this test mounts for real and cannot run here: {FUSE_MISSING}")
-    for item in items:
-        if in_suite(item, SUITE_DIR) and "mounts" in getattr(item, "fixturenames", ()):
-            item.add_marker(skip)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem):
-    """The test body runs in a daemon thread with a deadline (fusetools.run_body_with_deadline,
-    as in tests/fuse): a read blocked on a hung mount becomes a failure, and the `mounts`
-    teardown then kills the daemon, which frees the blocked thread."""
-    if not in_suite(pyfuncitem, SUITE_DIR):
-        return None
-    return run_body_with_deadline(pyfuncitem)
-
 
 # --- mounts ----------------------------------------------------------------------------
 
@@ -89,15 +55,7 @@ class ViewMounts(Mounts):
         return argv
 
 
-def pytest_sessionfinish(session, exitstatus):
-    teardown_every_mount()
-
-
-@pytest.fixture
-def mounts(ckptfs_bin, tmp_path_factory):
-    """The mount factory of one test; everything it mounted is unmounted afterwards, and the
-    test errors if a mount could not be taken down cleanly."""
-    yield from serve_mounts(ViewMounts(ckptfs_bin, tmp_path_factory))
+globals().update(mount_suite_hooks(SUITE_DIR, "tests/views", ViewMounts))
 
 
 # --- tools and data ----------------------------------------------------------------------
