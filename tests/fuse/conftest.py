@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ckptfs_testlib import ckptfs_bin  # noqa: E402,F401  (shared fixture)
+from ckptfs_testlib import ckptfs_bin, small_mixed_tensors  # noqa: E402,F401  (shared fixture)
 from fusetools import MOUNT_TIMEOUT_S, mount_suite_hooks, run_bounded  # noqa: E402
 from minilm import minilm_dir  # noqa: E402,F401  (shared fixture)
 
@@ -149,16 +149,7 @@ def make_big_checkpoint(path: Path) -> None:
         "big.i64": torch.randint(-(2**40), 2**40, (256 * 1024,), generator=g),
     }
     dtypes = [torch.float32, torch.float16, torch.int8, torch.bool, torch.float64, torch.int32]
-    for i in range(320):
-        n = int(torch.randint(1, 6000, (1,), generator=g))
-        dt = dtypes[i % len(dtypes)]
-        if dt == torch.bool:
-            t = torch.rand(n, generator=g) > 0.5
-        elif dt in (torch.int8, torch.int32):
-            t = torch.randint(-100, 100, (n,), generator=g).to(dt)
-        else:
-            t = torch.randn(n, generator=g).to(dt)
-        state[f"small.{i:03d}"] = t
+    state.update(small_mixed_tensors(g, 320, 6000, dtypes))
     torch.save({"state": state, "note": "concurrency test"}, path)
 
 

@@ -10,7 +10,7 @@ import pytest
 SUITE_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(SUITE_DIR.parent / "fuse"))
 
-from ckptfs_testlib import ckptfs_bin  # noqa: E402,F401  (shared fixture)
+from ckptfs_testlib import ckptfs_bin, small_mixed_tensors  # noqa: E402,F401  (shared fixture)
 from fusetools import mount_suite_hooks  # noqa: E402
 
 globals().update(mount_suite_hooks(SUITE_DIR, "tests/hardening"))
@@ -36,16 +36,7 @@ def make_large_checkpoint(path: Path, megabytes: int = 256) -> None:
     state["window.full"] = flat
     state["window.view"] = flat[1000:1000 + 4096 * 8].view(4096, 8)  # offset into full's storage
     dtypes = [torch.float32, torch.float16, torch.int8, torch.bool, torch.float64, torch.int32, torch.bfloat16]
-    for i in range(300):
-        n = int(torch.randint(1, 5000, (1,), generator=g))
-        dt = dtypes[i % len(dtypes)]
-        if dt == torch.bool:
-            t = torch.rand(n, generator=g) > 0.5
-        elif dt in (torch.int8, torch.int32):
-            t = torch.randint(-100, 100, (n,), generator=g).to(dt)
-        else:
-            t = torch.randn(n, generator=g).to(dt)
-        state[f"small.{i:03d}"] = t
+    state.update(small_mixed_tensors(g, 300, 5000, dtypes))
     torch.save({"state": state, "step": 7}, path)
 
 
