@@ -41,9 +41,6 @@ class SourceFiles {
   const std::string& path(uint32_t index) const { return files_[index].path; }
   const FileIdentity& identity(uint32_t index) const { return files_[index].identity; }
   uint64_t size(uint32_t index) const { return files_[index].identity.size; }
-  // The open descriptor (read-only), for zero-copy replies (splice); check with
-  // CheckUnchanged before serving from it.
-  int fd(uint32_t index) const { return files_[index].fd; }
 
   // Reads exactly `length` bytes at `offset`. Reading past the recorded size is
   // kCorruption (the caller's offsets were wrong); a short read, or a file whose

@@ -3,10 +3,8 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -65,51 +63,13 @@ void Guard(fuse_req_t req, Body body) {
   }
 }
 
-// CKPTFS_SPLICE=1 (experiment, see tests/bench/README.md): reads that fall inside the data
-// of a per-tensor file served straight from one source extent are answered with
-// fuse_reply_data from the source descriptor, which libfuse splices into /dev/fuse (no
-// copy through a user buffer). Measured slower than pread + fuse_reply_buf on the 2-core
-// development VM, so off by default.
-bool SpliceEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("CKPTFS_SPLICE");
-    return v && *v == '1';
-  }();
-  return on;
-}
-
 void OpInit(void* userdata, fuse_conn_info* conn) {
   // libfuse derives max_pages from max_write; 1 MiB requests cut per-request overhead.
   conn->max_write = kMaxRequestBytes;
-  conn->want &= ~FUSE_CAP_SPLICE_READ;
-  if (SpliceEnabled()) conn->want |= conn->capable & (FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
-  else conn->want &= ~(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
+  // Replies are copied from a per-thread buffer: splicing from the source descriptor
+  // measured 2x slower on the 2-core VM (tests/bench/README.md, commit a13dc47).
+  conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
   (void)userdata;
-}
-
-// The source (file, offset) of bytes [offset, offset+size) of file `id` when they all come
-// from one extent of its tensor's stored bytes; false otherwise.
-bool SingleExtent(const Filesystem& fs, View::NodeId id, uint64_t offset, size_t size, uint32_t* file,
-                  uint64_t* source_offset) {
-  const View::Node& n = fs.view->node(id);
-  if (n.tensor < 0) return false;
-  const TensorEntry& t = fs.view->catalog().tensors[static_cast<size_t>(n.tensor)];
-  if (t.strided || t.served_dtype() != t.dtype || t.nbytes() > n.size) return false;
-  const uint64_t data_start = n.size - t.nbytes();
-  if (offset < data_start || offset >= n.size) return false;
-  uint64_t rel = offset - data_start;
-  const uint64_t len = std::min<uint64_t>(size, n.size - offset);
-  for (const Extent& e : t.extents) {
-    if (rel >= e.length) {
-      rel -= e.length;
-      continue;
-    }
-    if (rel + len > e.length) return false;
-    *file = e.file;
-    *source_offset = e.offset + rel;
-    return true;
-  }
-  return false;
 }
 
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -201,23 +161,6 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file
   Guard(req, [&] {
     Filesystem& fs = Fs(req);
     if (!Valid(fs, ino) || offset < 0) return (void)fuse_reply_err(req, EINVAL);
-    uint32_t file = 0;
-    uint64_t source_offset = 0;
-    if (SpliceEnabled() && size >= 8192 &&
-        SingleExtent(fs, NodeOf(ino), static_cast<uint64_t>(offset), size, &file, &source_offset)) {
-      const SourceFiles& files = *fs.view->catalog().files;
-      if (Status s = files.CheckUnchanged(file); !s.ok()) {
-        fuse_log(FUSE_LOG_ERR, "ckptfs: read of %s failed: %s\n", fs.view->PathOf(NodeOf(ino)).c_str(),
-                 s.message().c_str());
-        return (void)fuse_reply_err(req, s.ToErrno());
-      }
-      const size_t len = std::min<uint64_t>(size, fs.view->node(NodeOf(ino)).size - static_cast<uint64_t>(offset));
-      fuse_bufvec bv = FUSE_BUFVEC_INIT(len);
-      bv.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
-      bv.buf[0].fd = files.fd(file);
-      bv.buf[0].pos = static_cast<off_t>(source_offset);
-      return (void)fuse_reply_data(req, &bv, FUSE_BUF_SPLICE_MOVE);
-    }
     // One reusable buffer per worker thread: libfuse's workers live for the mount.
     thread_local std::vector<char> buf;
     if (buf.size() < size) buf.resize(size);
