@@ -237,12 +237,7 @@ Status View::ReadGather(const TensorEntry& t, uint64_t offset, size_t length, ch
   });
 }
 
-}  // namespace ckptfs
-
-// ---- Tensor data for the device loader (src/device/) ------------------------------------
-
-namespace ckptfs {
-
+// The served bytes of a tensor's data, for the device loader (src/device/).
 Status View::ReadTensorData(size_t tensor_index, uint64_t offset, size_t length, char* out) const {
   if (tensor_index >= catalog_->tensors.size())
     return Status::InvalidArgument(catalog_->source, "tensor index " + std::to_string(tensor_index) + " out of range");
