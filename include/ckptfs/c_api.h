@@ -19,9 +19,16 @@ typedef struct ckptfs_handle ckptfs_handle;
 /* The ABI version this library implements (CKPTFS_C_API_VERSION). */
 int ckptfs_api_version(void);
 
-/* Opens the view of SOURCE. OPTIONS_JSON (may be NULL) is a JSON object of view and source
- * options, as the CLI takes them: {"dtype": "bf16", "root": "model", "moments": true}.
- * NULL on error. */
+/* Options are JSON objects whose keys are the names of ckptfs's option table (the mount's
+ * -o names: ckptfs_options() lists them): a value option takes a string or a number
+ * ({"shard_size": "2GiB"}, {"buffers": 8}), a switch true or false (false leaves it off, or
+ * turns off one that is on by default), null stands for "not given". An unknown key or a bad
+ * value is an error. */
+
+/* Opens the view of SOURCE. OPTIONS_JSON (may be NULL) holds the source and view options,
+ * as the mount and the CLI take them: {"dtype": "bf16", "root": "model", "moments": true,
+ * "shard_size": "2GiB", "checksums": true, "max_pickle": "2GiB", "max_pickle_memory": "8GiB",
+ * "max_header": "200MB", "max_tensors": 20000000}. NULL on error. */
 ckptfs_handle* ckptfs_open(const char* source, const char* options_json);
 void ckptfs_close(ckptfs_handle* handle);
 
@@ -34,15 +41,22 @@ const char* ckptfs_tensor_info(ckptfs_handle* handle);
 
 /* Loads COUNT tensors: tensor INDICES[i] into PTRS[i], which holds NBYTES[i] bytes (the
  * tensor's served size). BACKEND is "host" (PTRS are host memory), "cuda", "cufile" or
- * "auto" (PTRS are device memory of DEVICE). OPTIONS_JSON (may be NULL): {"buffer_size":
- * bytes, "buffers": n, "io_threads": n, "direct_io": bool, "verify": bool}. Returns 0, or -1
- * (the destinations then hold partial data). */
+ * "auto" (PTRS are device memory of DEVICE). OPTIONS_JSON (may be NULL) holds the device
+ * load options, as `ckptfs load` takes them: {"buffer_size": bytes or a size such as
+ * "16MiB", "buffers": n, "io_threads": n, "direct_io": bool (default true), "verify": bool}.
+ * Returns 0, or -1 (the destinations then hold partial data). */
 int ckptfs_load_into(ckptfs_handle* handle, size_t count, const uint64_t* indices, void* const* ptrs,
                      const uint64_t* nbytes, const char* backend, int device, const char* options_json);
 
 /* JSON of the calling thread's last successful load: {"tensors", "bytes", "bytes_read",
  * "direct_bytes", "view_bytes", "seconds", "backend", "o_direct"}. */
 const char* ckptfs_last_load_stats(void);
+
+/* The option table as a JSON array, one object per option: {"name", "kind" ("switch" or
+ * "value"), "on_by_default", "groups", "flag" (the CLI spelling), "value_name", "help",
+ * "front_ends" (those of mount, read_command, load_command, open, load_into that take it)}.
+ * Static; valid while the library is loaded. */
+const char* ckptfs_options(void);
 
 /* The calling thread's last error message ("" if none). */
 const char* ckptfs_last_error(void);

@@ -77,18 +77,14 @@ struct Catalog {
 // separated by '.'.
 std::string FlattenKey(const std::vector<PathElement>& path);
 
-// What a reader should include beyond the weights, and its limits.
+// What a reader should include beyond the weights, and its limits (the source options of
+// include/ckptfs/options.hpp).
 struct SourceOptions {
   // DeepSpeed ZeRO: also serve each trainable parameter's Adam moments, as
   // "exp_avg.<name>" and "exp_avg_sq.<name>" after the weights.
   bool zero_moments = false;
   ReadLimits limits;
 };
-
-// Sets source option `key` (moments, max_pickle, max_pickle_memory, max_header,
-// max_tensors) from `value`. *known is false for other keys; a bad value is an
-// InvalidArgument error.
-Status ParseSourceOption(std::string_view key, std::string_view value, SourceOptions* options, bool* known);
 
 // Detects the format of `source` (a file or a folder) and reads its catalog.
 Status OpenCatalog(const std::string& source, const SourceOptions& options, std::shared_ptr<const Catalog>* out);

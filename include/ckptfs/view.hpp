@@ -20,19 +20,13 @@
 
 namespace ckptfs {
 
-// How a view presents a catalog (mount options -o dtype=,root=,shard_size=,checksums).
+// How a view presents a catalog (the view options of include/ckptfs/options.hpp).
 struct ViewOptions {
   std::optional<DType> dtype;  // convert every floating tensor to this type on read
   std::string root;            // serve only the tensors under this key prefix, prefix removed
   uint64_t shard_size = 0;     // > 0: Hugging Face shards of at most this many bytes
   bool checksums = false;      // manifest.json lists each tensor file's XXH3-64
 };
-
-// Sets the view option `key` (dtype, root, shard_size, checksums) from `value`. *known is
-// false for other keys; a bad value is an InvalidArgument error.
-Status ParseViewOption(std::string_view key, std::string_view value, ViewOptions* options, bool* known);
-// "5GB" (decimal), "2GiB" (binary), "100MB", "512KiB", "123" (bytes); case-insensitive.
-Status ParseSize(std::string_view text, uint64_t* bytes);
 
 // The catalog as `options` present it: only the `root` subtree (prefix removed from keys,
 // metadata narrowed to it), floating tensors marked for conversion to `dtype`.

@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["load", "list_tensors", "library_path", "last_load_stats", "CkptfsError"]
+__all__ = ["load", "list_tensors", "option_table", "library_path", "last_load_stats", "CkptfsError"]
 
 
 class CkptfsError(RuntimeError):
@@ -65,6 +65,7 @@ def _library():
         ]
         lib.ckptfs_last_error.restype = ctypes.c_char_p
         lib.ckptfs_last_load_stats.restype = ctypes.c_char_p
+        lib.ckptfs_options.restype = ctypes.c_char_p
         _lib = lib
     return _lib
 
@@ -73,17 +74,12 @@ def _error(lib) -> CkptfsError:
     return CkptfsError(lib.ckptfs_last_error().decode(errors="replace"))
 
 
-_DTYPE_NAMES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
-                "fp32": "fp32", "float32": "fp32", "float": "fp32"}
-
-
 def _dtype_option(dtype) -> str | None:
+    """The dtype option's text: a torch dtype by its name (torch.bfloat16 -> "bfloat16").
+    libckptfs validates it, as it does every option (its option table)."""
     if dtype is None:
         return None
-    name = str(dtype).removeprefix("torch.")
-    if name not in _DTYPE_NAMES:
-        raise ValueError(f"dtype must be bf16, fp16 or fp32 (or the torch dtype), not {dtype!r}")
-    return _DTYPE_NAMES[name]
+    return str(dtype).removeprefix("torch.")
 
 
 def _torch_dtype(name: str):
@@ -103,10 +99,16 @@ def _torch_dtype(name: str):
     return table[name]
 
 
+def _options_json(options: dict) -> bytes:
+    # Values JSON cannot hold (a numpy integer) go as their text, which the library parses
+    # like the command line's.
+    return json.dumps(options, default=str).encode()
+
+
 class _Handle:
     def __init__(self, source, options: dict):
         self.lib = _library()
-        self.ptr = self.lib.ckptfs_open(os.fsencode(str(source)), json.dumps(options).encode())
+        self.ptr = self.lib.ckptfs_open(os.fsencode(str(source)), _options_json(options))
         if not self.ptr:
             raise _error(self.lib)
 
@@ -126,14 +128,8 @@ class _Handle:
 
 
 def _view_options(dtype, root, moments) -> dict:
-    options = {}
-    if _dtype_option(dtype):
-        options["dtype"] = _dtype_option(dtype)
-    if root:
-        options["root"] = root
-    if moments:
-        options["moments"] = True
-    return options
+    # Unset options are null, which the library reads as "not given".
+    return {"dtype": _dtype_option(dtype), "root": root or None, "moments": bool(moments)}
 
 
 def list_tensors(source, dtype=None, root=None, moments=False) -> list[dict]:
@@ -165,7 +161,8 @@ def load(source, device="cuda:0", dtype=None, select=None, backend="auto", root=
     converted (bit-identical to Tensor.to). select: a key, a glob, or a list of them.
     backend: for CUDA devices "auto" (cuFile, else pinned buffers), "cuda" or "cufile"; a CPU
     device always uses the host back end. buffer_size/buffers/io_threads/direct_io tune the
-    ring of pinned buffers; verify re-reads every tensor and compares.
+    ring of pinned buffers; verify re-reads every tensor and compares. A bad option is a
+    CkptfsError with libckptfs's one line.
     """
     import torch
 
@@ -179,15 +176,9 @@ def load(source, device="cuda:0", dtype=None, select=None, backend="auto", root=
         index = dev.index if dev.index is not None else torch.cuda.current_device()
     else:
         raise ValueError(f"device must be cuda[:N] or cpu, not {device!r}")
-    load_options = {"verify": bool(verify)}
-    if buffer_size is not None:
-        load_options["buffer_size"] = buffer_size
-    if buffers is not None:
-        load_options["buffers"] = int(buffers)
-    if io_threads is not None:
-        load_options["io_threads"] = int(io_threads)
-    if direct_io is not None:
-        load_options["direct_io"] = bool(direct_io)
+    # Checked by the library (its option table), as `ckptfs load` checks its flags.
+    load_options = {"verify": bool(verify), "buffer_size": buffer_size, "buffers": buffers,
+                    "io_threads": io_threads, "direct_io": None if direct_io is None else bool(direct_io)}
 
     with _Handle(source, _view_options(dtype, root, moments)) as h:
         entries = _selected(h.info(), select)
@@ -203,7 +194,7 @@ def load(source, device="cuda:0", dtype=None, select=None, backend="auto", root=
         n = len(ptrs)
         rc = h.lib.ckptfs_load_into(
             h.ptr, n, (ctypes.c_uint64 * n)(*indices), (ctypes.c_void_p * n)(*ptrs), (ctypes.c_uint64 * n)(*sizes),
-            backend_name.encode(), int(index), json.dumps(load_options).encode(),
+            backend_name.encode(), int(index), _options_json(load_options),
         )
         if rc != 0:
             raise _error(h.lib)
@@ -213,3 +204,9 @@ def load(source, device="cuda:0", dtype=None, select=None, backend="auto", root=
 def last_load_stats() -> dict:
     """What the calling thread's last load moved: tensors, bytes, seconds, backend, ..."""
     return json.loads(_library().ckptfs_last_load_stats())
+
+
+def option_table() -> list[dict]:
+    """Every option libckptfs (and the ckptfs command and mount) takes: name, kind ("switch" or
+    "value"), groups, flag (the command line's spelling), value_name, help, front_ends."""
+    return json.loads(_library().ckptfs_options())

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ckptfs/catalog.hpp"
+#include "ckptfs/options.hpp"
 #include "ckptfs/status.hpp"
 #include "ckptfs/view.hpp"
 
@@ -24,22 +25,27 @@ int RunLoad(const Args& args);  // src/cli/load.cpp: stream tensors to a GPU
 // Shared helpers.
 int Fail(const Status& status);                  // prints "ckptfs: MESSAGE", returns 1
 int UsageError(const std::string& what, const char* usage);  // returns 2
-bool WantsHelp(const Args& args);
 
-// The options every reading command takes: --moments, and the view options --dtype T,
-// --root PREFIX, --shard-size SIZE, --checksums (as the mount's -o options); --json where
-// `allow_json`.
-struct ReadOptions {
-  SourceOptions source;
-  ViewOptions view;
+// A command's options: those of the option table it takes (include/ckptfs/options.hpp:
+// every reading command the source and view groups, `load` its own too), and --json.
+struct ReadOptions : OptionValues {
   bool json = false;
 };
-extern const char kReadOptionsHelp[];
 
-// Parses `args` into options and positional arguments. Returns -1 to go on, or the exit
-// status to return (after printing a usage error).
-int ParseReadArgs(const Args& args, const char* usage, bool allow_json, ReadOptions* options,
-                  std::vector<std::string>* positional);
+// How a command starts: what it takes besides the table options of `groups`.
+struct CommandLine {
+  const char* usage;
+  bool allow_json;         // --json
+  unsigned groups;         // OptionGroup bits: kReadCommandGroups, kLoadCommandGroups
+  size_t positional;       // how many positional arguments
+  const char* wrong_count; // the usage error otherwise: "cat takes SOURCE and PATH"
+};
+
+// --help (the usage and the help lines of the command's options), else the options and
+// positional arguments of `args`. Returns -1 to go on, or the exit status to return (after
+// printing the help or a usage error).
+int StartCommand(const Args& args, const CommandLine& command, ReadOptions* options,
+                 std::vector<std::string>* positional);
 
 // OpenCatalog + ApplyViewOptions, for commands that list rather than read.
 Status OpenPresented(const std::string& source, const ReadOptions& options, std::shared_ptr<const Catalog>* out);

@@ -22,6 +22,7 @@ constexpr char kLsUsage[] =
     "Lists the tensors of SOURCE in checkpoint order: key, dtype, shape and size in bytes,\n"
     "as the virtual safetensors files serve them.\n"
     "  --json            print a JSON array of {key, path, dtype, torch_dtype, shape, nbytes, file}\n";
+constexpr CommandLine kLs = {kLsUsage, true, kReadCommandGroups, 1, "ls takes one SOURCE"};
 
 constexpr char kInfoUsage[] =
     "usage: ckptfs info [--json] [OPTIONS] SOURCE\n"
@@ -29,6 +30,7 @@ constexpr char kInfoUsage[] =
     "Prints the format, source files, tensor count, total tensor bytes, bytes per dtype\n"
     "and a summary of the non-tensor metadata of SOURCE.\n"
     "  --json            print the same as one JSON object\n";
+constexpr CommandLine kInfo = {kInfoUsage, true, kReadCommandGroups, 1, "info takes one SOURCE"};
 
 void WriteAll(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
 
@@ -60,11 +62,9 @@ json Summarize(const json& v) {
 }  // namespace
 
 int RunLs(const Args& args) {
-  if (WantsHelp(args)) return std::printf("%s%s", kLsUsage, kReadOptionsHelp), 0;
   ReadOptions options;
   std::vector<std::string> positional;
-  if (int rc = ParseReadArgs(args, kLsUsage, true, &options, &positional); rc >= 0) return rc;
-  if (positional.size() != 1) return UsageError("ls takes one SOURCE", kLsUsage);
+  if (int rc = StartCommand(args, kLs, &options, &positional); rc >= 0) return rc;
   std::shared_ptr<const Catalog> catalog;
   if (Status s = OpenPresented(positional[0], options, &catalog); !s.ok()) return Fail(s);
 
@@ -114,11 +114,9 @@ int RunLs(const Args& args) {
 }
 
 int RunInfo(const Args& args) {
-  if (WantsHelp(args)) return std::printf("%s%s", kInfoUsage, kReadOptionsHelp), 0;
   ReadOptions options;
   std::vector<std::string> positional;
-  if (int rc = ParseReadArgs(args, kInfoUsage, true, &options, &positional); rc >= 0) return rc;
-  if (positional.size() != 1) return UsageError("info takes one SOURCE", kInfoUsage);
+  if (int rc = StartCommand(args, kInfo, &options, &positional); rc >= 0) return rc;
   std::shared_ptr<const Catalog> catalog;
   if (Status s = OpenPresented(positional[0], options, &catalog); !s.ok()) return Fail(s);
 

@@ -1,7 +1,6 @@
 // ckptfs: the command line front end. `ckptfs SOURCE MOUNTPOINT` (or `ckptfs mount ...`)
 // mounts through the FUSE daemon; the other subcommands work without FUSE.
 #include <cstdio>
-#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -22,24 +21,23 @@ int UsageError(const std::string& what, const char* usage) {
   return 2;
 }
 
+namespace {
+
 bool WantsHelp(const Args& args) {
   for (const auto& a : args)
     if (a == "--help" || a == "-h") return true;
   return false;
 }
 
-const char kReadOptionsHelp[] =
-    "  --dtype T         serve floating tensors as T (bf16, fp16, fp32)\n"
-    "  --root PREFIX     only the tensors under PREFIX (e.g. model), prefix removed\n"
-    "  --shard-size S    Hugging Face shards of at most S (5GB, 2GiB) instead of model.safetensors\n"
-    "  --checksums       manifest.json lists each tensor file's XXH3-64\n"
-    "  --moments         DeepSpeed ZeRO: also the Adam moments (exp_avg.*, exp_avg_sq.*)\n"
-    "  --max-pickle S, --max-pickle-memory S, --max-header S, --max-tensors N\n"
-    "                    raise the limits on untrusted metadata (defaults 1GiB, 4GiB, 100MB,\n"
-    "                    10000000; see README, Limits)\n";
+}  // namespace
 
-int ParseReadArgs(const Args& args, const char* usage, bool allow_json, ReadOptions* options,
-                  std::vector<std::string>* positional) {
+int StartCommand(const Args& args, const CommandLine& command, ReadOptions* options,
+                 std::vector<std::string>* positional) {
+  if (WantsHelp(args)) {
+    std::fputs(command.usage, stdout);
+    std::fputs(CommandLineHelp(command.groups).c_str(), stdout);
+    return 0;
+  }
   bool only_positional = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -51,26 +49,16 @@ int ParseReadArgs(const Args& args, const char* usage, bool allow_json, ReadOpti
       only_positional = true;
       continue;
     }
-    if (a == "--json" && allow_json) {
+    if (a == "--json" && command.allow_json) {
       options->json = true;
       continue;
     }
-    // --dtype T, --dtype=T and the like map onto the mount's -o dtype=T.
-    std::string key = a.substr(2), value;
-    if (size_t eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key.resize(eq);
-    } else if (key != "checksums" && key != "moments") {
-      if (i + 1 >= args.size()) return UsageError("option '" + a + "' needs a value", usage);
-      value = args[++i];
-    }
-    std::replace(key.begin(), key.end(), '-', '_');
     bool known = false;
-    Status s = ParseViewOption(key, value, &options->view, &known);
-    if (!known) s = ParseSourceOption(key, value, &options->source, &known);
-    if (!known) return UsageError("unknown option '" + a + "'", usage);
-    if (!s.ok()) return UsageError(s.message(), usage);
+    Status s = ParseCommandLineOption(args, &i, command.groups, options, &known);
+    if (!known) return UsageError("unknown option '" + a + "'", command.usage);
+    if (!s.ok()) return UsageError(s.message(), command.usage);
   }
+  if (positional->size() != command.positional) return UsageError(command.wrong_count, command.usage);
   return -1;
 }
 

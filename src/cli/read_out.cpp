@@ -30,6 +30,7 @@ constexpr char kCatUsage[] =
     "  ckptfs cat ck.pt manifest.json\n"
     "  ckptfs cat --dtype bf16 ck.pt model.safetensors > model-bf16.safetensors\n"
     "  ckptfs cat ck.pt tensors/encoder.weight.safetensors\n";
+constexpr CommandLine kCat = {kCatUsage, false, kReadCommandGroups, 2, "cat takes SOURCE and PATH"};
 
 constexpr char kExportUsage[] =
     "usage: ckptfs export [OPTIONS] SOURCE OUTDIR\n"
@@ -40,6 +41,7 @@ constexpr char kExportUsage[] =
     "Each file is written under a temporary name (.NAME.ckptfs-tmp-PID) and renamed\n"
     "into place when complete: an interrupted export leaves no partial file under a\n"
     "final name. The output is synced to disk before export returns.\n";
+constexpr CommandLine kExport = {kExportUsage, false, kReadCommandGroups, 2, "export takes SOURCE and OUTDIR"};
 
 constexpr char kHashUsage[] =
     "usage: ckptfs hash [OPTIONS] SOURCE\n"
@@ -47,6 +49,7 @@ constexpr char kHashUsage[] =
     "Prints the XXH3-64 of every tensor file of the view of SOURCE, one line each, in\n"
     "the format of 'xxhsum -H3': XXH3 (tensors/<file>) = <16 hex digits>. The same value\n"
     "is the xattr user.ckptfs.xxh3 of the file on a mount.\n";
+constexpr CommandLine kHash = {kHashUsage, false, kReadCommandGroups, 1, "hash takes one SOURCE"};
 
 Status WriteFully(int fd, const char* data, size_t n, const std::string& where) {
   while (n > 0) {
@@ -212,11 +215,9 @@ Status ExportTree(const View& view, const std::string& outdir) {
 }  // namespace
 
 int RunCat(const Args& args) {
-  if (WantsHelp(args)) return std::printf("%s%s", kCatUsage, kReadOptionsHelp), 0;
   ReadOptions options;
   std::vector<std::string> positional;
-  if (int rc = ParseReadArgs(args, kCatUsage, false, &options, &positional); rc >= 0) return rc;
-  if (positional.size() != 2) return UsageError("cat takes SOURCE and PATH", kCatUsage);
+  if (int rc = StartCommand(args, kCat, &options, &positional); rc >= 0) return rc;
   std::unique_ptr<View> view;
   if (Status s = OpenView(positional[0], options, &view); !s.ok()) return Fail(s);
   auto id = view->Lookup(positional[1]);
@@ -228,11 +229,9 @@ int RunCat(const Args& args) {
 }
 
 int RunExport(const Args& args) {
-  if (WantsHelp(args)) return std::printf("%s%s", kExportUsage, kReadOptionsHelp), 0;
   ReadOptions options;
   std::vector<std::string> positional;
-  if (int rc = ParseReadArgs(args, kExportUsage, false, &options, &positional); rc >= 0) return rc;
-  if (positional.size() != 2) return UsageError("export takes SOURCE and OUTDIR", kExportUsage);
+  if (int rc = StartCommand(args, kExport, &options, &positional); rc >= 0) return rc;
   std::unique_ptr<View> view;
   if (Status s = OpenView(positional[0], options, &view); !s.ok()) return Fail(s);
   if (Status s = ExportTree(*view, positional[1]); !s.ok()) return Fail(s);
@@ -240,11 +239,9 @@ int RunExport(const Args& args) {
 }
 
 int RunHash(const Args& args) {
-  if (WantsHelp(args)) return std::printf("%s%s", kHashUsage, kReadOptionsHelp), 0;
   ReadOptions options;
   std::vector<std::string> positional;
-  if (int rc = ParseReadArgs(args, kHashUsage, false, &options, &positional); rc >= 0) return rc;
-  if (positional.size() != 1) return UsageError("hash takes one SOURCE", kHashUsage);
+  if (int rc = StartCommand(args, kHash, &options, &positional); rc >= 0) return rc;
   std::unique_ptr<View> view;
   if (Status s = OpenView(positional[0], options, &view); !s.ok()) return Fail(s);
   const size_t count = view->catalog().tensors.size();

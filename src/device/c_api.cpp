@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/device.hpp"
+#include "ckptfs/options.hpp"
 #include "ckptfs/view.hpp"
 
 #define CKPTFS_EXPORT extern "C" __attribute__((visibility("default")))
@@ -18,29 +19,22 @@ struct ckptfs_handle {
 
 namespace {
 
+using ckptfs::OptionValues;
+using ckptfs::Status;
+
 thread_local std::string g_error;
 thread_local std::string g_stats = "{}";
 
 void SetError(const std::string& message) { g_error = message; }
 
-// A JSON scalar as the text an option parser takes.
-std::string OptionText(const nlohmann::json& v) {
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
-  return v.dump();
-}
-
-bool ParseJson(const char* text, nlohmann::json* out) {
-  if (!text || !*text) {
-    *out = nlohmann::json::object();
-    return true;
-  }
-  *out = nlohmann::json::parse(text, nullptr, false);
-  if (out->is_discarded() || !out->is_object()) {
-    SetError(std::string("options: not a JSON object: ") + text);
-    return false;
-  }
-  return true;
+// The options JSON of ckptfs_open or ckptfs_load_into (NULL or "" for none), parsed through
+// the option table for the groups that call takes.
+Status ParseOptionsText(const char* text, unsigned groups, OptionValues* out) {
+  if (!text || !*text) return Status::OK();
+  const nlohmann::json options = nlohmann::json::parse(text, nullptr, false);
+  if (options.is_discarded() || !options.is_object())
+    return Status::InvalidArgument("options", std::string("not a JSON object: ") + text);
+  return ParseJsonOptions(options, groups, out);
 }
 
 }  // namespace
@@ -50,31 +44,15 @@ CKPTFS_EXPORT int ckptfs_api_version(void) { return CKPTFS_C_API_VERSION; }
 CKPTFS_EXPORT ckptfs_handle* ckptfs_open(const char* source, const char* options_json) {
   using namespace ckptfs;
   try {
-    nlohmann::json opts;
-    if (!ParseJson(options_json, &opts)) return nullptr;
-    ViewOptions view_options;
-    SourceOptions source_options;
-    for (auto it = opts.begin(); it != opts.end(); ++it) {
-      if (it.value().is_null()) continue;
-      // Switches (moments, checksums) take no value: true sets them, false leaves them off.
-      if (it.value().is_boolean() && !it.value().get<bool>()) continue;
-      const std::string value = it.value().is_boolean() ? std::string() : OptionText(it.value());
-      if (it.key() == "moments") {
-        source_options.zero_moments = true;
-        continue;
-      }
-      bool known = false;
-      Status s = ParseViewOption(it.key(), value, &view_options, &known);
-      if (!known) s = Status::InvalidArgument(it.key(), "unknown option");
-      if (!s.ok()) {
-        SetError(s.message());
-        return nullptr;
-      }
+    OptionValues options;
+    if (Status s = ParseOptionsText(options_json, kOpenGroups, &options); !s.ok()) {
+      SetError(s.message());
+      return nullptr;
     }
     std::shared_ptr<const Catalog> catalog;
-    Status s = OpenCatalog(source, source_options, &catalog);
+    Status s = OpenCatalog(source, options.source, &catalog);
     auto handle = std::make_unique<ckptfs_handle>();
-    if (s.ok()) s = View::Build(std::move(catalog), view_options, &handle->view);
+    if (s.ok()) s = View::Build(std::move(catalog), options.view, &handle->view);
     if (!s.ok()) {
       SetError(s.message());
       return nullptr;
@@ -112,29 +90,10 @@ CKPTFS_EXPORT int ckptfs_load_into(ckptfs_handle* handle, size_t count, const ui
       SetError("ckptfs_load_into: null handle");
       return -1;
     }
-    nlohmann::json opts;
-    if (!ParseJson(options_json, &opts)) return -1;
-    DeviceLoadOptions options;
-    bool verify = false;
-    for (auto it = opts.begin(); it != opts.end(); ++it) {
-      const auto& v = it.value();
-      if (it.key() == "buffer_size") {
-        uint64_t bytes = 0;
-        Status s = v.is_number_unsigned() ? (bytes = v.get<uint64_t>(), Status::OK()) : ParseSize(OptionText(v), &bytes);
-        if (!s.ok()) return SetError(s.message()), -1;
-        options.buffer_bytes = bytes;
-      } else if (it.key() == "buffers" && v.is_number_integer()) {
-        options.buffers = v.get<int>();
-      } else if (it.key() == "io_threads" && v.is_number_integer()) {
-        options.io_threads = v.get<int>();
-      } else if (it.key() == "direct_io" && v.is_boolean()) {
-        options.direct_io = v.get<bool>();
-      } else if (it.key() == "verify" && v.is_boolean()) {
-        verify = v.get<bool>();
-      } else {
-        SetError("ckptfs_load_into: unknown or mistyped option '" + it.key() + "'");
-        return -1;
-      }
+    OptionValues options;
+    if (Status s = ParseOptionsText(options_json, kLoadIntoGroups, &options); !s.ok()) {
+      SetError(s.message());
+      return -1;
     }
     std::unique_ptr<DeviceBackend> be;
     Status s = OpenBackend(backend ? backend : "auto", device, &be);
@@ -144,7 +103,7 @@ CKPTFS_EXPORT int ckptfs_load_into(ckptfs_handle* handle, size_t count, const ui
     const View& view = *handle->view;
     for (size_t i = 0; i < count; ++i) {
       dests.push_back({static_cast<size_t>(indices[i]), ptrs[i], nbytes[i]});
-      if (verify && indices[i] < view.catalog().tensors.size()) {
+      if (options.verify && indices[i] < view.catalog().tensors.size()) {
         DeviceTensor t;
         t.index = indices[i];
         t.key = view.catalog().tensors[indices[i]].key;
@@ -154,8 +113,8 @@ CKPTFS_EXPORT int ckptfs_load_into(ckptfs_handle* handle, size_t count, const ui
       }
     }
     DeviceLoadStats stats;
-    s = LoadIntoDevice(view, *be, options, dests, &stats);
-    if (s.ok() && verify) s = VerifyDeviceTensors(view, *be, check);
+    s = LoadIntoDevice(view, *be, options.load, dests, &stats);
+    if (s.ok() && options.verify) s = VerifyDeviceTensors(view, *be, check);
     if (!s.ok()) return SetError(s.message()), -1;
     g_stats = nlohmann::json{{"tensors", stats.tensors},
                              {"bytes", stats.bytes},
@@ -171,6 +130,18 @@ CKPTFS_EXPORT int ckptfs_load_into(ckptfs_handle* handle, size_t count, const ui
     SetError(std::string("ckptfs_load_into: ") + e.what());
     return -1;
   }
+}
+
+CKPTFS_EXPORT const char* ckptfs_options(void) {
+  // Built once: the table never changes while the library is loaded.
+  static const std::string description = [] {
+    try {
+      return ckptfs::DescribeOptions().dump();
+    } catch (const std::exception&) {
+      return std::string("[]");
+    }
+  }();
+  return description.c_str();
 }
 
 CKPTFS_EXPORT const char* ckptfs_last_load_stats(void) { return g_stats.c_str(); }

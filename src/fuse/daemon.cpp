@@ -21,13 +21,14 @@
 #include <thread>
 #include <vector>
 
+#include "ckptfs/options.hpp"
 #include "fuse/filesystem.hpp"
 #include "fuse/source_watcher.hpp"
 
 namespace ckptfs::fuse {
 namespace {
 
-constexpr char kUsage[] =
+constexpr char kUsageHead[] =
     "usage: ckptfs SOURCE MOUNTPOINT [-o OPTION,...] [-f] [-d] [-s]\n"
     "       ckptfs mount SOURCE MOUNTPOINT [...]\n"
     "\n"
@@ -36,18 +37,10 @@ constexpr char kUsage[] =
     "metadata.json and the folder's other files. Returns once the mount is ready;\n"
     "unmount with 'fusermount3 -u MOUNTPOINT'.\n"
     "\n"
-    "  -f            stay in the foreground\n"
-    "  -d            debug output (implies -f)\n"
-    "  -s            single-threaded\n"
-    "  -o dtype=T    serve floating tensors as T (bf16, fp16, fp32), converted on read\n"
-    "  -o root=P     only the tensors under the key prefix P (e.g. model), prefix removed\n"
-    "  -o shard_size=S  Hugging Face shards of at most S (5GB, 2GiB) + index\n"
-    "  -o checksums  manifest.json lists each tensor file's XXH3-64\n"
-    "  -o moments    DeepSpeed ZeRO: also serve the Adam moments (exp_avg.*, exp_avg_sq.*)\n"
-    "  -o max_pickle=S,max_pickle_memory=S,max_header=S,max_tensors=N\n"
-    "                raise the limits on untrusted metadata (defaults 1GiB, 4GiB, 100MB, 10000000)\n"
-    "  -o allow_other, -o auto_unmount, -o max_threads=N, ...  see below\n"
-    "\n";
+    "  -f                stay in the foreground\n"
+    "  -d                debug output (implies -f)\n"
+    "  -s                single-threaded\n";
+constexpr char kUsageTail[] = "  -o allow_other, -o auto_unmount, -o max_threads=N, ...  see below\n\n";
 
 // Options mount(8) and fstab hand to helpers that mean nothing to a FUSE daemon.
 bool IsMountOnlyOption(const std::string& opt) {
@@ -105,8 +98,7 @@ struct ParsedCommandLine {
   std::string mountpoint;
   std::vector<std::string> flags;    // passed to libfuse as they are
   std::vector<std::string> options;  // -o values for libfuse, one per entry
-  SourceOptions source_options;      // ckptfs's own -o values
-  ViewOptions view_options;
+  OptionValues values;               // ckptfs's own -o values (the option table)
   bool help = false;
   bool bad_value = false;  // an option with an invalid value: bad input (exit 1), not usage
 };
@@ -121,29 +113,13 @@ bool Parse(int argc, char** argv, bool as_mount_helper, ParsedCommandLine* cl) {
       while (start <= list.size()) {
         size_t comma = list.find(',', start);
         std::string opt = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-        const size_t eq = opt.find('=');
         bool known = false;
-        Status s = ParseViewOption(opt.substr(0, eq), eq == std::string::npos ? "" : opt.substr(eq + 1),
-                                   &cl->view_options, &known);
-        if (!s.ok()) {
+        if (Status s = ParseMountOption(opt, kMountGroups, &cl->values, &known); !s.ok()) {
           std::fprintf(stderr, "ckptfs: %s\n", s.message().c_str());
           cl->bad_value = true;
           return false;
         }
-        if (!known) {
-          s = ParseSourceOption(opt.substr(0, eq), eq == std::string::npos ? "" : opt.substr(eq + 1),
-                                &cl->source_options, &known);
-          if (!s.ok()) {
-            std::fprintf(stderr, "ckptfs: %s\n", s.message().c_str());
-            cl->bad_value = true;
-            return false;
-          }
-        }
-        if (known) {
-          // a view or source option
-        } else if (!opt.empty() && !IsMountOnlyOption(opt)) {
-          cl->options.push_back(opt);
-        }
+        if (!known && !opt.empty() && !IsMountOnlyOption(opt)) cl->options.push_back(opt);
         if (comma == std::string::npos) break;
         start = comma + 1;
       }
@@ -188,7 +164,9 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
   ParsedCommandLine cl;
   if (!Parse(argc, argv, as_mount_helper, &cl)) return cl.bad_value ? 1 : 2;
   if (cl.help) {
-    std::fputs(kUsage, stdout);
+    std::fputs(kUsageHead, stdout);
+    std::fputs(MountHelp(kMountGroups).c_str(), stdout);
+    std::fputs(kUsageTail, stdout);
     fuse_cmdline_help();
     fuse_lowlevel_help();
     return 0;
@@ -232,8 +210,8 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
   fs.uid = ::getuid();
   fs.gid = ::getgid();
   std::shared_ptr<const Catalog> catalog;
-  Status s = OpenCatalog(source, cl.source_options, &catalog);
-  if (s.ok()) s = View::Build(std::move(catalog), cl.view_options, &fs.view);
+  Status s = OpenCatalog(source, cl.values.source, &catalog);
+  if (s.ok()) s = View::Build(std::move(catalog), cl.values.view, &fs.view);
   if (!s.ok()) {
     std::fprintf(stderr, "ckptfs: %s\n", s.message().c_str());
     return 1;

@@ -1,4 +1,4 @@
-// Element conversion (view/convert.cpp) and view option parsing, on hand-picked bit patterns
+// Element conversion (view/convert.cpp), on hand-picked bit patterns
 // whose torch results are known (checked with torch 2.15 on x86).
 #define BOOST_TEST_MODULE convert_test
 #include <boost/test/unit_test.hpp>
@@ -78,29 +78,4 @@ BOOST_AUTO_TEST_CASE(only_floating_types_convert) {
   BOOST_TEST(!ckptfs::ConvertsTo(DType::kBool, DType::kF32));
   BOOST_TEST(!ckptfs::ConvertsTo(DType::kC64, DType::kF32));
   BOOST_TEST(!ckptfs::ConvertsTo(DType::kBF16, DType::kBF16));
-}
-
-BOOST_AUTO_TEST_CASE(sizes_parse_with_decimal_and_binary_units) {
-  uint64_t n = 0;
-  BOOST_TEST(ckptfs::ParseSize("5GB", &n).ok());
-  BOOST_TEST(n == 5000000000ull);
-  BOOST_TEST(ckptfs::ParseSize("2gib", &n).ok());
-  BOOST_TEST(n == 2147483648ull);
-  BOOST_TEST(ckptfs::ParseSize("123", &n).ok());
-  BOOST_TEST(n == 123u);
-  BOOST_TEST(!ckptfs::ParseSize("0", &n).ok());
-  BOOST_TEST(!ckptfs::ParseSize("abc", &n).ok());
-  BOOST_TEST(!ckptfs::ParseSize("5XB", &n).ok());
-  BOOST_TEST(!ckptfs::ParseSize("99999999999999TB", &n).ok());
-}
-
-BOOST_AUTO_TEST_CASE(view_options_parse) {
-  ckptfs::ViewOptions o;
-  bool known = false;
-  BOOST_TEST(ckptfs::ParseViewOption("dtype", "bf16", &o, &known).ok());
-  BOOST_TEST(known);
-  BOOST_TEST((o.dtype == DType::kBF16));
-  BOOST_TEST(!ckptfs::ParseViewOption("dtype", "int8", &o, &known).ok());
-  BOOST_TEST(ckptfs::ParseViewOption("allow_other", "", &o, &known).ok());
-  BOOST_TEST(!known);
 }

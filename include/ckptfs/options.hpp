@@ -1,0 +1,119 @@
+// Options: the one table of every option ckptfs takes, and the spellings its front ends use.
+//
+// Each option is declared once (src/options/table.cpp): its name, whether it is a switch or
+// takes a value, how the value parses, its help line and the groups it belongs to. Every
+// front end parses through the table in its own spelling and takes the groups it serves:
+//
+//   mount               -o name=value, -o switch             source, view
+//   ckptfs ls|info|cat|export|hash
+//                       --name value, --name=value, --switch  source, view
+//   ckptfs load         (the same)                            source, view, device load, load target
+//   ckptfs_open         {"name": value, "switch": true}       source, view
+//   ckptfs_load_into    (the same)                            device load
+//
+// The command line writes '-' for '_' (--shard-size); a switch that is on by default is
+// spelled --no-NAME there (--no-direct-io). Help texts and the C API's description of the
+// table (ckptfs_options) are generated from it, so no front end can drift from the others.
+#ifndef CKPTFS_OPTIONS_HPP_
+#define CKPTFS_OPTIONS_HPP_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckptfs/catalog.hpp"
+#include "ckptfs/device.hpp"
+#include "ckptfs/status.hpp"
+#include "ckptfs/view.hpp"
+
+namespace ckptfs {
+
+// What the table fills.
+struct OptionValues {
+  SourceOptions source;    // moments, max_pickle, max_pickle_memory, max_header, max_tensors
+  ViewOptions view;        // dtype, root, shard_size, checksums
+  DeviceLoadOptions load;  // buffer_size, buffers, io_threads, direct_io, select
+  bool verify = false;     // verify: read every loaded tensor back and compare with the view
+  std::string backend = "auto";  // backend: host, cuda, cufile or auto
+  int device = 0;                // device: the CUDA device number
+};
+
+enum class OptionKind : uint8_t {
+  kSwitch,  // on or off, no value
+  kValue,   // takes one value
+};
+
+// What an option is about; a front end takes whole groups.
+enum OptionGroup : unsigned {
+  kSourceGroup = 1u << 0,      // how a source is read (SourceOptions)
+  kViewGroup = 1u << 1,        // how the view presents it (ViewOptions)
+  kDeviceLoadGroup = 1u << 2,  // how a load to device memory runs (DeviceLoadOptions, verify)
+  // What `ckptfs load` loads and where. The C API takes these as ckptfs_load_into's
+  // arguments (backend, device, the tensor indices), not as options.
+  kLoadTargetGroup = 1u << 3,
+};
+
+// The groups each front end takes.
+inline constexpr unsigned kMountGroups = kSourceGroup | kViewGroup;
+inline constexpr unsigned kReadCommandGroups = kSourceGroup | kViewGroup;  // ls, info, cat, export, hash
+inline constexpr unsigned kLoadCommandGroups = kSourceGroup | kViewGroup | kDeviceLoadGroup | kLoadTargetGroup;
+inline constexpr unsigned kOpenGroups = kSourceGroup | kViewGroup;  // ckptfs_open
+inline constexpr unsigned kLoadIntoGroups = kDeviceLoadGroup;       // ckptfs_load_into
+
+struct OptionSpec {
+  std::string_view name;  // the mount's -o name and the JSON key; the command line writes '-' for '_'
+  OptionKind kind = OptionKind::kValue;
+  unsigned groups = 0;          // OptionGroup bits
+  std::string_view value_name;  // kValue: the value's placeholder in help ("SIZE")
+  std::string_view help;        // what it does, for --help (the command line's spelling)
+  // kValue: parses `value` into `out`; a bad value is an InvalidArgument error whose message
+  // starts with `where` (the option as the user wrote it, e.g. "dtype=int8").
+  Status (*parse)(std::string_view where, std::string_view value, OptionValues* out) = nullptr;
+  // kSwitch: turns it on or off.
+  void (*turn)(OptionValues* out, bool on) = nullptr;
+  // kSwitch: on unless turned off. The command line spells it --no-NAME, which turns it off.
+  bool on_by_default = false;
+};
+
+// Every option, in help order.
+std::span<const OptionSpec> OptionTable();
+// The table entry named `name` ("shard_size"), or nullptr.
+const OptionSpec* FindOption(std::string_view name);
+
+// "5GB" (decimal), "2GiB" (binary), "100MB", "512KiB", "123" (bytes); case-insensitive.
+Status ParseSize(std::string_view text, uint64_t* bytes);
+
+// The command line's spelling of `spec`: "--shard-size", "--no-direct-io".
+std::string CommandLineFlag(const OptionSpec& spec);
+
+// Mount: one entry of an -o list, "name=value" or "name". *known is false for names not in
+// the table (libfuse's and mount(8)'s options, left to the caller). A table option outside
+// `groups`, a switch given a value or a bad value is an error.
+Status ParseMountOption(std::string_view entry, unsigned groups, OptionValues* out, bool* known);
+
+// Command line: args[*next] is "--name", "--name=value", or "--name" followed by its value.
+// On success *next is the index of the last argument used. *known is false when args[*next]
+// is no table option of `groups` (the caller's own flags, or an unknown option); errors
+// ("option '--root' needs a value", a bad value) are for the caller to report as usage errors.
+Status ParseCommandLineOption(const std::vector<std::string>& args, size_t* next, unsigned groups,
+                              OptionValues* out, bool* known);
+
+// C API: a JSON object of options. Keys are table names in `groups`; values are strings or
+// numbers for value options, true or false for switches; null means not given.
+Status ParseJsonOptions(const nlohmann::json& options, unsigned groups, OptionValues* out);
+
+// Help lines for the options of `groups`: "  --dtype T         serve ...".
+std::string CommandLineHelp(unsigned groups);
+// The same for the mount: "  -o dtype=T        serve ...".
+std::string MountHelp(unsigned groups);
+// The table as JSON, for ckptfs_options(): [{"name", "kind", "groups", "flag", "value_name",
+// "help", "front_ends"}], front ends named mount, read_command, load_command, open, load_into.
+nlohmann::json DescribeOptions();
+
+}  // namespace ckptfs
+
+#endif  // CKPTFS_OPTIONS_HPP_

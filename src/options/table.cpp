@@ -1,0 +1,182 @@
+// The option table: every option ckptfs takes, declared once, with the parsers of its values.
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <string>
+
+#include "ckptfs/options.hpp"
+
+namespace ckptfs {
+namespace {
+
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// ParseSize with the error naming `where` (the option as written) rather than the bare text.
+Status ParseSizeAt(std::string_view where, std::string_view text, uint64_t* bytes) {
+  const std::string t = Lower(text);
+  size_t digits = 0;
+  while (digits < t.size() && std::isdigit(static_cast<unsigned char>(t[digits]))) ++digits;
+  static const std::pair<const char*, uint64_t> kUnits[] = {
+      {"", 1}, {"b", 1}, {"kb", 1000}, {"mb", 1000000}, {"gb", 1000000000}, {"tb", 1000000000000},
+      {"kib", 1ull << 10}, {"mib", 1ull << 20}, {"gib", 1ull << 30}, {"tib", 1ull << 40}};
+  if (digits == 0 || digits > 15) return Status::InvalidArgument(where, "not a size (e.g. 5GB, 2GiB, 500MB)");
+  const uint64_t n = std::stoull(t.substr(0, digits));
+  for (const auto& [unit, scale] : kUnits) {
+    if (t.substr(digits) == unit) {
+      if (n == 0) return Status::InvalidArgument(where, "a size must be positive");
+      if (__builtin_mul_overflow(n, scale, bytes)) return Status::InvalidArgument(where, "size too large");
+      return Status::OK();
+    }
+  }
+  return Status::InvalidArgument(where, "unknown size unit (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
+}
+
+// A decimal integer in [min, max], all of `text`.
+bool ParseInteger(std::string_view text, uint64_t min, uint64_t max, uint64_t* out) {
+  uint64_t n = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || ptr != text.data() + text.size() || n < min || n > max) return false;
+  *out = n;
+  return true;
+}
+
+// Ring sizes and thread counts: a bound far above any useful value keeps a typo from asking
+// for millions of buffers or threads.
+constexpr uint64_t kMaxCount = uint64_t{1} << 20;
+
+Status ParseCount(std::string_view where, std::string_view value, int* out) {
+  uint64_t n = 0;
+  if (!ParseInteger(value, 1, kMaxCount, &n))
+    return Status::InvalidArgument(where, "not a count from 1 to " + std::to_string(kMaxCount));
+  *out = static_cast<int>(n);
+  return Status::OK();
+}
+
+Status ParseDType(std::string_view where, std::string_view value, OptionValues* out) {
+  const std::string v = Lower(value);
+  if (v == "bf16" || v == "bfloat16") out->view.dtype = DType::kBF16;
+  else if (v == "fp16" || v == "f16" || v == "float16" || v == "half") out->view.dtype = DType::kF16;
+  else if (v == "fp32" || v == "f32" || v == "float32" || v == "float") out->view.dtype = DType::kF32;
+  else return Status::InvalidArgument(where, "the target dtype must be bf16, fp16 or fp32");
+  return Status::OK();
+}
+
+Status ParseRoot(std::string_view where, std::string_view value, OptionValues* out) {
+  if (value.empty()) return Status::InvalidArgument(where, "needs a key prefix, e.g. root=model");
+  out->view.root.assign(value);
+  return Status::OK();
+}
+
+// shard_size, max_pickle, max_pickle_memory, max_header: a size into the field of
+// OptionValues that the member path `Path` names (e.g. view, shard_size).
+template <auto... Path>
+Status ParseSizeInto(std::string_view where, std::string_view value, OptionValues* out) {
+  return ParseSizeAt(where, value, &(*out .* ... .* Path));
+}
+
+Status ParseMaxTensors(std::string_view where, std::string_view value, OptionValues* out) {
+  if (!ParseInteger(value, 1, UINT64_MAX, &out->source.limits.tensors))
+    return Status::InvalidArgument(where, "not a positive count");
+  return Status::OK();
+}
+
+Status ParseBackend(std::string_view where, std::string_view value, OptionValues* out) {
+  if (value != "host" && value != "cuda" && value != "cufile" && value != "auto")
+    return Status::InvalidArgument(where, "the back end must be host, cuda, cufile or auto");
+  out->backend.assign(value);
+  return Status::OK();
+}
+
+Status ParseDevice(std::string_view where, std::string_view value, OptionValues* out) {
+  uint64_t n = 0;
+  if (!ParseInteger(value, 0, kMaxCount, &n)) return Status::InvalidArgument(where, "not a device number");
+  out->device = static_cast<int>(n);
+  return Status::OK();
+}
+
+Status ParseSelect(std::string_view where, std::string_view value, OptionValues* out) {
+  if (value.empty()) return Status::InvalidArgument(where, "needs a key or a shell glob, e.g. 'model.*'");
+  out->load.select.emplace_back(value);
+  return Status::OK();
+}
+
+Status ParseBufferSize(std::string_view where, std::string_view value, OptionValues* out) {
+  uint64_t bytes = 0;
+  CKPTFS_RETURN_IF_ERROR(ParseSizeAt(where, value, &bytes));
+  // O_DIRECT reads land in the buffers in 4 KiB units; past 16 GiB pinned memory is the limit.
+  if (bytes < 4096 || bytes > (uint64_t{1} << 34))
+    return Status::InvalidArgument(where, "a buffer must be between 4KiB and 16GiB");
+  out->load.buffer_bytes = bytes;
+  return Status::OK();
+}
+
+Status ParseBuffers(std::string_view where, std::string_view value, OptionValues* out) {
+  return ParseCount(where, value, &out->load.buffers);
+}
+
+Status ParseIoThreads(std::string_view where, std::string_view value, OptionValues* out) {
+  return ParseCount(where, value, &out->load.io_threads);
+}
+
+constexpr auto kSwitch = OptionKind::kSwitch;
+constexpr auto kValue = OptionKind::kValue;
+
+const OptionSpec kTable[] = {
+    // View options.
+    {"dtype", kValue, kViewGroup, "T", "serve floating tensors as T (bf16, fp16, fp32), converted on read",
+     ParseDType},
+    {"root", kValue, kViewGroup, "PREFIX", "only the tensors under the key prefix PREFIX (e.g. model), prefix removed",
+     ParseRoot},
+    {"shard_size", kValue, kViewGroup, "SIZE",
+     "Hugging Face shards of at most SIZE (5GB, 2GiB) and an index instead of model.safetensors",
+     ParseSizeInto<&OptionValues::view, &ViewOptions::shard_size>},
+    {"checksums", kSwitch, kViewGroup, "", "manifest.json lists each tensor file's XXH3-64", nullptr,
+     [](OptionValues* o, bool on) { o->view.checksums = on; }},
+    // Source options.
+    {"moments", kSwitch, kSourceGroup, "", "DeepSpeed ZeRO: also serve the Adam moments (exp_avg.*, exp_avg_sq.*)",
+     nullptr, [](OptionValues* o, bool on) { o->source.zero_moments = on; }},
+    {"max_pickle", kValue, kSourceGroup, "SIZE", "limit on one pickle record of untrusted metadata (default 1GiB)",
+     ParseSizeInto<&OptionValues::source, &SourceOptions::limits, &ReadLimits::pickle_bytes>},
+    {"max_pickle_memory", kValue, kSourceGroup, "SIZE", "limit on the memory parsing one pickle takes (default 4GiB)",
+     ParseSizeInto<&OptionValues::source, &SourceOptions::limits, &ReadLimits::pickle_memory>},
+    {"max_header", kValue, kSourceGroup, "SIZE",
+     "limit on a safetensors JSON header or JSON index file (default 100MB)",
+     ParseSizeInto<&OptionValues::source, &SourceOptions::limits, &ReadLimits::header_bytes>},
+    {"max_tensors", kValue, kSourceGroup, "N", "limit on the tensors of one checkpoint (default 10000000)",
+     ParseMaxTensors},
+    // What `ckptfs load` loads, and where.
+    {"backend", kValue, kLoadTargetGroup, "B",
+     "host, cuda, cufile or auto (default: auto = cufile, else cuda; a machine without a GPU is an error, "
+     "never a silent host load)",
+     ParseBackend},
+    {"device", kValue, kLoadTargetGroup, "N", "CUDA device (default 0)", ParseDevice},
+    {"select", kValue, kLoadTargetGroup, "PATTERN",
+     "only tensors whose key is PATTERN or matches it as a shell glob (repeatable)", ParseSelect},
+    // How a load to device memory runs.
+    {"buffer_size", kValue, kDeviceLoadGroup, "S", "each pinned buffer, 4KiB to 16GiB (default 16MiB)",
+     ParseBufferSize},
+    {"buffers", kValue, kDeviceLoadGroup, "N", "ring size (default 4)", ParseBuffers},
+    {"io_threads", kValue, kDeviceLoadGroup, "N", "threads filling buffers (default 2)", ParseIoThreads},
+    {"direct_io", kSwitch, kDeviceLoadGroup, "", "buffered reads of the source files instead of O_DIRECT", nullptr,
+     [](OptionValues* o, bool on) { o->load.direct_io = on; }, /*on_by_default=*/true},
+    {"verify", kSwitch, kDeviceLoadGroup, "", "read each tensor back from the device and compare with the view",
+     nullptr, [](OptionValues* o, bool on) { o->verify = on; }},
+};
+
+}  // namespace
+
+std::span<const OptionSpec> OptionTable() { return kTable; }
+
+const OptionSpec* FindOption(std::string_view name) {
+  for (const OptionSpec& spec : kTable)
+    if (spec.name == name) return &spec;
+  return nullptr;
+}
+
+Status ParseSize(std::string_view text, uint64_t* bytes) { return ParseSizeAt(text, text, bytes); }
+
+}  // namespace ckptfs
