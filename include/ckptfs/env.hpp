@@ -79,10 +79,11 @@ class Env {
   // The entries of folder `path`, sorted by name, without "." and "..".
   virtual Status ListFolder(const std::string& path, std::vector<FolderEntry>* out) = 0;
 
-  // The whole content of file `path`. A file larger than `max_bytes` is kRefused with
-  // "is N bytes, over the limit of M" followed by `hint` (how to raise the limit).
+  // The whole content of file `path` (an index, a tag file). A file larger than
+  // `max_bytes` is kRefused with "<what> is N bytes, over the limit of M" followed by
+  // `hint` (how to raise the limit).
   Status ReadSmallFile(const std::string& path, uint64_t max_bytes, std::string* out,
-                       std::string_view hint = {});
+                       std::string_view what = "file", std::string_view hint = {});
 };
 
 // `folder` + "/" + `name` ("name" alone when folder is empty).

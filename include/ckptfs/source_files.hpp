@@ -50,6 +50,11 @@ class SourceFiles {
   // "path" for a whole file, "path [bytes B..E)" for part of one: how messages name a window.
   std::string Describe(const FileWindow& window) const;
 
+  // kCorruption unless [offset, offset+length) lies within file `index`: the one bounds
+  // check of every source read (ReadExact makes it; readers that reach a file by another
+  // route, such as the device loader's O_DIRECT descriptors, make it first).
+  Status CheckBounds(uint32_t index, uint64_t offset, uint64_t length) const;
+
   // Reads exactly `length` bytes at `offset`. Reading past the recorded size is
   // kCorruption (the caller's offsets were wrong); a short read, or a file whose identity
   // changed, is kSourceChanged.
