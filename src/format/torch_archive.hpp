@@ -33,9 +33,10 @@ class TorchArchive {
   size_t value_count() const { return pickle_.value_count(); }
 
   // When `v` is a tensor rebuild call (_rebuild_tensor[_v2|_v3], _rebuild_parameter,
-  // _rebuild_from_type_v2), sets *is_tensor and fills dtype, shape, boxes and storage_id
-  // of *t, after checking every element lies inside its storage. Storage ids name the file,
-  // the window and the record, so two archives in one file never share one.
+  // _rebuild_from_type_v2), sets *is_tensor and fills dtype, shape, extents or strided
+  // layout and storage_id of *t, after checking every element lies inside its storage.
+  // Storage ids ("<file>:<base>:<key>") name the file, the window and the record, so two
+  // archives in one file never share one.
   // Not thread-safe (it caches storage lookups).
   Status AsTensor(const PyValue* v, TensorEntry* t, bool* is_tensor) const { return AsTensor(v, 0, t, is_tensor); }
 

@@ -44,7 +44,7 @@ class ZipArchive {
   // Where `entry`'s data begins in the file (not the window), from its local header (whose
   // extra field differs from the central one in torch files). Checks that the data fits
   // the window.
-  // Not thread-safe: local headers are read through a small window cache, because a
+  // Not thread-safe: local headers are read through a small cache, because a
   // checkpoint of many small tensors has many headers close together.
   Status DataOffset(const ZipEntry& entry, uint64_t* offset) const;
 
@@ -53,6 +53,8 @@ class ZipArchive {
 
  private:
   Status ParseCentralDirectory(std::string_view cd, uint64_t entry_count);
+  // Reads `length` bytes at `offset` of the archive (not the file).
+  Status ReadAt(uint64_t offset, size_t length, void* out) const;
   Status Corrupt(std::string_view what) const;
 
   const SourceFiles* files_ = nullptr;
