@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <utility>
 
 #include "io/source_changed.hpp"
 
@@ -65,10 +66,12 @@ void AddChildren(const SortedPaths& paths, const std::string& prefix, PathType t
   }
 }
 
-class MemoryFile final : public SourceFile {
+}  // namespace
+
+class MemoryEnv::OpenFile final : public SourceFile {
  public:
-  MemoryFile(std::shared_ptr<MemoryEnv::Tree> tree, std::string path, std::shared_ptr<const std::string> bytes,
-             uint64_t generation)
+  OpenFile(std::shared_ptr<Tree> tree, std::string path, std::shared_ptr<const std::string> bytes,
+           uint64_t generation)
       : tree_(std::move(tree)), path_(std::move(path)), bytes_(std::move(bytes)) {
     identity_.ino = generation;
     identity_.size = bytes_->size();
@@ -90,13 +93,11 @@ class MemoryFile final : public SourceFile {
   }
 
  private:
-  std::shared_ptr<MemoryEnv::Tree> tree_;
+  std::shared_ptr<Tree> tree_;
   std::string path_;
   std::shared_ptr<const std::string> bytes_;
   FileIdentity identity_;
 };
-
-}  // namespace
 
 MemoryEnv::MemoryEnv() : tree_(std::make_shared<Tree>()) {}
 
@@ -133,7 +134,7 @@ Status MemoryEnv::Open(const std::string& path, std::unique_ptr<SourceFile>* out
     if (tree_->folders.count(path)) return Status::InvalidArgument(path, "not a regular file");
     return Status::FromErrno(path, "cannot open", ENOENT);
   }
-  *out = std::make_unique<MemoryFile>(tree_, path, it->second.bytes, it->second.generation);
+  *out = std::make_unique<OpenFile>(tree_, path, it->second.bytes, it->second.generation);
   return Status::OK();
 }
 

@@ -32,9 +32,9 @@ class MemoryEnv final : public Env {
   Status Stat(const std::string& path, PathType* type) override;
   Status ListFolder(const std::string& path, std::vector<FolderEntry>* out) override;
 
-  struct Tree;  // the files and folders, shared with the files opened from it
-
  private:
+  struct Tree;      // the files and folders, shared with the files opened from them
+  class OpenFile;  // a SourceFile opened from the tree
   std::shared_ptr<Tree> tree_;
 };
 

@@ -37,6 +37,19 @@ std::string ReadAll(const SourceFiles& files, uint32_t index) {
   return out;
 }
 
+// A file written to a fresh temp folder and opened through Env::Local().
+struct LocalFile {
+  TempDir dir;
+  std::string path;
+  SourceFiles files;
+  uint32_t index = 0;
+  LocalFile(std::string_view name, std::string_view bytes) : path(dir.File(name)) {
+    WriteFile(path, bytes);
+    Status s = files.Add(path, &index);
+    BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  }
+};
+
 std::vector<std::string> Names(const std::vector<FolderEntry>& entries) {
   std::vector<std::string> names;
   for (const FolderEntry& e : entries) names.push_back(e.name);
@@ -191,28 +204,25 @@ BOOST_AUTO_TEST_CASE(memory_env_takes_concurrent_writers_and_readers) {
 // ---- the local Env ---------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(local_files_carry_their_path_and_identity) {
-  TempDir dir;
-  WriteFile(dir.File("a.bin"), "local bytes");
-  SourceFiles files;  // Env::Local()
+  LocalFile local("a.bin", "local bytes");
+  const SourceFiles& files = local.files;
+  BOOST_TEST(files.file(local.index).local_path() == local.path);
+  BOOST_TEST(files.identity(local.index).ino != 0u);
+  BOOST_TEST(ReadAll(files, local.index) == "local bytes");
+  BOOST_TEST(files.CheckUnchanged(local.index).ok());
   uint32_t f = 0;
-  BOOST_REQUIRE(files.Add(dir.File("a.bin"), &f).ok());
-  BOOST_TEST(files.file(f).local_path() == dir.File("a.bin"));
-  BOOST_TEST(files.identity(f).ino != 0u);
-  BOOST_TEST(ReadAll(files, f) == "local bytes");
-  BOOST_TEST(files.CheckUnchanged(f).ok());
-  CheckCode(files.Add(dir.path(), &f), Status::Code::kInvalidArgument, dir.path() + ": not a regular file");
-  BOOST_TEST((files.Add(dir.File("none"), &f).code() == Status::Code::kNotFound));
+  CheckCode(local.files.Add(local.dir.path(), &f), Status::Code::kInvalidArgument,
+            local.dir.path() + ": not a regular file");
+  BOOST_TEST((local.files.Add(local.dir.File("none"), &f).code() == Status::Code::kNotFound));
 }
 
 BOOST_AUTO_TEST_CASE(local_file_replaced_by_rename_is_source_changed) {
-  TempDir dir;
-  const std::string path = dir.File("w.bin");
-  WriteFile(path, "old bytes");
-  SourceFiles files;
-  uint32_t f = 0;
-  BOOST_REQUIRE(files.Add(path, &f).ok());
-  WriteFile(dir.File("w.tmp"), "new bytes");
-  BOOST_REQUIRE(std::rename(dir.File("w.tmp").c_str(), path.c_str()) == 0);
+  LocalFile local("w.bin", "old bytes");
+  const SourceFiles& files = local.files;
+  const uint32_t f = local.index;
+  const std::string& path = local.path;
+  WriteFile(local.dir.File("w.tmp"), "new bytes");
+  BOOST_REQUIRE(std::rename(local.dir.File("w.tmp").c_str(), path.c_str()) == 0);
   // (The rename unlinks the old file, which changes its ctime: either message may come.)
   BOOST_TEST((files.CheckUnchanged(f).code() == Status::Code::kSourceChanged));
   BOOST_TEST(ReadAll(files, f) == "old bytes");  // the descriptor still reaches the old file
@@ -229,29 +239,20 @@ BOOST_AUTO_TEST_CASE(local_file_replaced_by_rename_is_source_changed) {
 }
 
 BOOST_AUTO_TEST_CASE(local_file_rewritten_in_place_is_source_changed) {
-  TempDir dir;
-  const std::string path = dir.File("w.bin");
-  WriteFile(path, "0123456789");
-  SourceFiles files;
-  uint32_t f = 0;
-  BOOST_REQUIRE(files.Add(path, &f).ok());
-  WriteFile(path, "01234");  // truncates the same inode
-  CheckCode(files.CheckUnchanged(f), Status::Code::kSourceChanged,
-            path + ": file changed since it was indexed (size, mtime or ctime differ)");
+  LocalFile local("w.bin", "0123456789");
+  WriteFile(local.path, "01234");  // truncates the same inode
+  CheckCode(local.files.CheckUnchanged(local.index), Status::Code::kSourceChanged,
+            local.path + ": file changed since it was indexed (size, mtime or ctime differ)");
   char buf[10];
-  CheckCode(files.ReadExact(f, 0, 10, buf), Status::Code::kSourceChanged,
-            path + ": file is shorter than when it was indexed");
+  CheckCode(local.files.ReadExact(local.index, 0, 10, buf), Status::Code::kSourceChanged,
+            local.path + ": file is shorter than when it was indexed");
 }
 
 BOOST_AUTO_TEST_CASE(local_descriptor_of_an_unchanged_file) {
-  TempDir dir;
-  WriteFile(dir.File("d.bin"), "direct");
-  SourceFiles files;
-  uint32_t f = 0;
-  BOOST_REQUIRE(files.Add(dir.File("d.bin"), &f).ok());
+  LocalFile local("d.bin", "direct");
   int fd = -1;
   bool direct = true;
-  BOOST_REQUIRE(ckptfs::OpenLocalDescriptor(files.file(f), false, &fd, &direct).ok());
+  BOOST_REQUIRE(ckptfs::OpenLocalDescriptor(local.files.file(local.index), false, &fd, &direct).ok());
   BOOST_TEST(fd >= 0);
   BOOST_TEST(!direct);
   char buf[6];
@@ -260,6 +261,7 @@ BOOST_AUTO_TEST_CASE(local_descriptor_of_an_unchanged_file) {
 
   MemorySource source;
   SourceFiles memory(source.env());
+  uint32_t f = 0;
   BOOST_REQUIRE(memory.Add(source.Write("/m/x", "x"), &f).ok());
   CheckCode(ckptfs::OpenLocalDescriptor(memory.file(f), true, &fd, &direct), Status::Code::kInvalidArgument,
             "/m/x: not a local file");
