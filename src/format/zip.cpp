@@ -118,8 +118,8 @@ Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t ma
     return Corrupt("central directory is too small for its entry count");
   if (entry_count > max_entries)
     return Status::Refused(files.Describe(window_), "zip directory lists " + std::to_string(entry_count) +
-                                                 " entries, over the limit of " + std::to_string(max_entries) +
-                                                 LimitHint("max_tensors"));
+                                                        " entries, over the limit of " + std::to_string(max_entries) +
+                                                        LimitHint("max_tensors"));
   std::string cd(cd_size, '\0');
   CKPTFS_RETURN_IF_ERROR(ReadAt(cd_offset, cd_size, cd.data()));
   CKPTFS_RETURN_IF_ERROR(ParseCentralDirectory(cd, entry_count));

@@ -24,7 +24,7 @@ struct ZipEntry {
   uint16_t method = 0;  // 0 = stored, 8 = deflate
   uint64_t compressed_size = 0;
   uint64_t uncompressed_size = 0;
-  uint64_t local_header_offset = 0;
+  uint64_t local_header_offset = 0;  // in the archive: relative to its window's base
 };
 
 class ZipArchive {
