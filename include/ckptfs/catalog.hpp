@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/dtype.hpp"
+#include "ckptfs/env.hpp"
 #include "ckptfs/limits.hpp"
 #include "ckptfs/source_files.hpp"
 #include "ckptfs/status.hpp"
@@ -66,6 +67,7 @@ struct TensorEntry {
 struct Catalog {
   std::string format;  // "torch-zip", "safetensors", ...
   std::string source;  // the path the user gave
+  // Every source file the catalog reads, opened through one Env.
   std::shared_ptr<SourceFiles> files = std::make_shared<SourceFiles>();
   std::vector<TensorEntry> tensors;
   nlohmann::json metadata = nlohmann::json::object();  // non-tensor values
@@ -84,6 +86,8 @@ struct SourceOptions {
   // "exp_avg.<name>" and "exp_avg_sq.<name>" after the weights.
   bool zero_moments = false;
   ReadLimits limits;
+  // Where the source lives; null means the local file system (Env::Local()).
+  std::shared_ptr<Env> env;
 };
 
 // Detects the format of `source` (a file or a folder) and reads its catalog.

@@ -103,10 +103,10 @@ Status Loader::Prepare() {
   for (uint32_t f = 0; f < stored_file.size(); ++f) {
     if (!stored_file[f]) continue;
     CKPTFS_RETURN_IF_ERROR(reader_.Open(f));
-    if (try_direct) {
+    if (try_direct && reader_.fd(f) >= 0) {
       DirectFile handle = nullptr;
-      // A file the back end cannot read directly (no O_DIRECT, file system GDS does not
-      // support) takes the pinned route.
+      // A file the back end cannot read directly (no local path, no O_DIRECT, a file system
+      // GDS does not support) takes the pinned route.
       if (backend_.OpenDirect(reader_.fd(f), catalog.files->path(f), &handle).ok()) direct_files_[f] = handle;
     }
   }

@@ -1,12 +1,11 @@
 #include "device/source_reader.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 
 #include "device/plan.hpp"
+#include "io/source_changed.hpp"
 
 namespace ckptfs::device {
 
@@ -19,31 +18,12 @@ SourceReader::~SourceReader() {
 }
 
 Status SourceReader::Open(uint32_t file) {
-  if (handles_[file]) return Status::OK();
+  // Files that have no local path (memory, remote) are read through SourceFiles.
+  if (handles_[file] || files_.file(file).local_path().empty()) return Status::OK();
   auto h = std::make_unique<Handle>();
-  const std::string& path = files_.path(file);
-  int fd = -1;
-  if (want_direct_) {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-    if (fd >= 0) h->direct = true;
-  }
-  if (fd < 0) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return Status::SourceChanged(path, "file was removed since it was indexed");
-    return Status::FromErrno(path, "cannot open", errno);
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return Status::FromErrno(path, "cannot stat", err);
-  }
-  const FileIdentity& id = files_.identity(file);
-  if (st.st_dev != id.dev || st.st_ino != id.ino || static_cast<uint64_t>(st.st_size) != id.size) {
-    ::close(fd);
-    return Status::SourceChanged(path, "file was replaced since it was indexed");
-  }
-  h->fd = fd;
+  bool direct = false;
+  CKPTFS_RETURN_IF_ERROR(OpenLocalDescriptor(files_.file(file), want_direct_, &h->fd, &direct));
+  h->direct = direct;
   handles_[file] = std::move(h);
   return Status::OK();
 }
@@ -59,10 +39,7 @@ bool SourceReader::any_direct() const {
 Status SourceReader::Read(uint32_t file, uint64_t offset, uint64_t length, char* buf, uint64_t* bytes_read) const {
   *bytes_read = 0;
   const std::string& path = files_.path(file);
-  const uint64_t size = files_.size(file);
-  if (offset > size || length > size - offset)
-    return Status::Corruption(path, "read of " + std::to_string(length) + " bytes at offset " + std::to_string(offset) +
-                                        " is past the end of the file (" + std::to_string(size) + " bytes)");
+  CKPTFS_RETURN_IF_ERROR(files_.CheckBounds(file, offset, length));
   CKPTFS_RETURN_IF_ERROR(files_.CheckUnchanged(file));
   const uint64_t a0 = AlignDown(offset);
   Handle* h = handles_[file].get();
@@ -86,11 +63,11 @@ Status SourceReader::Read(uint32_t file, uint64_t offset, uint64_t length, char*
     }
     if (h->direct) {
       *bytes_read = done;
-      if (done < need) return Status::SourceChanged(path, "file is shorter than when it was indexed");
+      if (done < need) return ShorterThanIndexed(path);
       return Status::OK();
     }
   }
-  // Buffered: the catalog's own descriptor reads the same file (checked unchanged above).
+  // Buffered: through the catalog's own SourceFile (checked unchanged above).
   *bytes_read = length;
   return files_.ReadExact(file, offset, length, buf + (offset - a0));
 }

@@ -1,6 +1,7 @@
 // Reads of source file ranges into aligned buffers: O_DIRECT where the file system takes
-// it (widened to 4 KiB, the caller trims the slack), buffered pread otherwise (tmpfs and
-// other file systems refuse O_DIRECT with EINVAL).
+// it (widened to 4 KiB, the caller trims the slack), buffered otherwise (tmpfs and other
+// file systems refuse O_DIRECT with EINVAL; sources without a local path have no
+// descriptor at all).
 #ifndef CKPTFS_DEVICE_SOURCE_READER_HPP_
 #define CKPTFS_DEVICE_SOURCE_READER_HPP_
 
@@ -21,8 +22,9 @@ class SourceReader {
   SourceReader(const SourceReader&) = delete;
   SourceReader& operator=(const SourceReader&) = delete;
 
-  // Opens `file` for the reads below (once; not thread-safe: call before reading). Checks
-  // that the path still names the file that was indexed.
+  // Opens a descriptor of `file` for the reads below (once; not thread-safe: call before
+  // reading), checking that its path still names the file that was indexed. Files without
+  // a local path get none (fd() stays -1) and are read through SourceFiles.
   Status Open(uint32_t file);
 
   // Reads [offset, offset+length) of `file`; byte `offset` lands at

@@ -1,14 +1,8 @@
 // Reader for checkpoint folders: Hugging Face style model folders (sharded or single
 // safetensors / torch .bin files, with or without a *.index.json) and plain folders of
 // .safetensors files. Everything else in the folder is passed through as a sibling file.
-#include <dirent.h>
-#include <sys/stat.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -32,32 +26,20 @@ bool IsIndex(std::string_view name) {
 }
 
 // Regular, non-hidden files of `dir`, sorted by name.
-Status ListFiles(const std::string& dir, std::vector<std::string>* names) {
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return Status::FromErrno(dir, "cannot open folder", errno);
-  while (struct dirent* e = ::readdir(d)) {
-    std::string name = e->d_name;
-    if (name.empty() || name[0] == '.') continue;
-    struct stat st;
-    if (::stat((dir + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode)) names->push_back(name);
-  }
-  ::closedir(d);
-  std::sort(names->begin(), names->end());
+Status ListFiles(Env& env, const std::string& dir, std::vector<std::string>* names) {
+  std::vector<FolderEntry> entries;
+  CKPTFS_RETURN_IF_ERROR(env.ListFolder(dir, &entries));
+  for (FolderEntry& e : entries)
+    if (e.type == PathType::kFile && !e.name.empty() && e.name[0] != '.') names->push_back(std::move(e.name));
   return Status::OK();
 }
 
 // The shard file names an index maps weights to, and the weight -> shard map itself.
-Status ReadIndex(const std::string& path, const ReadLimits& limits, std::vector<std::string>* shards,
+Status ReadIndex(Env& env, const std::string& path, const ReadLimits& limits, std::vector<std::string>* shards,
                  std::unordered_map<std::string, std::string>* weight_map, json* index_metadata) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::FromErrno(path, "cannot open", errno);
-  struct stat st;
-  if (::stat(path.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) > limits.header_bytes)
-    return Status::Refused(path, "index is " + std::to_string(st.st_size) + " bytes, over the limit of " +
-                                     std::to_string(limits.header_bytes) + LimitHint("max_header"));
-  std::stringstream text;
-  text << in.rdbuf();
-  json doc = json::parse(text.str(), nullptr, false);
+  std::string text;
+  CKPTFS_RETURN_IF_ERROR(env.ReadSmallFile(path, limits.header_bytes, &text, "index", LimitHint("max_header")));
+  json doc = json::parse(text, nullptr, false);
   if (doc.is_discarded() || !doc.is_object() || !doc.contains("weight_map") || !doc["weight_map"].is_object())
     return Status::Corruption(path, "index is not a JSON object with a weight_map");
   std::set<std::string> unique;
@@ -83,7 +65,8 @@ void MergeInto(json* into, const json& from) {
 
 Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const ReadLimits& limits) {
   std::vector<std::string> names;
-  CKPTFS_RETURN_IF_ERROR(ListFiles(dir, &names));
+  Env& env = catalog->files->env();
+  CKPTFS_RETURN_IF_ERROR(ListFiles(env, dir, &names));
   std::vector<std::string> indexes;
   for (const auto& n : names)
     if (IsIndex(n)) indexes.push_back(n);
@@ -98,7 +81,7 @@ Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const Read
   std::string index_used;
   if (!indexes.empty()) {
     index_used = indexes.front();
-    CKPTFS_RETURN_IF_ERROR(ReadIndex(dir + "/" + index_used, limits, &weights, &weight_map, &index_metadata));
+    CKPTFS_RETURN_IF_ERROR(ReadIndex(env, JoinPath(dir, index_used), limits, &weights, &weight_map, &index_metadata));
   } else {
     for (const auto& n : names)
       if (IsSafetensors(n)) weights.push_back(n);
@@ -112,7 +95,7 @@ Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const Read
 
   std::unordered_set<std::string> seen;
   for (const auto& w : weights) {
-    const std::string path = dir + "/" + w;
+    const std::string path = JoinPath(dir, w);
     const size_t first = catalog->tensors.size();
     json meta;
     CKPTFS_RETURN_IF_ERROR(IsSafetensors(w) ? ReadSafetensorsFile(path, catalog, &meta, limits)
@@ -124,16 +107,16 @@ Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const Read
       if (!index_used.empty()) {
         auto it = weight_map.find(key);
         if (it == weight_map.end() || it->second != w)
-          return Status::Corruption(dir + "/" + index_used, "tensor '" + key + "' is in " + w +
-                                                                 " but the index maps it to " +
-                                                                 (it == weight_map.end() ? "no shard" : it->second));
+          return Status::Corruption(JoinPath(dir, index_used), "tensor '" + key + "' is in " + w +
+                                                                    " but the index maps it to " +
+                                                                    (it == weight_map.end() ? "no shard" : it->second));
       }
     }
   }
   if (seen.size() != weight_map.size() && !index_used.empty()) {
     for (const auto& [key, shard] : weight_map)
       if (!seen.count(key))
-        return Status::Corruption(dir + "/" + index_used, "tensor '" + key + "' is missing from " + shard);
+        return Status::Corruption(JoinPath(dir, index_used), "tensor '" + key + "' is missing from " + shard);
   }
   if (!index_used.empty() && !index_metadata.is_null()) catalog->metadata["index_metadata"] = index_metadata;
 
@@ -141,7 +124,7 @@ Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const Read
   for (const auto& n : names) {
     if (used.count(n) || IsIndex(n)) continue;
     uint32_t index;
-    CKPTFS_RETURN_IF_ERROR(catalog->files->Add(dir + "/" + n, &index));
+    CKPTFS_RETURN_IF_ERROR(catalog->files->Add(JoinPath(dir, n), &index));
     catalog->sibling_files.push_back(index);
   }
   return Status::OK();

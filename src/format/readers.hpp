@@ -15,21 +15,26 @@ namespace ckptfs {
 // `*metadata` (a JSON tree mirroring the saved object, tensors left out).
 Status ReadTorchZip(const std::string& path, Catalog* catalog, nlohmann::json* metadata,
                     const ReadLimits& limits = ReadLimits{});
+// The same for a torch.save archive stored in `window` of a file already in catalog->files
+// (a chunk of a larger file): tensor offsets are offsets in that file.
+Status ReadTorchZip(const FileWindow& window, Catalog* catalog, nlohmann::json* metadata,
+                    const ReadLimits& limits = ReadLimits{});
 
 // One .safetensors file; its "__metadata__" strings go to `*metadata`.
 Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, nlohmann::json* metadata,
                            const ReadLimits& limits = ReadLimits{});
 
-// Reads the checkpoint in folder `dir`: sharded safetensors with an index, a folder of
+// Reads the checkpoint in folder `dir` (through the Env of catalog->files): sharded safetensors with an index, a folder of
 // .safetensors files, or torch .bin/.pt files (with or without pytorch_model.bin.index.json).
 // Other regular files in the folder become sibling files, served unchanged.
 Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const ReadLimits& limits = ReadLimits{});
 
 // True when `dir` is a DeepSpeed save folder (it has `latest`) or tag folder (it holds
 // ZeRO rank files or pipeline layer files).
-bool IsDeepSpeedFolder(const std::string& dir);
+bool IsDeepSpeedFolder(Env& env, const std::string& dir);
 
-// A DeepSpeed checkpoint: a save folder (the tag comes from `latest`) or a tag folder.
+// A DeepSpeed checkpoint: a save folder (the tag comes from `latest`) or a tag folder,
+// reached through the Env of catalog->files.
 // Consolidates ZeRO 1/2/3 partitions (one subtree per model-parallel rank when there are
 // several) or pipeline per-layer files.
 Status ReadDeepSpeedCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);

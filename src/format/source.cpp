@@ -1,10 +1,6 @@
 // Format detection: which reader a source path needs.
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
+#include <algorithm>
 #include <cerrno>
-#include <cstring>
 
 #include "format/limit_hint.hpp"
 #include "format/readers.hpp"
@@ -29,17 +25,13 @@ std::string FlattenKey(const std::vector<PathElement>& path) {
 
 namespace {
 
-// Reads up to 16 leading bytes of `path` to tell the formats apart.
-Status Sniff(const std::string& path, std::string* head) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(path, "cannot open", errno);
-  char buf[16];
-  ssize_t n = ::pread(fd, buf, sizeof buf, 0);
-  int err = errno;
-  ::close(fd);
-  if (n < 0) return Status::FromErrno(path, "cannot read", err);
-  head->assign(buf, static_cast<size_t>(n));
-  return Status::OK();
+// Up to 16 leading bytes of the source file (added to the catalog's files, where its
+// reader finds it again) to tell the formats apart.
+Status Sniff(const std::string& path, SourceFiles* files, std::string* head) {
+  uint32_t file;
+  CKPTFS_RETURN_IF_ERROR(files->Add(path, &file));
+  head->resize(std::min<uint64_t>(16, files->size(file)));
+  return files->ReadExact(file, 0, head->size(), head->data());
 }
 
 }  // namespace
@@ -47,14 +39,17 @@ Status Sniff(const std::string& path, std::string* head) {
 Status OpenCatalog(const std::string& source, const SourceOptions& options, std::shared_ptr<const Catalog>* out) {
   auto catalog = std::make_shared<Catalog>();
   catalog->source = source;
-  struct stat st;
-  if (::stat(source.c_str(), &st) != 0) return Status::FromErrno(source, "cannot access", errno);
-  if (S_ISDIR(st.st_mode)) {
-    CKPTFS_RETURN_IF_ERROR(IsDeepSpeedFolder(source) ? ReadDeepSpeedCheckpoint(source, options, catalog.get())
-                                                     : ReadCheckpointFolder(source, catalog.get(), options.limits));
-  } else if (S_ISREG(st.st_mode)) {
+  catalog->files = std::make_shared<SourceFiles>(options.env ? options.env : Env::Local());
+  Env& env = catalog->files->env();
+  PathType type;
+  CKPTFS_RETURN_IF_ERROR(env.Stat(source, &type));
+  if (type == PathType::kMissing) return Status::FromErrno(source, "cannot access", ENOENT);
+  if (type == PathType::kFolder) {
+    CKPTFS_RETURN_IF_ERROR(IsDeepSpeedFolder(env, source) ? ReadDeepSpeedCheckpoint(source, options, catalog.get())
+                                                          : ReadCheckpointFolder(source, catalog.get(), options.limits));
+  } else if (type == PathType::kFile) {
     std::string head;
-    CKPTFS_RETURN_IF_ERROR(Sniff(source, &head));
+    CKPTFS_RETURN_IF_ERROR(Sniff(source, catalog->files.get(), &head));
     if (head.size() >= 4 && head.compare(0, 4, "PK\x03\x04", 4) == 0) {
       catalog->format = "torch-zip";
       CKPTFS_RETURN_IF_ERROR(ReadTorchZip(source, catalog.get(), &catalog->metadata, options.limits));

@@ -21,8 +21,8 @@ constexpr int kMaxDepth = 256;
 
 class TorchZipReader {
  public:
-  TorchZipReader(const std::string& path, Catalog* catalog, const ReadLimits& limits)
-      : path_(path), catalog_(catalog), limits_(limits) {}
+  TorchZipReader(const FileWindow& window, Catalog* catalog, const ReadLimits& limits)
+      : window_(window), path_(catalog->files->Describe(window)), catalog_(catalog), limits_(limits) {}
 
   Status Read(json* metadata);
 
@@ -41,7 +41,8 @@ class TorchZipReader {
     return Status::OK();
   }
 
-  std::string path_;
+  FileWindow window_;
+  std::string path_;  // how messages name the archive
   Catalog* catalog_;
   ReadLimits limits_;
   uint64_t visit_budget_ = 0, visits_left_ = 0;
@@ -51,7 +52,7 @@ class TorchZipReader {
 }  // namespace
 
 Status TorchZipReader::Read(json* metadata) {
-  CKPTFS_RETURN_IF_ERROR(archive_.Open(path_, catalog_->files.get(), limits_));
+  CKPTFS_RETURN_IF_ERROR(archive_.Open(*catalog_->files, window_, limits_));
   // A tree visits each value once; tied weights and shared configs add a little.
   visit_budget_ = visits_left_ = 4 * static_cast<uint64_t>(archive_.value_count()) + 1'000'000;
   const size_t first_tensor = catalog_->tensors.size();
@@ -230,9 +231,15 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
   return Status::OK();
 }
 
-Status ReadTorchZip(const std::string& path, Catalog* catalog, json* metadata, const ReadLimits& limits) {
-  TorchZipReader reader(path, catalog, limits);
+Status ReadTorchZip(const FileWindow& window, Catalog* catalog, json* metadata, const ReadLimits& limits) {
+  TorchZipReader reader(window, catalog, limits);
   return reader.Read(metadata);
+}
+
+Status ReadTorchZip(const std::string& path, Catalog* catalog, json* metadata, const ReadLimits& limits) {
+  uint32_t file;
+  CKPTFS_RETURN_IF_ERROR(catalog->files->Add(path, &file));
+  return ReadTorchZip(catalog->files->whole(file), catalog, metadata, limits);
 }
 
 }  // namespace ckptfs

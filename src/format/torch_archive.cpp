@@ -70,11 +70,17 @@ const PyValue* Find(const PyValue* mapping, std::string_view key) {
 }
 
 Status TorchArchive::Open(const std::string& path, SourceFiles* files, const ReadLimits& limits) {
-  path_ = path;
-  files_ = files;
-  CKPTFS_RETURN_IF_ERROR(files->Add(path_, &file_));
+  uint32_t file;
+  CKPTFS_RETURN_IF_ERROR(files->Add(path, &file));
+  return Open(*files, files->whole(file), limits);
+}
+
+Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits) {
+  path_ = files.Describe(window);
+  files_ = &files;
+  window_ = window;
   // A torch archive holds one record per storage plus a few: the tensor limit bounds it.
-  CKPTFS_RETURN_IF_ERROR(zip_.Open(*files, file_, limits.tensors + 1024));
+  CKPTFS_RETURN_IF_ERROR(zip_.Open(files, window, limits.tensors + 1024));
   if (zip_.entries().empty()) return Bad("zip archive has no entries");
   // torch takes the archive folder from the first central-directory entry.
   const std::string& first = zip_.entries().front().name;
@@ -214,12 +220,12 @@ Status TorchArchive::AsTensor(const PyValue* v, int depth, TensorEntry* t, bool*
   if (numel > 0) {
     const uint64_t base = rec.data_offset + offset * itemsize;
     if (contiguous) {
-      t->extents.push_back(Extent{file_, base, numel * itemsize});
+      t->extents.push_back(Extent{window_.file, base, numel * itemsize});
     } else {
-      t->strided = StridedLayout{file_, base, stride};
+      t->strided = StridedLayout{window_.file, base, stride};
     }
   }
-  t->storage_id = std::to_string(file_) + ":" + t->storage_id;
+  t->storage_id = std::to_string(window_.file) + ":" + std::to_string(window_.base) + ":" + t->storage_id;
   *is_tensor = true;
   return Status::OK();
 }

@@ -1,7 +1,7 @@
 // An opened torch.save zip archive: its parsed data.pkl and the resolution of tensor
 // rebuild calls to byte ranges of its data/<key> records. Shared by the readers that
 // interpret torch pickles (plain checkpoints, DeepSpeed ZeRO shards).
-// Layout facts: ../shared/reference/torch-safetensors-dcp.md sections A.2-A.5.
+// Layout facts: doc/FORMATS.md, "torch.save archives".
 #ifndef CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
 #define CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
 
@@ -18,12 +18,16 @@ namespace ckptfs {
 
 class TorchArchive {
  public:
-  // Opens `path` (adding it to `files`), checks it is a torch.save archive and parses
-  // its data.pkl without executing anything.
+  // Opens file `path` (adding it to `files`) as a whole-file archive.
   Status Open(const std::string& path, SourceFiles* files, const ReadLimits& limits = ReadLimits{});
+  // Opens the archive in `window` of a file already in `files`, checks it is a torch.save
+  // archive and parses its data.pkl without executing anything.
+  Status Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits = ReadLimits{});
 
+  // How messages name the archive: the file's path, with the byte range for a window.
   const std::string& path() const { return path_; }
-  uint32_t file() const { return file_; }
+  uint32_t file() const { return window_.file; }
+  const FileWindow& window() const { return window_; }
   const PyValue* root() const { return pickle_.root; }
   // Values in the parsed pickle (walkers bound their work by it).
   size_t value_count() const { return pickle_.value_count(); }
@@ -31,6 +35,8 @@ class TorchArchive {
   // When `v` is a tensor rebuild call (_rebuild_tensor[_v2|_v3], _rebuild_parameter,
   // _rebuild_from_type_v2), sets *is_tensor and fills dtype, shape, extents or strided
   // layout and storage_id of *t, after checking every element lies inside its storage.
+  // Storage ids ("<file>:<base>:<key>") name the file, the window and the record, so two
+  // archives in one file never share one.
   // Not thread-safe (it caches storage lookups).
   Status AsTensor(const PyValue* v, TensorEntry* t, bool* is_tensor) const { return AsTensor(v, 0, t, is_tensor); }
 
@@ -47,7 +53,7 @@ class TorchArchive {
 
   std::string path_;
   const SourceFiles* files_ = nullptr;
-  uint32_t file_ = 0;
+  FileWindow window_;
   ZipArchive zip_;
   std::string prefix_;  // "<archive>/"
   Pickle pickle_;

@@ -3,20 +3,15 @@
 // across the rank files, that zero_to_fp32 would concatenate; nothing is read or copied.
 // File layouts, keys and the extent arithmetic: ../shared/reference/deepspeed-zero.md
 // (section numbers below refer to it).
-#include <dirent.h>
-#include <sys/stat.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <regex>
 #include <set>
-#include <sstream>
 #include <unordered_set>
 
 #include "format/byte_reader.hpp"
+#include "format/limit_hint.hpp"
 #include "format/readers.hpp"
 #include "format/torch_archive.hpp"
 
@@ -52,19 +47,16 @@ bool ParseUint(const std::string& s, uint64_t* out) {
 
 // Sorts the files of a tag folder by role, with ranks parsed from the names (never
 // lexicographic order: rank_10 comes after rank_9).
-Status ListTag(const std::string& tag_dir, TagListing* out) {
+Status ListTag(Env& env, const std::string& tag_dir, TagListing* out) {
   static const std::regex kOptim(R"((bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
   static const std::regex kZero3Model(R"(zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt)");
   static const std::regex kModel(R"(mp_rank_(\d+)_model_states\.pt)");
   static const std::regex kLayer(R"(layer_(\d+)(-model_(\d+))?-model_states\.pt)");
   static const std::regex kExpert(R"((layer_\d+_)?expert_\d+_mp_rank_\d+_model_states\.pt|expp_rank_\d+_mp_rank_\d+_optim_states\.pt)");
-  DIR* d = ::opendir(tag_dir.c_str());
-  if (!d) return Status::FromErrno(tag_dir, "cannot open folder", errno);
-  std::vector<std::string> names;
-  while (struct dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
-  for (const std::string& name : names) {
+  std::vector<FolderEntry> entries;
+  CKPTFS_RETURN_IF_ERROR(env.ListFolder(tag_dir, &entries));
+  for (const FolderEntry& entry : entries) {
+    const std::string& name = entry.name;
     std::smatch m;
     uint64_t a = 0, b = 0;
     if (name == "offloaded_tensors")
@@ -618,7 +610,7 @@ Status ZeroReader::ReadLayers(const std::vector<LayerFile>& layers) {
 
 Status ZeroReader::Read() {
   TagListing listing;
-  CKPTFS_RETURN_IF_ERROR(ListTag(tag_dir_, &listing));
+  CKPTFS_RETURN_IF_ERROR(ListTag(catalog_->files->env(), tag_dir_, &listing));
   if (!listing.layers.empty()) {
     catalog_->format = "deepspeed-pipeline";
     return ReadLayers(listing.layers);
@@ -638,28 +630,30 @@ Status ZeroReader::Read() {
 
 }  // namespace
 
-bool IsDeepSpeedFolder(const std::string& dir) {
-  struct stat st;
-  if (::stat((dir + "/latest").c_str(), &st) == 0 && S_ISREG(st.st_mode)) return true;
+bool IsDeepSpeedFolder(Env& env, const std::string& dir) {
+  PathType latest;
+  if (env.Stat(JoinPath(dir, "latest"), &latest).ok() && latest == PathType::kFile) return true;
   TagListing listing;
-  Status s = ListTag(dir, &listing);
+  Status s = ListTag(env, dir, &listing);
   // MoE or NVMe-offloaded DeepSpeed files: the DeepSpeed reader refuses them by name.
   if (s.code() == Status::Code::kNotSupported) return true;
   return s.ok() && (!listing.mp.empty() || !listing.layers.empty());
 }
 
 Status ReadDeepSpeedCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog) {
+  Env& env = catalog->files->env();
   std::string tag_dir = dir, tag = dir.substr(dir.rfind('/') + 1);
-  struct stat st;
-  if (::stat((dir + "/latest").c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
-    std::ifstream in(dir + "/latest");
-    std::stringstream text;
-    text << in.rdbuf();
-    tag = Trim(text.str());
+  const std::string latest_path = JoinPath(dir, "latest");
+  PathType type;
+  if (env.Stat(latest_path, &type).ok() && type == PathType::kFile) {
+    std::string text;
+    CKPTFS_RETURN_IF_ERROR(
+        env.ReadSmallFile(latest_path, options.limits.header_bytes, &text, "'latest'", LimitHint("max_header")));
+    tag = Trim(text);
     if (tag.empty() || tag.find('/') != std::string::npos || tag == "." || tag == "..")
-      return Status::Corruption(dir + "/latest", "does not name a checkpoint tag");
-    tag_dir = dir + "/" + tag;
-    if (::stat(tag_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return Status::Corruption(latest_path, "does not name a checkpoint tag");
+    tag_dir = JoinPath(dir, tag);
+    if (!env.Stat(tag_dir, &type).ok() || type != PathType::kFolder)
       return Status::NotFound(tag_dir, "the tag named by 'latest' does not exist");
   }
   ZeroReader reader(tag_dir, tag, options, catalog);

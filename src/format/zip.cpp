@@ -31,23 +31,33 @@ constexpr uint64_t kHeaderWindow = 16 << 10;
 }  // namespace
 
 Status ZipArchive::Corrupt(std::string_view what) const {
-  return Status::Corruption(files_->path(file_), what);
+  return Status::Corruption(files_->Describe(window_), what);
 }
 
-Status ZipArchive::Open(const SourceFiles& files, uint32_t file, uint64_t max_entries) {
+Status ZipArchive::ReadAt(uint64_t offset, size_t length, void* out) const {
+  // Cannot overflow: Open checked that the window lies inside the file, and callers that
+  // the range lies inside the window.
+  return files_->ReadExact(window_.file, window_.base + offset, length, out);
+}
+
+Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t max_entries) {
   files_ = &files;
-  file_ = file;
+  window_ = window;
   entries_.clear();
   by_name_.clear();
-  window_.clear();
-  window_start_ = 0;
-  const uint64_t size = files.size(file);
+  header_cache_.clear();
+  header_cache_start_ = 0;
+  uint64_t window_end;
+  if (!CheckedAdd(window.base, window.length, &window_end) || window_end > files.size(window.file))
+    return Corrupt("archive window extends past the end of the file");
+  // Below, offsets and sizes are those of the archive: relative to the window's base.
+  const uint64_t size = window.length;
   if (size < kEocdSize) return Corrupt("not a zip archive: too short for an end-of-central-directory record");
 
   // The EOCD sits in the last 22 + up to 65535 comment bytes; scan backwards.
   const uint64_t tail_len = std::min<uint64_t>(size, kEocdSize + kMaxCommentSize);
   std::string tail(tail_len, '\0');
-  CKPTFS_RETURN_IF_ERROR(files.ReadExact(file, size - tail_len, tail_len, tail.data()));
+  CKPTFS_RETURN_IF_ERROR(ReadAt(size - tail_len, tail_len, tail.data()));
   size_t eocd = std::string::npos;
   for (size_t pos = tail_len - kEocdSize + 1; pos-- > 0;) {
     ByteReader r(std::string_view(tail).substr(pos));
@@ -74,7 +84,7 @@ Status ZipArchive::Open(const SourceFiles& files, uint32_t file, uint64_t max_en
   bool zip64 = false;
   if (eocd_offset >= kZip64LocatorSize) {
     char loc[kZip64LocatorSize];
-    CKPTFS_RETURN_IF_ERROR(files.ReadExact(file, eocd_offset - kZip64LocatorSize, sizeof loc, loc));
+    CKPTFS_RETURN_IF_ERROR(ReadAt(eocd_offset - kZip64LocatorSize, sizeof loc, loc));
     ByteReader lr(std::string_view(loc, sizeof loc));
     uint32_t sig, zip64_disk, disks;
     uint64_t end_offset;
@@ -84,7 +94,7 @@ Status ZipArchive::Open(const SourceFiles& files, uint32_t file, uint64_t max_en
           size - kZip64LocatorSize - kEocdSize - end_offset < kZip64EndSize)
         return Corrupt("zip64 locator points outside the file");
       char end[kZip64EndSize];
-      CKPTFS_RETURN_IF_ERROR(files.ReadExact(file, end_offset, sizeof end, end));
+      CKPTFS_RETURN_IF_ERROR(ReadAt(end_offset, sizeof end, end));
       ByteReader er(std::string_view(end, sizeof end));
       uint32_t end_sig, disk32, cd_disk32;
       uint64_t record_size, count_disk, count_total;
@@ -107,16 +117,16 @@ Status ZipArchive::Open(const SourceFiles& files, uint32_t file, uint64_t max_en
   if (entry_count > cd_size / kCentralHeaderSize)
     return Corrupt("central directory is too small for its entry count");
   if (entry_count > max_entries)
-    return Status::Refused(files.path(file), "zip directory lists " + std::to_string(entry_count) +
-                                                 " entries, over the limit of " + std::to_string(max_entries) +
-                                                 LimitHint("max_tensors"));
+    return Status::Refused(files.Describe(window_), "zip directory lists " + std::to_string(entry_count) +
+                                                        " entries, over the limit of " + std::to_string(max_entries) +
+                                                        LimitHint("max_tensors"));
   std::string cd(cd_size, '\0');
-  CKPTFS_RETURN_IF_ERROR(files.ReadExact(file, cd_offset, cd_size, cd.data()));
+  CKPTFS_RETURN_IF_ERROR(ReadAt(cd_offset, cd_size, cd.data()));
   CKPTFS_RETURN_IF_ERROR(ParseCentralDirectory(cd, entry_count));
 
   // Records lie one after another before the central directory. Two entries that share bytes
   // (the trick of overlapping-entry zip bombs, or a forged offset) or an entry that runs into
-  // the directory make the same bytes mean two things: refuse them (issue #6, corpus cases
+  // the directory make the same bytes mean two things: refuse them (corpus cases
   // pt-entries-overlap, pt-entry-overlaps-central-dir). Each entry is taken as its local
   // header, name and data; the local extra field is not known yet, so this is a lower bound.
   std::vector<size_t> order(entries_.size());
@@ -126,7 +136,7 @@ Status ZipArchive::Open(const SourceFiles& files, uint32_t file, uint64_t max_en
   });
   for (size_t k = 0; k < order.size(); ++k) {
     const ZipEntry& e = entries_[order[k]];
-    // Cannot overflow: ParseCentralDirectory checked header + data lies inside the file,
+    // Cannot overflow: ParseCentralDirectory checked header + data lies inside the window,
     // and a name is at most 65535 bytes.
     const uint64_t end = e.local_header_offset + kLocalHeaderSize + e.name.size() + e.compressed_size;
     if (k + 1 < order.size() && end > entries_[order[k + 1]].local_header_offset)
@@ -137,7 +147,7 @@ Status ZipArchive::Open(const SourceFiles& files, uint32_t file, uint64_t max_en
 }
 
 Status ZipArchive::ParseCentralDirectory(std::string_view cd, uint64_t entry_count) {
-  const uint64_t file_size = files_->size(file_);
+  const uint64_t archive_size = window_.length;
   ByteReader r(cd);
   entries_.reserve(entry_count);
   for (uint64_t i = 0; i < entry_count; ++i) {
@@ -175,12 +185,12 @@ Status ZipArchive::ParseCentralDirectory(std::string_view cd, uint64_t entry_cou
       if (csize32 == 0xFFFFFFFF && !zr.U64(&e.compressed_size)) return Corrupt("entry '" + e.name + "' has a short zip64 field");
       if (lho32 == 0xFFFFFFFF && !zr.U64(&e.local_header_offset)) return Corrupt("entry '" + e.name + "' has a short zip64 field");
     }
-    if (flags & kFlagEncrypted) return Status::NotSupported(files_->path(file_), "entry '" + e.name + "' is encrypted");
+    if (flags & kFlagEncrypted) return Status::NotSupported(files_->Describe(window_), "entry '" + e.name + "' is encrypted");
     if (method == kMethodStored && e.compressed_size != e.uncompressed_size)
       return Corrupt("stored entry '" + e.name + "' has different compressed and uncompressed sizes");
     uint64_t end;
     if (!CheckedAdd(e.local_header_offset, kLocalHeaderSize, &end) || !CheckedAdd(end, e.compressed_size, &end) ||
-        end > file_size)
+        end > archive_size)
       return Corrupt("entry '" + e.name + "' extends past the end of the file");
     entries_.push_back(std::move(e));
   }
@@ -198,13 +208,13 @@ const ZipEntry* ZipArchive::Find(std::string_view name) const {
 
 Status ZipArchive::DataOffset(const ZipEntry& entry, uint64_t* offset) const {
   const uint64_t at = entry.local_header_offset;
-  if (at < window_start_ || at + kLocalHeaderSize > window_start_ + window_.size()) {
-    // Open() checked that local header + 30 bytes lies inside the file.
-    window_.resize(std::min(kHeaderWindow, files_->size(file_) - at));
-    window_start_ = at;
-    CKPTFS_RETURN_IF_ERROR(files_->ReadExact(file_, at, window_.size(), window_.data()));
+  if (at < header_cache_start_ || at + kLocalHeaderSize > header_cache_start_ + header_cache_.size()) {
+    // Open() checked that local header + 30 bytes lies inside the window.
+    header_cache_.resize(std::min(kHeaderWindow, window_.length - at));
+    header_cache_start_ = at;
+    CKPTFS_RETURN_IF_ERROR(ReadAt(at, header_cache_.size(), header_cache_.data()));
   }
-  ByteReader r(std::string_view(window_).substr(at - window_start_, kLocalHeaderSize));
+  ByteReader r(std::string_view(header_cache_).substr(at - header_cache_start_, kLocalHeaderSize));
   uint32_t sig = 0;
   uint16_t name_len = 0, extra_len = 0;
   r.U32(&sig);
@@ -213,22 +223,22 @@ Status ZipArchive::DataOffset(const ZipEntry& entry, uint64_t* offset) const {
   if (sig != kLocalHeaderSig) return Corrupt("local header of '" + entry.name + "' has a bad signature");
   uint64_t data = entry.local_header_offset + kLocalHeaderSize + name_len + extra_len;
   uint64_t end;
-  if (!CheckedAdd(data, entry.compressed_size, &end) || end > files_->size(file_))
+  if (!CheckedAdd(data, entry.compressed_size, &end) || end > window_.length)
     return Corrupt("data of '" + entry.name + "' extends past the end of the file");
-  *offset = data;
+  *offset = window_.base + data;
   return Status::OK();
 }
 
 Status ZipArchive::ReadStored(const ZipEntry& entry, uint64_t max_size, std::string* out) const {
   if (entry.method != kMethodStored)
-    return Status::NotSupported(files_->path(file_), "record '" + entry.name + "' is compressed (method " +
+    return Status::NotSupported(files_->Describe(window_), "record '" + entry.name + "' is compressed (method " +
                                                          std::to_string(entry.method) + "); only stored records are supported");
   if (entry.uncompressed_size > max_size)
     return Corrupt("record '" + entry.name + "' is implausibly large (" + std::to_string(entry.uncompressed_size) + " bytes)");
   uint64_t offset;
   CKPTFS_RETURN_IF_ERROR(DataOffset(entry, &offset));
   out->resize(entry.uncompressed_size);
-  return files_->ReadExact(file_, offset, out->size(), out->data());
+  return files_->ReadExact(window_.file, offset, out->size(), out->data());
 }
 
 }  // namespace ckptfs

@@ -1,7 +1,9 @@
 // A read-only view of a ZIP archive's central directory (PKWARE APPNOTE 6.3),
 // enough to find stored records and their data offsets. Handles zip64 and the
-// data-descriptor flag as torch.save writes them (../shared/reference/
-// torch-safetensors-dcp.md, A.3). Never inflates or reads record contents itself.
+// data-descriptor flag as torch.save writes them (doc/FORMATS.md, "torch.save archives").
+// The archive is a window of a source file: a whole .pt file, or one chunk of a larger
+// file. Offsets inside the archive are relative to the window's base; everything this
+// class returns is an offset in the file. Never inflates or reads record contents itself.
 #ifndef CKPTFS_FORMAT_ZIP_HPP_
 #define CKPTFS_FORMAT_ZIP_HPP_
 
@@ -22,24 +24,27 @@ struct ZipEntry {
   uint16_t method = 0;  // 0 = stored, 8 = deflate
   uint64_t compressed_size = 0;
   uint64_t uncompressed_size = 0;
-  uint64_t local_header_offset = 0;
+  uint64_t local_header_offset = 0;  // in the archive: relative to its window's base
 };
 
 class ZipArchive {
  public:
   static constexpr uint16_t kMethodStored = 0;
 
-  // Parses the end records and central directory of source file `file`, refusing
-  // directories of more than `max_entries` entries.
-  Status Open(const SourceFiles& files, uint32_t file, uint64_t max_entries = uint64_t{1} << 24);
+  // Parses the end records and central directory of the archive in `window`, refusing
+  // directories of more than `max_entries` entries. Nothing outside the window is read.
+  Status Open(const SourceFiles& files, FileWindow window, uint64_t max_entries = uint64_t{1} << 24);
+
+  const FileWindow& window() const { return window_; }
 
   const std::vector<ZipEntry>& entries() const { return entries_; }
   // The entry named exactly `name`, or nullptr.
   const ZipEntry* Find(std::string_view name) const;
 
-  // Where `entry`'s data begins in the file, from its local header (whose extra field
-  // differs from the central one in torch files). Checks that the data fits the file.
-  // Not thread-safe: local headers are read through a small window cache, because a
+  // Where `entry`'s data begins in the file (not the window), from its local header (whose
+  // extra field differs from the central one in torch files). Checks that the data fits
+  // the window.
+  // Not thread-safe: local headers are read through a small cache, because a
   // checkpoint of many small tensors has many headers close together.
   Status DataOffset(const ZipEntry& entry, uint64_t* offset) const;
 
@@ -48,14 +53,16 @@ class ZipArchive {
 
  private:
   Status ParseCentralDirectory(std::string_view cd, uint64_t entry_count);
+  // Reads `length` bytes at `offset` of the archive (not the file).
+  Status ReadAt(uint64_t offset, size_t length, void* out) const;
   Status Corrupt(std::string_view what) const;
 
   const SourceFiles* files_ = nullptr;
-  uint32_t file_ = 0;
+  FileWindow window_;
   std::vector<ZipEntry> entries_;
   std::unordered_map<std::string_view, size_t> by_name_;
-  mutable std::string window_;  // bytes of the file starting at window_start_
-  mutable uint64_t window_start_ = 0;
+  mutable std::string header_cache_;  // bytes of the window starting at header_cache_start_
+  mutable uint64_t header_cache_start_ = 0;
 };
 
 }  // namespace ckptfs

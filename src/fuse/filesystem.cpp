@@ -21,9 +21,6 @@ constexpr const char* kXattrXxh3 = "user.ckptfs.xxh3";
 
 Filesystem& Fs(fuse_req_t req) { return *static_cast<Filesystem*>(fuse_req_userdata(req)); }
 
-// Inode numbers are node ids shifted by one so the root is FUSE_ROOT_ID.
-View::NodeId NodeOf(fuse_ino_t ino) { return static_cast<View::NodeId>(ino - FUSE_ROOT_ID); }
-fuse_ino_t InodeOf(View::NodeId id) { return static_cast<fuse_ino_t>(id) + FUSE_ROOT_ID; }
 bool Valid(const Filesystem& fs, fuse_ino_t ino) {
   return ino >= FUSE_ROOT_ID && NodeOf(ino) < fs.view->node_count();
 }

@@ -31,6 +31,10 @@ struct Filesystem {
   std::unordered_map<View::NodeId, uint64_t> hashes;
 };
 
+// Inode numbers are node ids shifted by one so the root is FUSE_ROOT_ID.
+inline View::NodeId NodeOf(fuse_ino_t ino) { return static_cast<View::NodeId>(ino - FUSE_ROOT_ID); }
+inline fuse_ino_t InodeOf(View::NodeId id) { return static_cast<fuse_ino_t>(id) + FUSE_ROOT_ID; }
+
 // The operations table; session userdata must be a Filesystem*.
 const fuse_lowlevel_ops& Operations();
 

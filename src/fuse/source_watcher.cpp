@@ -26,7 +26,10 @@ bool SourceWatcher::Start(fuse_session* session, const Filesystem* fs) {
   const SourceFiles& files = *fs->view->catalog().files;
   std::set<std::string> dirs;
   for (uint32_t f = 0; f < files.count(); ++f) {
-    const std::string& path = files.path(f);
+    // Sources that are not local files cannot be watched: their reads' identity checks
+    // are all there is.
+    const std::string& path = files.file(f).local_path();
+    if (path.empty()) continue;
     ::inotify_add_watch(inotify_fd_, path.c_str(), kFileEvents);
     size_t slash = path.rfind('/');
     dirs.insert(slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash)));
@@ -50,7 +53,10 @@ void SourceWatcher::Stop() {
 void SourceWatcher::Run() {
   const SourceFiles& files = *fs_->view->catalog().files;
   std::set<std::string> names;  // base names of source files, to filter folder events
-  for (uint32_t f = 0; f < files.count(); ++f) names.insert(files.path(f).substr(files.path(f).rfind('/') + 1));
+  for (uint32_t f = 0; f < files.count(); ++f) {
+    const std::string& path = files.file(f).local_path();
+    if (!path.empty()) names.insert(path.substr(path.rfind('/') + 1));
+  }
   alignas(inotify_event) char buf[16384];
   for (;;) {
     pollfd fds[2] = {{inotify_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
@@ -76,7 +82,7 @@ void SourceWatcher::InvalidateAll() {
   for (View::NodeId id = 0; id < fs_->view->node_count(); ++id) {
     if (fs_->view->node(id).is_dir) continue;
     // Offset 0, length 0: all cached pages of the inode.
-    fuse_lowlevel_notify_inval_inode(session_, static_cast<fuse_ino_t>(id) + FUSE_ROOT_ID, 0, 0);
+    fuse_lowlevel_notify_inval_inode(session_, InodeOf(id), 0, 0);
   }
 }
 

@@ -1,20 +1,19 @@
 // Helpers shared by the libFuzzer targets: an in-memory file to hand the readers (they
-// open sources by path and pread them), invariant checks that trap, and the catalog
+// open sources by path through an Env), invariant checks that trap, and the catalog
 // invariants every reader must keep whatever its input.
 #ifndef CKPTFS_TESTS_FUZZ_FUZZ_COMMON_HPP_
 #define CKPTFS_TESTS_FUZZ_FUZZ_COMMON_HPP_
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <string_view>
 
 #include "ckptfs/catalog.hpp"
 #include "ckptfs/limits.hpp"
+#include "io/memory_env.hpp"
 
 // An invariant violation is a finding: print what broke, then trap so libFuzzer saves the input.
 #define FUZZ_CHECK(cond)                                                                  \
@@ -38,7 +37,8 @@ inline ckptfs::ReadLimits FuzzLimits() {
   return l;
 }
 
-// One memfd per process, rewritten for every input; readers open it as /proc/self/fd/N.
+// One file in a MemoryEnv of its own, rewritten for every input; readers reach it through
+// env() (SourceOptions::env, or a SourceFiles over it).
 class MemFile {
  public:
   static MemFile& Get() {
@@ -47,28 +47,19 @@ class MemFile {
   }
   // Replaces the content and returns the path to open.
   const std::string& Write(const uint8_t* data, size_t size) {
-    if (::ftruncate(fd_, 0) != 0) std::abort();
-    size_t done = 0;
-    while (done < size) {
-      ssize_t n = ::pwrite(fd_, data + done, size - done, static_cast<off_t>(done));
-      if (n <= 0) std::abort();
-      done += static_cast<size_t>(n);
-    }
+    if (!env_->WriteFile(path_, std::string(reinterpret_cast<const char*>(data), size)).ok()) std::abort();
     return path_;
   }
   const std::string& path() const { return path_; }
+  const std::shared_ptr<ckptfs::MemoryEnv>& env() const { return env_; }
 
-  MemFile() {
-    fd_ = ::memfd_create("ckptfs-fuzz", MFD_CLOEXEC);
-    if (fd_ < 0) std::abort();
-    path_ = "/proc/self/fd/" + std::to_string(fd_);
-  }
+  MemFile() = default;
   MemFile(const MemFile&) = delete;
   MemFile& operator=(const MemFile&) = delete;
 
  private:
-  int fd_ = -1;
-  std::string path_;
+  std::shared_ptr<ckptfs::MemoryEnv> env_ = std::make_shared<ckptfs::MemoryEnv>();
+  std::string path_ = "/fuzz/input";
 };
 
 // a * b, trapping on overflow (callers check values a reader accepted: it must have

@@ -10,8 +10,10 @@
 using namespace ckptfs;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string& path = ckptfs_fuzz::MemFile::Get().Write(data, size);
+  ckptfs_fuzz::MemFile& input = ckptfs_fuzz::MemFile::Get();
+  const std::string& path = input.Write(data, size);
   Catalog catalog;
+  catalog.files = std::make_shared<SourceFiles>(input.env());
   nlohmann::json metadata;
   Status st = ReadSafetensorsFile(path, &catalog, &metadata, ckptfs_fuzz::FuzzLimits());
   if (!st.ok()) {

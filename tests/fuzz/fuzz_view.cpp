@@ -10,9 +10,6 @@
 // a read never returns more than the file holds and is short only at the end of the file;
 // any range read equals the same range cut from smaller reads; every per-tensor file and
 // model.safetensors parse back as valid safetensors with the served dtype and shape.
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -31,7 +28,7 @@ namespace {
 constexpr size_t kControl = 64;
 constexpr uint64_t kMaxFullRead = 4u << 20;  // files above this are only range-checked
 
-// A second memfd, for parsing served files back.
+// A second in-memory file, for parsing served files back.
 ckptfs_fuzz::MemFile& OutFile() {
   static ckptfs_fuzz::MemFile f;
   return f;
@@ -93,6 +90,7 @@ void CheckServedSafetensors(const View& view, View::NodeId id, const TensorEntry
   const std::string all = ReadAll(view, id);
   const std::string& path = OutFile().Write(reinterpret_cast<const uint8_t*>(all.data()), all.size());
   Catalog parsed;
+  parsed.files = std::make_shared<SourceFiles>(OutFile().env());
   nlohmann::json metadata;
   Status st = ReadSafetensorsFile(path, &parsed, &metadata, ckptfs_fuzz::FuzzLimits());
   if (!st.ok()) std::fprintf(stderr, "served %s: %s\n", view.PathOf(id).c_str(), st.message().c_str());
@@ -112,9 +110,11 @@ void CheckServedSafetensors(const View& view, View::NodeId id, const TensorEntry
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < kControl + 4) return 0;
   const uint8_t* control = data;
-  const std::string& path = ckptfs_fuzz::MemFile::Get().Write(data + kControl, size - kControl);
+  ckptfs_fuzz::MemFile& input = ckptfs_fuzz::MemFile::Get();
+  const std::string& path = input.Write(data + kControl, size - kControl);
   SourceOptions source_options;
   source_options.limits = ckptfs_fuzz::FuzzLimits();
+  source_options.env = input.env();
   std::shared_ptr<const Catalog> catalog;
   if (!OpenCatalog(path, source_options, &catalog).ok()) return 0;
   ckptfs_fuzz::CheckCatalog(*catalog);

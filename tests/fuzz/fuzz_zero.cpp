@@ -1,17 +1,14 @@
 // libFuzzer target: the DeepSpeed ZeRO reader (src/format/zero.cpp) on a fuzzed pickle.
 //
 // The folder is a small real ZeRO-2 checkpoint (data/zero/: world size 2, written by
-// DeepSpeed, see make_seeds.py --zero-template) copied to /dev/shm. Each input replaces the
-// data.pkl of one of its rank files, the rest of that zip (tensor records) kept as is:
+// DeepSpeed, see make_seeds.py --zero-template) copied into a MemoryEnv. Each input
+// replaces the data.pkl of one of its rank files, the rest of that zip (tensor records)
+// kept as is:
 //   byte 0   bits 0-6: which file (modulo the file count), bit 7: -o moments
 //   the rest the new data.pkl
 // Invariants: catalog invariants (every extent inside its rank file, extents summing to
 // the tensor's bytes), unique keys.
-#include <dirent.h>
-#include <fcntl.h>
-#include <signal.h>
-#include <unistd.h>
-
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -32,13 +29,14 @@ struct Record {
   std::string bytes;
 };
 struct RankFile {
-  std::string path;       // in the work folder
+  std::string path;       // in the in-memory folder
   std::string original;   // its bytes
   std::vector<Record> records;
   size_t pickle = 0;      // index of the data.pkl record
 };
 
-std::string g_dir;
+const std::string g_dir = "/fuzz/zero/global_step2";
+std::shared_ptr<MemoryEnv> g_env;
 std::vector<RankFile> g_files;
 int g_dirty = -1;  // file whose pickle the last input replaced
 
@@ -71,40 +69,16 @@ std::string BuildZip(const std::vector<Record>& records) {
 }
 
 void WriteWhole(const std::string& path, const std::string& bytes) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) std::abort();
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n <= 0) std::abort();
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-}
-
-void RemoveWorkDir() {
-  std::error_code ec;
-  if (!g_dir.empty()) std::filesystem::remove_all(g_dir, ec);
+  if (!g_env->WriteFile(path, bytes).ok()) std::abort();
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  // Folders of earlier runs that did not clean up (a crash, or an exit that skipped atexit):
-  // their process is gone.
-  for (const auto& e : fs::directory_iterator("/dev/shm", ec)) {
-    const std::string name = e.path().filename();
-    if (name.rfind("ckptfs-fuzz-zero-", 0) != 0) continue;
-    const int pid = std::atoi(name.c_str() + 17);
-    if (pid > 0 && ::kill(pid, 0) != 0) fs::remove_all(e.path(), ec);
-  }
   const char* env = std::getenv("CKPTFS_FUZZ_DATA");
   const std::string templ = std::string(env ? env : CKPTFS_FUZZ_DATA) + "/zero";
-  g_dir = "/dev/shm/ckptfs-fuzz-zero-" + std::to_string(::getpid()) + "/global_step2";
-  fs::create_directories(g_dir);
-  std::atexit(RemoveWorkDir);
+  g_env = std::make_shared<MemoryEnv>();
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(templ)) names.push_back(e.path().filename());
   std::sort(names.begin(), names.end());
@@ -114,7 +88,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     SourceFiles files;
     uint32_t file;
     ZipArchive zip;
-    if (!files.Add(templ + "/" + name, &file).ok() || !zip.Open(files, file).ok()) std::abort();
+    if (!files.Add(templ + "/" + name, &file).ok() || !zip.Open(files, files.whole(file)).ok()) std::abort();
     for (const ZipEntry& e : zip.entries()) {
       Record r{e.name, {}};
       if (!zip.ReadStored(e, 64u << 20, &r.bytes).ok()) std::abort();
@@ -131,8 +105,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     std::abort();
   }
   // The untouched folder must read: otherwise the target fuzzes nothing.
+  SourceOptions options;
+  options.env = g_env;
   std::shared_ptr<const Catalog> catalog;
-  Status st = OpenCatalog(g_dir, &catalog);
+  Status st = OpenCatalog(g_dir, options, &catalog);
   if (!st.ok() || catalog->tensors.empty()) {
     std::fprintf(stderr, "fuzz_zero: the template folder does not read: %s\n", st.message().c_str());
     std::abort();
@@ -153,6 +129,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   SourceOptions options;
   options.zero_moments = data[0] & 0x80;
   options.limits = ckptfs_fuzz::FuzzLimits();
+  options.env = g_env;
   std::shared_ptr<const Catalog> catalog;
   Status st = OpenCatalog(g_dir, options, &catalog);
   if (!st.ok()) {

@@ -11,13 +11,14 @@
 using namespace ckptfs;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string& path = ckptfs_fuzz::MemFile::Get().Write(data, size);
-  SourceFiles files;
+  ckptfs_fuzz::MemFile& input = ckptfs_fuzz::MemFile::Get();
+  const std::string& path = input.Write(data, size);
+  SourceFiles files(input.env());
   uint32_t file;
   if (!files.Add(path, &file).ok()) __builtin_trap();
   FUZZ_CHECK(files.size(file) == size);
   ZipArchive zip;
-  if (!zip.Open(files, file, 100'000).ok()) return 0;
+  if (!zip.Open(files, files.whole(file), 100'000).ok()) return 0;
   for (const ZipEntry& e : zip.entries()) {
     const ZipEntry* found = zip.Find(e.name);
     FUZZ_CHECK(found != nullptr && found->name == e.name);

@@ -1,5 +1,5 @@
 // The safetensors reader on generated files: a valid one, and one file per header rule
-// of the reference implementation (shared/reference/torch-safetensors-dcp.md, D.2).
+// of the reference implementation (doc/FORMATS.md, "safetensors").
 #define BOOST_TEST_MODULE safetensors_test
 #include <boost/test/unit_test.hpp>
 
@@ -15,15 +15,16 @@ using namespace ckptfs_test;
 
 namespace {
 
-// Writes `bytes` to a temp file and reads it with ReadSafetensorsFile.
+// Puts `bytes` in an in-memory file and reads it with ReadSafetensorsFile.
 struct Read {
-  TempDir dir;
-  std::string path = dir.File("model.safetensors");
+  MemorySource source;
+  std::string path = "/mem/model.safetensors";
   Catalog catalog;
   json metadata;
   Status status;
   explicit Read(const std::string& bytes) {
-    WriteFile(path, bytes);
+    source.Write(path, bytes);
+    source.Attach(&catalog);
     status = ckptfs::ReadSafetensorsFile(path, &catalog, &metadata);
   }
 };
@@ -97,11 +98,10 @@ BOOST_AUTO_TEST_CASE(valid_file) {
 BOOST_AUTO_TEST_CASE(open_catalog_detects_safetensors) {
   json h;
   h["x"] = Entry("U8", {4}, 0, 4);
-  TempDir dir;
-  const std::string path = dir.File("x.safetensors");
-  WriteFile(path, File(h, 4));
+  MemorySource source;
+  const std::string path = source.Write("/mem/x.safetensors", File(h, 4));
   std::shared_ptr<const Catalog> c;
-  Status s = ckptfs::OpenCatalog(path, &c);
+  Status s = source.OpenCatalog(path, &c);
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
   BOOST_TEST(c->format == "safetensors");
   BOOST_TEST(c->tensors.at(0).key == "x");
@@ -131,10 +131,10 @@ BOOST_AUTO_TEST_CASE(header_length_above_the_limit) {
   // A smaller limit applies to headers that would otherwise be fine.
   ckptfs::ReadLimits small;
   small.header_bytes = 8;
-  TempDir dir;
-  const std::string path = dir.File("small.safetensors");
-  WriteFile(path, File(json{{"w", Entry("F32", {1}, 0, 4)}}, 4));
+  MemorySource source;
+  const std::string path = source.Write("/mem/small.safetensors", File(json{{"w", Entry("F32", {1}, 0, 4)}}, 4));
   Catalog catalog;
+  source.Attach(&catalog);
   json metadata;
   Status s = ckptfs::ReadSafetensorsFile(path, &catalog, &metadata, small);
   BOOST_TEST(Contains(s.message(), "exceeds the limit of 8 bytes"), s.message());

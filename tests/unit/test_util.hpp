@@ -1,6 +1,7 @@
-// Helpers shared by the unit tests: temporary files, and byte builders for the formats
-// ckptfs parses (zip archives, pickles, safetensors). The builders write bytes by hand
-// so the tests need neither Python nor a zip library, and can produce malformed input.
+// Helpers shared by the unit tests: in-memory sources and temporary files, and byte
+// builders for the formats ckptfs parses (zip archives, pickles, safetensors). The
+// builders write bytes by hand so the tests need neither Python nor a zip library, and
+// can produce malformed input.
 #ifndef CKPTFS_TESTS_UNIT_TEST_UTIL_HPP_
 #define CKPTFS_TESTS_UNIT_TEST_UTIL_HPP_
 
@@ -17,7 +18,40 @@
 #include <utility>
 #include <vector>
 
+#include "ckptfs/catalog.hpp"
+#include "io/memory_env.hpp"
+
 namespace ckptfs_test {
+
+// ---- in-memory sources ---------------------------------------------------------------
+
+// A MemoryEnv, and catalogs read from it: what parser tests use instead of the disk.
+class MemorySource {
+ public:
+  const std::shared_ptr<ckptfs::MemoryEnv>& env() const { return env_; }
+
+  // Adds or replaces file `path`; returns the path.
+  const std::string& Write(const std::string& path, std::string_view bytes) {
+    ckptfs::Status s = env_->WriteFile(path, std::string(bytes));
+    if (!s.ok()) throw std::runtime_error(s.message());
+    return path;
+  }
+
+  ckptfs::SourceOptions Options(const ckptfs::ReadLimits& limits = ckptfs::ReadLimits{}) const {
+    ckptfs::SourceOptions options;
+    options.limits = limits;
+    options.env = env_;
+    return options;
+  }
+  ckptfs::Status OpenCatalog(const std::string& path, std::shared_ptr<const ckptfs::Catalog>* out) const {
+    return ckptfs::OpenCatalog(path, Options(), out);
+  }
+  // An empty catalog whose files open in this env, for calling one reader directly.
+  void Attach(ckptfs::Catalog* catalog) const { catalog->files = std::make_shared<ckptfs::SourceFiles>(env_); }
+
+ private:
+  std::shared_ptr<ckptfs::MemoryEnv> env_ = std::make_shared<ckptfs::MemoryEnv>();
+};
 
 // ---- files ---------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <random>
+#include <set>
 
 #include "ckptfs/catalog.hpp"
 #include "format/readers.hpp"
@@ -105,7 +106,7 @@ BOOST_AUTO_TEST_CASE(sample_tensors_keys_dtypes_shapes_extents) {
       BOOST_TEST(t.extents[0].file == 0u);
       BOOST_TEST(t.extents[0].offset == e.data_offset);
       BOOST_TEST(t.extents[0].length == t.nbytes());
-      BOOST_TEST(t.storage_id == std::string("0:") + e.storage);
+      BOOST_TEST(t.storage_id == std::string("0:0:") + e.storage);
       total += t.nbytes();
     }
   }
@@ -164,16 +165,15 @@ BOOST_AUTO_TEST_CASE(sample_metadata) {
 BOOST_AUTO_TEST_CASE(truncated_copies_fail_with_the_path) {
   const std::string full = ReadFile(kSample);
   BOOST_REQUIRE_EQUAL(full.size(), kSampleSize);
-  TempDir dir;
+  MemorySource source;
   std::vector<size_t> lengths = {0, 1, 3, 4, 8, 9, 21, 22, 30, 64, 65, 100, 2046, 2560, 8000,
                                  full.size() - 98, full.size() - 42, full.size() - 23, full.size() - 22,
                                  full.size() - 21, full.size() - 1};
   for (size_t n = 7; n < full.size(); n += 211) lengths.push_back(n);
   for (size_t n : lengths) {
-    const std::string path = dir.File("cut-" + std::to_string(n) + ".pt");
-    WriteFile(path, std::string_view(full).substr(0, n));
+    const std::string path = source.Write("/mem/cut-" + std::to_string(n) + ".pt", std::string_view(full).substr(0, n));
     std::shared_ptr<const Catalog> c;
-    Status s = ckptfs::OpenCatalog(path, &c);
+    Status s = source.OpenCatalog(path, &c);
     BOOST_TEST_CONTEXT("truncated to " << n) {
       BOOST_TEST(!s.ok());
       BOOST_TEST(StartsWith(s.message(), path + ": "), s.message());
@@ -185,35 +185,32 @@ BOOST_AUTO_TEST_CASE(truncated_copies_fail_with_the_path) {
 BOOST_AUTO_TEST_CASE(flipped_eocd_signature) {
   std::string bytes = ReadFile(kSample);
   bytes[bytes.size() - 22] ^= 0xff;  // 'P' of PK\5\6
-  TempDir dir;
-  const std::string path = dir.File("eocd.pt");
-  WriteFile(path, bytes);
+  MemorySource source;
+  const std::string path = source.Write("/mem/eocd.pt", bytes);
   std::shared_ptr<const Catalog> c;
-  CheckError(ckptfs::OpenCatalog(path, &c), path, Status::Code::kCorruption, "no end-of-central-directory record");
+  CheckError(source.OpenCatalog(path, &c), path, Status::Code::kCorruption, "no end-of-central-directory record");
 }
 
 BOOST_AUTO_TEST_CASE(data_pkl_with_an_unknown_opcode) {
   std::string bytes = ReadFile(kSample);
   // data.pkl is the first record; its data starts at byte 64 with PROTO 2.
   BOOST_REQUIRE_EQUAL(static_cast<uint8_t>(bytes[64]), 0x80);
-  TempDir dir;
+  MemorySource source;
   {
     std::string b = bytes;
     b[64] = '\xff';
-    const std::string path = dir.File("op0.pt");
-    WriteFile(path, b);
+    const std::string path = source.Write("/mem/op0.pt", b);
     std::shared_ptr<const Catalog> c;
-    Status s = ckptfs::OpenCatalog(path, &c);
+    Status s = source.OpenCatalog(path, &c);
     CheckError(s, path, Status::Code::kCorruption, "unknown opcode 0xff at byte 0");
     BOOST_TEST(Contains(s.message(), "data.pkl"), s.message());
   }
   {
     std::string b = bytes;
     b[64 + 5] = '\xff';  // the MARK after `}q\0`
-    const std::string path = dir.File("op5.pt");
-    WriteFile(path, b);
+    const std::string path = source.Write("/mem/op5.pt", b);
     std::shared_ptr<const Catalog> c;
-    CheckError(ckptfs::OpenCatalog(path, &c), path, Status::Code::kCorruption, "unknown opcode 0xff at byte 5");
+    CheckError(source.OpenCatalog(path, &c), path, Status::Code::kCorruption, "unknown opcode 0xff at byte 5");
   }
 }
 
@@ -222,17 +219,16 @@ BOOST_AUTO_TEST_CASE(random_byte_changes_fail_cleanly_or_parse) {
   // never a crash (run under sanitizers to catch memory errors too).
   const std::string full = ReadFile(kSample);
   const size_t cd_start = 14632;  // after the last record; the central directory follows
-  TempDir dir;
+  MemorySource source;
   std::mt19937 rng(7);
   for (int i = 0; i < 400; ++i) {
     std::string b = full;
     const size_t pos = i % 2 ? std::uniform_int_distribution<size_t>(64, 64 + 1981)(rng)
                              : std::uniform_int_distribution<size_t>(cd_start, full.size() - 1)(rng);
     b[pos] = static_cast<char>(std::uniform_int_distribution<int>(0, 255)(rng));
-    const std::string path = dir.File("flip.pt");
-    WriteFile(path, b);
+    const std::string path = source.Write("/mem/flip.pt", b);
     std::shared_ptr<const Catalog> c;
-    Status s = ckptfs::OpenCatalog(path, &c);
+    Status s = source.OpenCatalog(path, &c);
     BOOST_TEST_CONTEXT("byte " << pos << " set to " << int(static_cast<uint8_t>(b[pos]))) {
       if (s.ok()) BOOST_TEST(c != nullptr);
       else BOOST_TEST(StartsWith(s.message(), path + ": "), s.message());
@@ -278,13 +274,13 @@ std::string OneTensorPickle(std::string_view storage_class, uint32_t numel, uint
 }
 
 struct Built {
-  TempDir dir;
-  std::string path = dir.File("built.pt");
+  MemorySource source;
+  std::string path = "/mem/built.pt";
   std::shared_ptr<const Catalog> catalog;
   Status status;
   explicit Built(const std::string& bytes) {
-    WriteFile(path, bytes);
-    status = ckptfs::OpenCatalog(path, &catalog);
+    source.Write(path, bytes);
+    status = source.OpenCatalog(path, &catalog);
   }
 };
 
@@ -434,4 +430,82 @@ BOOST_AUTO_TEST_CASE(tensor_and_pickle_limits_are_options) {
   CheckError(s, kSample, Status::Code::kRefused, "max_pickle_memory");
   options = {};
   BOOST_TEST(ckptfs::OpenCatalog(kSample, options, &catalog).ok());
+}
+
+// ---- archives inside a larger file ----------------------------------------------------------
+
+namespace {
+
+// Reads the torch.save archive at [base, base+length) of in-memory file `path` into `catalog`.
+Status ReadWindow(const std::string& path, uint64_t base, uint64_t length,
+                  Catalog* catalog, nlohmann::json* metadata) {
+  uint32_t file = 0;
+  CKPTFS_RETURN_IF_ERROR(catalog->files->Add(path, &file));
+  return ckptfs::ReadTorchZip(ckptfs::FileWindow{file, base, length}, catalog, metadata);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(sample_inside_a_larger_file_reads_the_same_tensors_at_shifted_offsets) {
+  const std::string sample = ReadFile(kSample);
+  constexpr uint64_t kBase = 4099;  // odd: no alignment of the archive can be assumed
+  MemorySource source;
+  const std::string path = source.Write("/mem/chunks.bin", PatternBytes(kBase, 3) + sample + PatternBytes(777, 4));
+  Catalog catalog;
+  source.Attach(&catalog);
+  nlohmann::json metadata;
+  Status s = ReadWindow(path, kBase, sample.size(), &catalog, &metadata);
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  BOOST_TEST(metadata == MustOpen(kSample)->metadata);
+  const auto& expected = SampleTensors();
+  BOOST_REQUIRE_EQUAL(catalog.tensors.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const auto& t = catalog.tensors[i];
+    const Expected& e = expected[i];
+    BOOST_TEST_CONTEXT("tensor " << e.key) {
+      BOOST_TEST(t.key == e.key);
+      BOOST_TEST(t.shape == e.shape, boost::test_tools::per_element());
+      BOOST_REQUIRE_EQUAL(t.extents.size(), 1u);
+      BOOST_TEST(t.extents[0].offset == kBase + e.data_offset);
+      BOOST_TEST(t.extents[0].length == t.nbytes());
+      BOOST_TEST(t.storage_id == "0:" + std::to_string(kBase) + ":" + e.storage);
+      std::string got(t.nbytes(), '\0');
+      BOOST_REQUIRE(catalog.files->ReadExact(0, t.extents[0].offset, got.size(), got.data()).ok());
+      BOOST_TEST((got == sample.substr(e.data_offset, got.size())));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(two_archives_in_one_file_have_distinct_storage_ids) {
+  const std::string sample = ReadFile(kSample);
+  const uint64_t second = sample.size() + 13;
+  MemorySource source;
+  const std::string path = source.Write("/mem/two.bin", sample + PatternBytes(13, 5) + sample);
+  Catalog catalog;
+  source.Attach(&catalog);
+  nlohmann::json metadata;
+  BOOST_REQUIRE(ReadWindow(path, 0, sample.size(), &catalog, &metadata).ok());
+  BOOST_REQUIRE(ReadWindow(path, second, sample.size(), &catalog, &metadata).ok());
+  const size_t n = SampleTensors().size();
+  BOOST_REQUIRE_EQUAL(catalog.tensors.size(), 2 * n);
+  std::set<std::string> ids;
+  for (const auto& t : catalog.tensors) ids.insert(t.storage_id);
+  BOOST_TEST(ids.size() == 2 * n);
+  for (size_t i = 0; i < n; ++i)
+    BOOST_TEST(catalog.tensors[n + i].extents.at(0).offset == catalog.tensors[i].extents.at(0).offset + second);
+}
+
+BOOST_AUTO_TEST_CASE(errors_inside_a_window_name_its_byte_range) {
+  // The window's archive lost its end record; a whole one follows it in the file, and
+  // must not be found.
+  std::string broken = ReadFile(kSample);
+  broken[broken.size() - 22] ^= 0xff;
+  MemorySource source;
+  const std::string path = source.Write("/mem/chunks.bin", "x" + broken + ReadFile(kSample));
+  Catalog catalog;
+  source.Attach(&catalog);
+  nlohmann::json metadata;
+  Status s = ReadWindow(path, 1, broken.size(), &catalog, &metadata);
+  const std::string where = path + " [bytes 1.." + std::to_string(1 + broken.size()) + ")";
+  CheckError(s, where, Status::Code::kCorruption, "no end-of-central-directory record");
 }

@@ -14,20 +14,20 @@ using namespace ckptfs_test;
 
 namespace {
 
-// Writes `bytes` to a temp file and opens it as a zip archive.
+// Puts `bytes` in an in-memory file and opens it as a zip archive.
 struct Opened {
-  TempDir dir;
-  std::string path = dir.File("archive.zip");
-  ckptfs::SourceFiles files;
+  MemorySource source;
+  std::string path = "/mem/archive.zip";
+  ckptfs::SourceFiles files{source.env()};
   ZipArchive zip;
   Status status;
 
   explicit Opened(const std::string& bytes) {
-    WriteFile(path, bytes);
+    source.Write(path, bytes);
     uint32_t index = 0;
     Status added = files.Add(path, &index);
     BOOST_REQUIRE_MESSAGE(added.ok(), added.message());
-    status = zip.Open(files, index);
+    status = zip.Open(files, files.whole(index));
   }
 };
 
@@ -183,19 +183,17 @@ BOOST_AUTO_TEST_CASE(reopening_with_another_archive_reads_its_own_headers) {
   ZipBuilder bb;
   bb.Add(ZipEntrySpec("b/x", "payload").LocalExtra(PaddingExtra(20)));
   const std::string b = bb.Build(false, "", &lay_b);
-  TempDir dir;
-  WriteFile(dir.File("a.zip"), a);
-  WriteFile(dir.File("b.zip"), b);
-  ckptfs::SourceFiles files;
+  MemorySource source;
+  ckptfs::SourceFiles files(source.env());
   uint32_t ia = 0, ib = 0;
-  BOOST_REQUIRE(files.Add(dir.File("a.zip"), &ia).ok());
-  BOOST_REQUIRE(files.Add(dir.File("b.zip"), &ib).ok());
+  BOOST_REQUIRE(files.Add(source.Write("/mem/a.zip", a), &ia).ok());
+  BOOST_REQUIRE(files.Add(source.Write("/mem/b.zip", b), &ib).ok());
   ZipArchive zip;
-  BOOST_REQUIRE(zip.Open(files, ia).ok());
+  BOOST_REQUIRE(zip.Open(files, files.whole(ia)).ok());
   uint64_t off = 0;
   BOOST_REQUIRE(zip.DataOffset(zip.entries().at(0), &off).ok());
   BOOST_TEST(off == lay_a.data_offsets[0]);
-  BOOST_REQUIRE(zip.Open(files, ib).ok());
+  BOOST_REQUIRE(zip.Open(files, files.whole(ib)).ok());
   BOOST_REQUIRE_EQUAL(zip.entries().size(), 1u);
   BOOST_TEST(zip.Find("arch/data.pkl") == nullptr);
   BOOST_REQUIRE(zip.DataOffset(zip.entries()[0], &off).ok());
@@ -379,4 +377,74 @@ BOOST_AUTO_TEST_CASE(read_stored_on_a_deflated_entry_is_not_supported) {
   Status s = o.zip.ReadStored(e, 1000, &data);
   BOOST_TEST(static_cast<int>(s.code()) == static_cast<int>(Status::Code::kNotSupported));
   BOOST_TEST(StartsWith(s.message(), o.path + ": record 'x/deflated' is compressed (method 8)"), s.message());
+}
+
+// ---- archives inside a larger file ----------------------------------------------------------
+
+namespace {
+
+// `n` bytes holding zip signatures, to mislead a reader that looks outside its window.
+std::string Junk(size_t n) { return ("PK\x05\x06PK\x01\x02PK\x03\x04" + PatternBytes(n, 77)).substr(0, n); }
+
+// `archive` at byte `base` of an in-memory file, with junk before and after it.
+struct Embedded {
+  MemorySource source;
+  ckptfs::SourceFiles files{source.env()};
+  ckptfs::FileWindow window;
+
+  Embedded(const std::string& archive, uint64_t base, size_t junk_after = 333) {
+    const std::string bytes = Junk(base) + archive + Junk(junk_after);
+    uint32_t index = 0;
+    BOOST_REQUIRE(files.Add(source.Write("/mem/big.bin", bytes), &index).ok());
+    window = ckptfs::FileWindow{index, base, archive.size()};
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(archive_in_a_window_reports_offsets_in_the_file) {
+  for (bool zip64 : {false, true}) {
+    ZipLayout lay;
+    const std::string archive = ThreeEntries(&lay, zip64);
+    Embedded e(archive, 1001);
+    ZipArchive zip;
+    Status s = zip.Open(e.files, e.window);
+    BOOST_TEST_CONTEXT("zip64 " << zip64) {
+      BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+      BOOST_REQUIRE_EQUAL(zip.entries().size(), 3u);
+      for (size_t i = 0; i < 3; ++i) {
+        uint64_t off = 0;
+        BOOST_REQUIRE(zip.DataOffset(zip.entries()[i], &off).ok());
+        BOOST_TEST(off == 1001 + lay.data_offsets[i]);
+      }
+      std::string data;
+      BOOST_REQUIRE(zip.ReadStored(*zip.Find("arch/data/0"), 1000, &data).ok());
+      BOOST_TEST(data == PatternBytes(100, 1));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(archive_claiming_bytes_past_its_window_is_refused) {
+  // A record whose sizes claim the junk after the window: inside the file, outside the
+  // archive.
+  ZipLayout lay;
+  std::string archive = ThreeEntries(&lay);
+  PatchLE(&archive, lay.central_offsets[2] + 20, 4000, 4);  // compressed size of arch/empty
+  PatchLE(&archive, lay.central_offsets[2] + 24, 4000, 4);  // uncompressed size
+  Embedded e(archive, 77, 5000);
+  ZipArchive zip;
+  Status s = zip.Open(e.files, e.window);
+  BOOST_TEST(static_cast<int>(s.code()) == static_cast<int>(Status::Code::kCorruption));
+  const std::string where = "/mem/big.bin [bytes 77.." + std::to_string(77 + archive.size()) + ")";
+  BOOST_TEST(s.message() == where + ": entry 'arch/empty' extends past the end of the file", s.message());
+}
+
+BOOST_AUTO_TEST_CASE(window_past_the_end_of_the_file_is_refused) {
+  Embedded e(ThreeEntries(nullptr), 10, 0);
+  ZipArchive zip;
+  Status s = zip.Open(e.files, ckptfs::FileWindow{e.window.file, e.window.base, e.window.length + 1});
+  BOOST_TEST(static_cast<int>(s.code()) == static_cast<int>(Status::Code::kCorruption));
+  BOOST_TEST(Contains(s.message(), "archive window extends past the end of the file"), s.message());
+  s = zip.Open(e.files, ckptfs::FileWindow{e.window.file, UINT64_MAX, 2});
+  BOOST_TEST(Contains(s.message(), "archive window extends past the end of the file"), s.message());
 }

@@ -1,0 +1,100 @@
+// Env: how ckptfs reaches the bytes and folders of a checkpoint.
+//
+// Every read of a source — format sniffing, folder listings, index files, zip directories,
+// pickles and tensor data — goes through an Env and the SourceFiles it opens, so a new kind
+// of source (an HTTP server, an object store) is a new Env and nothing else changes. The
+// local file system is Env::Local(); MemoryEnv (src/io/memory_env.hpp) keeps files in
+// memory for unit tests and fuzz targets. Modelled on LevelDB's Env.
+// Thread-safety: every method of Env and SourceFile may be called concurrently.
+#ifndef CKPTFS_ENV_HPP_
+#define CKPTFS_ENV_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckptfs/status.hpp"
+
+namespace ckptfs {
+
+// What a source file was when it was opened. Reads compare the file with it, so a file
+// replaced or rewritten under ckptfs makes reads fail instead of returning other bytes.
+struct FileIdentity {
+  uint64_t dev = 0;
+  uint64_t ino = 0;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  // ctime cannot be set back by any process: it catches a rewrite whose mtime was restored.
+  int64_t ctime_ns = 0;
+  // A version string where the source has one (an HTTP ETag); empty for local files.
+  std::string version;
+  bool operator==(const FileIdentity&) const = default;
+};
+
+// One opened source file.
+class SourceFile {
+ public:
+  virtual ~SourceFile() = default;
+
+  // The name the user knows the file by (a path or a URL); every message uses it.
+  virtual const std::string& name() const = 0;
+  virtual const FileIdentity& identity() const = 0;
+  uint64_t size() const { return identity().size; }
+
+  // Reads exactly `length` bytes at `offset`. The caller has checked that the range lies
+  // within size() (SourceFiles::ReadExact does); fewer bytes than that is kSourceChanged.
+  virtual Status Read(uint64_t offset, size_t length, void* out) const = 0;
+
+  // kSourceChanged when the file differs from the one that was opened.
+  virtual Status CheckUnchanged() const = 0;
+
+  // A path the operating system can open, for O_DIRECT and cuFile reads; "" when the file
+  // has none (memory, remote).
+  virtual const std::string& local_path() const;
+};
+
+enum class PathType : uint8_t { kMissing, kFile, kFolder, kOther };
+
+struct FolderEntry {
+  std::string name;
+  PathType type = PathType::kOther;
+};
+
+class Env {
+ public:
+  virtual ~Env() = default;
+
+  // The local file system (one instance per process).
+  static std::shared_ptr<Env> Local();
+
+  virtual Status Open(const std::string& path, std::unique_ptr<SourceFile>* out) = 0;
+
+  // What is at `path` (following symbolic links); kMissing, with an OK status, when
+  // nothing is. Errors other than absence (permission denied) are errors.
+  virtual Status Stat(const std::string& path, PathType* type) = 0;
+
+  // The entries of folder `path`, sorted by name, without "." and "..".
+  virtual Status ListFolder(const std::string& path, std::vector<FolderEntry>* out) = 0;
+
+  // The whole content of file `path` (an index, a tag file). A file larger than
+  // `max_bytes` is kRefused with "<what> is N bytes, over the limit of M" followed by
+  // `hint` (how to raise the limit).
+  Status ReadSmallFile(const std::string& path, uint64_t max_bytes, std::string* out,
+                       std::string_view what = "file", std::string_view hint = {});
+};
+
+// `folder` + "/" + `name` ("name" alone when folder is empty).
+std::string JoinPath(std::string_view folder, std::string_view name);
+
+// A local file's descriptor for direct reads (the device loader's O_DIRECT and cuFile
+// path): opens file.local_path() with O_DIRECT when `direct` is asked for and the file
+// system takes it (*is_direct says whether it did), else without, and checks that the
+// descriptor reaches the file that was indexed. The caller closes *fd.
+Status OpenLocalDescriptor(const SourceFile& file, bool direct, int* fd, bool* is_direct);
+
+}  // namespace ckptfs
+
+#endif  // CKPTFS_ENV_HPP_

@@ -1,0 +1,31 @@
+// The parts of Env and SourceFile that every kind of source shares.
+#include "ckptfs/env.hpp"
+
+namespace ckptfs {
+
+const std::string& SourceFile::local_path() const {
+  static const std::string kNone;
+  return kNone;
+}
+
+Status Env::ReadSmallFile(const std::string& path, uint64_t max_bytes, std::string* out, std::string_view what,
+                          std::string_view hint) {
+  std::unique_ptr<SourceFile> file;
+  CKPTFS_RETURN_IF_ERROR(Open(path, &file));
+  const uint64_t size = file->size();
+  if (size > max_bytes)
+    return Status::Refused(path, std::string(what) + " is " + std::to_string(size) + " bytes, over the limit of " +
+                                     std::to_string(max_bytes) + std::string(hint));
+  out->resize(size);
+  return file->Read(0, size, out->data());
+}
+
+std::string JoinPath(std::string_view folder, std::string_view name) {
+  std::string path;
+  path.reserve(folder.size() + 1 + name.size());
+  if (!folder.empty()) path.append(folder).push_back('/');
+  path.append(name);
+  return path;
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,164 @@
+// The local file system as an Env: files opened once with open(2) and read with pread(2),
+// their identity taken from fstat(2) and re-checked on demand.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "ckptfs/env.hpp"
+#include "io/source_changed.hpp"
+
+namespace ckptfs {
+namespace {
+
+FileIdentity IdentityOf(const struct stat& st) {
+  FileIdentity id;
+  id.dev = st.st_dev;
+  id.ino = st.st_ino;
+  id.size = static_cast<uint64_t>(st.st_size);
+  id.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  id.ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+  return id;
+}
+
+// Whether `st` describes the very file `id` was taken from (not one put in its place).
+bool SameFile(const struct stat& st, const FileIdentity& id) { return st.st_dev == id.dev && st.st_ino == id.ino; }
+
+PathType TypeOf(const struct stat& st) {
+  if (S_ISREG(st.st_mode)) return PathType::kFile;
+  if (S_ISDIR(st.st_mode)) return PathType::kFolder;
+  return PathType::kOther;
+}
+
+class LocalFile final : public SourceFile {
+ public:
+  LocalFile(std::string path, int fd, const FileIdentity& identity)
+      : path_(std::move(path)), fd_(fd), identity_(identity) {}
+  ~LocalFile() override { ::close(fd_); }
+  LocalFile(const LocalFile&) = delete;
+  LocalFile& operator=(const LocalFile&) = delete;
+
+  const std::string& name() const override { return path_; }
+  const FileIdentity& identity() const override { return identity_; }
+  const std::string& local_path() const override { return path_; }
+
+  Status Read(uint64_t offset, size_t length, void* out) const override {
+    char* dst = static_cast<char*>(out);
+    size_t done = 0;
+    while (done < length) {
+      ssize_t n = ::pread(fd_, dst + done, length - done, static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return Status::FromErrno(path_, "read failed", errno);
+      }
+      if (n == 0) return ShorterThanIndexed(path_);
+      done += static_cast<size_t>(n);
+    }
+    return Status::OK();
+  }
+
+  // Through the descriptor: the file was not rewritten. Through the path: the name still
+  // reaches it (a rename over it leaves our descriptor on the old, unchanged file).
+  Status CheckUnchanged() const override {
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) return Status::FromErrno(path_, "cannot stat", errno);
+    if (!(IdentityOf(st) == identity_)) return ChangedSinceIndexed(path_);
+    if (::stat(path_.c_str(), &st) != 0 || !SameFile(st, identity_)) return ReplacedSinceIndexed(path_);
+    return Status::OK();
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+  FileIdentity identity_;
+};
+
+class LocalEnv final : public Env {
+ public:
+  Status Open(const std::string& path, std::unique_ptr<SourceFile>* out) override {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(path, "cannot open", errno);
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::FromErrno(path, "cannot stat", err);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return Status::InvalidArgument(path, "not a regular file");
+    }
+    *out = std::make_unique<LocalFile>(path, fd, IdentityOf(st));
+    return Status::OK();
+  }
+
+  Status Stat(const std::string& path, PathType* type) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      if (errno != ENOENT) return Status::FromErrno(path, "cannot access", errno);
+      *type = PathType::kMissing;
+      return Status::OK();
+    }
+    *type = TypeOf(st);
+    return Status::OK();
+  }
+
+  Status ListFolder(const std::string& path, std::vector<FolderEntry>* out) override {
+    out->clear();
+    DIR* d = ::opendir(path.c_str());
+    if (!d) return Status::FromErrno(path, "cannot open folder", errno);
+    while (struct dirent* e = ::readdir(d)) {
+      std::string name = e->d_name;
+      if (name == "." || name == "..") continue;
+      // stat, not d_type: a symbolic link counts as what it points to.
+      struct stat st;
+      const PathType type = ::stat(JoinPath(path, name).c_str(), &st) == 0 ? TypeOf(st) : PathType::kMissing;
+      out->push_back(FolderEntry{std::move(name), type});
+    }
+    ::closedir(d);
+    std::sort(out->begin(), out->end(), [](const FolderEntry& a, const FolderEntry& b) { return a.name < b.name; });
+    return Status::OK();
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<Env> Env::Local() {
+  static const std::shared_ptr<Env> env = std::make_shared<LocalEnv>();
+  return env;
+}
+
+Status OpenLocalDescriptor(const SourceFile& file, bool direct, int* fd, bool* is_direct) {
+  *fd = -1;
+  *is_direct = false;
+  const std::string& path = file.local_path();
+  if (path.empty()) return Status::InvalidArgument(file.name(), "not a local file");
+  int opened = -1;
+  if (direct) {
+    opened = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    *is_direct = opened >= 0;
+  }
+  if (opened < 0) opened = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (opened < 0) {
+    if (errno == ENOENT) return Status::SourceChanged(path, "file was removed since it was indexed");
+    return Status::FromErrno(path, "cannot open", errno);
+  }
+  struct stat st;
+  if (::fstat(opened, &st) != 0) {
+    const int err = errno;
+    ::close(opened);
+    return Status::FromErrno(path, "cannot stat", err);
+  }
+  if (!SameFile(st, file.identity()) || static_cast<uint64_t>(st.st_size) != file.size()) {
+    ::close(opened);
+    *is_direct = false;
+    return ReplacedSinceIndexed(path);
+  }
+  *fd = opened;
+  return Status::OK();
+}
+
+}  // namespace ckptfs
