@@ -104,8 +104,10 @@ CKPTFS_EXPORT size_t ckptfs_tensor_count(const ckptfs_handle* handle) {
 
 CKPTFS_EXPORT const char* ckptfs_tensor_info(ckptfs_handle* handle) { return handle ? handle->info.c_str() : "[]"; }
 
-CKPTFS_EXPORT int ckptfs_load_into(ckptfs_handle* handle, size_t count, const uint64_t* indices, void* const* ptrs,
-                                   const uint64_t* nbytes, const char* backend, int device, const char* options_json) {
+namespace {
+
+int LoadInto(ckptfs_handle* handle, size_t count, const uint64_t* indices, void* const* ptrs, const uint64_t* nbytes,
+             const char* backend, int device, void* after_stream, const char* options_json) {
   using namespace ckptfs;
   try {
     if (!handle) {
@@ -153,6 +155,7 @@ CKPTFS_EXPORT int ckptfs_load_into(ckptfs_handle* handle, size_t count, const ui
         check.push_back(t);
       }
     }
+    options.after_stream = after_stream;
     DeviceLoadStats stats;
     s = LoadIntoDevice(view, *be, options, dests, &stats);
     if (s.ok() && verify) s = VerifyDeviceTensors(view, *be, check);
@@ -171,6 +174,19 @@ CKPTFS_EXPORT int ckptfs_load_into(ckptfs_handle* handle, size_t count, const ui
     SetError(std::string("ckptfs_load_into: ") + e.what());
     return -1;
   }
+}
+
+}  // namespace
+
+CKPTFS_EXPORT int ckptfs_load_into(ckptfs_handle* handle, size_t count, const uint64_t* indices, void* const* ptrs,
+                                   const uint64_t* nbytes, const char* backend, int device, const char* options_json) {
+  return LoadInto(handle, count, indices, ptrs, nbytes, backend, device, nullptr, options_json);
+}
+
+CKPTFS_EXPORT int ckptfs_load_into_stream(ckptfs_handle* handle, size_t count, const uint64_t* indices,
+                                          void* const* ptrs, const uint64_t* nbytes, const char* backend, int device,
+                                          void* stream, const char* options_json) {
+  return LoadInto(handle, count, indices, ptrs, nbytes, backend, device, stream, options_json);
 }
 
 CKPTFS_EXPORT const char* ckptfs_last_load_stats(void) { return g_stats.c_str(); }
