@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define CKPTFS_C_API_VERSION 1
+#define CKPTFS_C_API_VERSION 2
 
 typedef struct ckptfs_handle ckptfs_handle;
 
@@ -44,9 +44,19 @@ const char* ckptfs_tensor_info(ckptfs_handle* handle);
  * "auto" (PTRS are device memory of DEVICE). OPTIONS_JSON (may be NULL) holds the device
  * load options, as `ckptfs load` takes them: {"buffer_size": bytes or a size such as
  * "16MiB", "buffers": n, "io_threads": n, "direct_io": bool (default true), "verify": bool}.
- * Returns 0, or -1 (the destinations then hold partial data). */
+ * Returns 0, or -1 (the destinations then hold partial data). The calling thread's current
+ * CUDA device is the same afterwards, and no CUDA error ckptfs reported stays the runtime's
+ * "last error". */
 int ckptfs_load_into(ckptfs_handle* handle, size_t count, const uint64_t* indices, void* const* ptrs,
                      const uint64_t* nbytes, const char* backend, int device, const char* options_json);
+
+/* ckptfs_load_into ordered after STREAM (a cudaStream_t of DEVICE, e.g. PyTorch's current
+ * stream; NULL: no ordering): the load writes nothing before the work queued on STREAM when
+ * it is called has completed, so destinations may come from a stream-ordered allocator.
+ * Every write has completed when it returns. Since API version 2. */
+int ckptfs_load_into_stream(ckptfs_handle* handle, size_t count, const uint64_t* indices, void* const* ptrs,
+                            const uint64_t* nbytes, const char* backend, int device, void* stream,
+                            const char* options_json);
 
 /* JSON of the calling thread's last successful load: {"tensors", "bytes", "bytes_read",
  * "direct_bytes", "view_bytes", "seconds", "backend", "o_direct"}. */

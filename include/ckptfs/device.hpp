@@ -37,7 +37,8 @@ using DirectFile = void*;
 enum class CopyKind : uint8_t { kHostToDevice, kDeviceToDevice };
 
 // What the pipeline needs from a device. All calls may come from several threads; every
-// worker thread calls BindThread() first (CUDA's current device is per thread).
+// worker thread calls BindThread() first (CUDA's current device is per thread). The caller's
+// own thread is bound through ScopedDeviceBinding, which gives its current device back.
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
@@ -45,6 +46,13 @@ class DeviceBackend {
   // A line that says which device and library this is (for summaries).
   virtual std::string Describe() const = 0;
   virtual Status BindThread() = 0;
+  // For a thread ckptfs does not own (the caller's, whose current device PyTorch shares):
+  // BindThread, after saving what RestoreCallerThread needs to undo it.
+  virtual Status BindCallerThread(int* saved) {
+    *saved = -1;
+    return BindThread();
+  }
+  virtual void RestoreCallerThread(int saved) {}
 
   virtual Status AllocDevice(size_t bytes, void** ptr) = 0;
   virtual void FreeDevice(void* ptr) = 0;
@@ -62,6 +70,9 @@ class DeviceBackend {
   virtual Status RecordEvent(DeviceEvent event, DeviceStream stream) = 0;
   // Blocks until everything enqueued before the last RecordEvent(event) has completed.
   virtual Status WaitEvent(DeviceEvent event) = 0;
+  // Work enqueued on `stream` from now on starts after the last RecordEvent(event) completed
+  // (the host does not wait).
+  virtual Status StreamWaitEvent(DeviceStream stream, DeviceEvent event) = 0;
   virtual Status Synchronize(DeviceStream stream) = 0;
   // Synchronous device -> host copy (verification).
   virtual Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
@@ -73,13 +84,16 @@ class DeviceBackend {
     return Status::NotSupported(path, "direct reads are not supported by this back end");
   }
   virtual void CloseDirect(DirectFile file) {}
-  // Registers a device buffer that direct reads go to (optional speed-up).
-  virtual void RegisterDirectBuffer(void* device_ptr, size_t bytes) {}
+  // Registers a device buffer that direct reads go to (a speed-up: reads into an
+  // unregistered buffer still work). Deregister only what registered successfully.
+  virtual Status RegisterDirectBuffer(void* device_ptr, size_t bytes) { return Status::OK(); }
   virtual void DeregisterDirectBuffer(void* device_ptr) {}
-  // Reads `bytes` at `file_offset` into `device_ptr` (synchronous). Offsets and sizes are
-  // 4 KiB aligned except where the read reaches the end of the file.
-  virtual Status ReadDirect(DirectFile file, const std::string& path, void* device_ptr, size_t bytes,
-                            uint64_t file_offset) {
+  // Reads `bytes` at `file_offset` into `buffer_base` + `buffer_offset` (synchronous).
+  // `buffer_base` is the pointer given to RegisterDirectBuffer (cuFile wants the registered
+  // base and the offset apart). Offsets and sizes are 4 KiB aligned except where the read
+  // reaches the end of the file.
+  virtual Status ReadDirect(DirectFile file, const std::string& path, void* buffer_base, uint64_t buffer_offset,
+                            size_t bytes, uint64_t file_offset) {
     return Status::NotSupported(path, "direct reads are not supported by this back end");
   }
 };
@@ -100,6 +114,26 @@ struct HostBackendStats {
   uint64_t copies = 0, direct_reads = 0;
   // Pinned buffers freed while a copy from them was queued or running.
   uint64_t freed_while_in_flight = 0;
+  // Direct reads whose buffer base was not a registered buffer.
+  uint64_t unregistered_direct_reads = 0;
+};
+
+// Binds the calling thread to the back end's device for the lifetime of this object, then
+// makes the thread's previous device current again, on every path.
+class ScopedDeviceBinding {
+ public:
+  explicit ScopedDeviceBinding(DeviceBackend& backend) : backend_(backend) {
+    status_ = backend_.BindCallerThread(&saved_);
+  }
+  ~ScopedDeviceBinding() { backend_.RestoreCallerThread(saved_); }
+  ScopedDeviceBinding(const ScopedDeviceBinding&) = delete;
+  ScopedDeviceBinding& operator=(const ScopedDeviceBinding&) = delete;
+  const Status& status() const { return status_; }
+
+ private:
+  DeviceBackend& backend_;
+  int saved_ = -1;
+  Status status_;
 };
 
 std::unique_ptr<DeviceBackend> MakeHostBackend(const HostBackendOptions& options = {});
@@ -108,9 +142,11 @@ HostBackendStats GetHostBackendStats(const DeviceBackend& host_backend);
 // Opens the CUDA runtime (and cuFile with `with_cufile`) for device `device`. Fails with a
 // kNotSupported status whose message starts "no CUDA device:" when there is no usable GPU
 // (library missing, no driver, no device), "no cuFile:" when cuFile is asked for and missing.
+// The calling thread's current device is left as it was.
 Status OpenCudaBackend(int device, bool with_cufile, std::unique_ptr<DeviceBackend>* out);
 
-// "host", "cuda", "cufile", or "auto" (cufile, else cuda, else the CUDA error; never host).
+// "host", "cuda", "cufile", or "auto" (cufile where its driver reports GPUDirect, else cuda,
+// else the CUDA error; never host).
 Status OpenBackend(const std::string& name, int device, std::unique_ptr<DeviceBackend>* out);
 
 struct DeviceLoadOptions {
@@ -122,6 +158,10 @@ struct DeviceLoadOptions {
   int io_threads = 2;                      // threads filling ring buffers
   bool direct_io = true;                   // O_DIRECT source reads (fallback to buffered)
   bool use_direct_read = true;             // cuFile reads when the back end has them
+  // The caller's stream (PyTorch's current stream): what is enqueued on it before the load
+  // starts completes before the load writes a destination (its memory may come from a
+  // caching allocator that still has kernels queued on it). nullptr: no ordering.
+  DeviceStream after_stream = nullptr;
   // Checked before each buffer is filled; true aborts the load (status ECANCELED).
   std::function<bool()> cancelled;
 };

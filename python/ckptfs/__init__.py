@@ -63,6 +63,11 @@ def _library():
             ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_void_p),
             ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
         ]
+        lib.ckptfs_load_into_stream.restype = ctypes.c_int
+        lib.ckptfs_load_into_stream.argtypes = [
+            ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_void_p),
+            ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p,
+        ]
         lib.ckptfs_last_error.restype = ctypes.c_char_p
         lib.ckptfs_last_load_stats.restype = ctypes.c_char_p
         lib.ckptfs_options.restype = ctypes.c_char_p
@@ -192,9 +197,13 @@ def load(source, device="cuda:0", dtype=None, select=None, backend="auto", root=
                 indices.append(e["index"])
                 sizes.append(e["nbytes"])
         n = len(ptrs)
-        rc = h.lib.ckptfs_load_into(
+        # torch.empty's memory may still be in use by kernels queued on the current stream
+        # (the caching allocator reuses blocks in stream order): the load waits for them. It
+        # returns with every write completed, so later work on that stream sees the data.
+        stream = torch.cuda.current_stream(index).cuda_stream if dev.type == "cuda" else None
+        rc = h.lib.ckptfs_load_into_stream(
             h.ptr, n, (ctypes.c_uint64 * n)(*indices), (ctypes.c_void_p * n)(*ptrs), (ctypes.c_uint64 * n)(*sizes),
-            backend_name.encode(), int(index), _options_json(load_options),
+            backend_name.encode(), int(index), stream, _options_json(load_options),
         )
         if rc != 0:
             raise _error(h.lib)

@@ -82,8 +82,10 @@ CKPTFS_EXPORT size_t ckptfs_tensor_count(const ckptfs_handle* handle) {
 
 CKPTFS_EXPORT const char* ckptfs_tensor_info(ckptfs_handle* handle) { return handle ? handle->info.c_str() : "[]"; }
 
-CKPTFS_EXPORT int ckptfs_load_into(ckptfs_handle* handle, size_t count, const uint64_t* indices, void* const* ptrs,
-                                   const uint64_t* nbytes, const char* backend, int device, const char* options_json) {
+namespace {
+
+int LoadInto(ckptfs_handle* handle, size_t count, const uint64_t* indices, void* const* ptrs, const uint64_t* nbytes,
+             const char* backend, int device, void* after_stream, const char* options_json) {
   using namespace ckptfs;
   try {
     if (!handle) {
@@ -112,6 +114,7 @@ CKPTFS_EXPORT int ckptfs_load_into(ckptfs_handle* handle, size_t count, const ui
         check.push_back(t);
       }
     }
+    options.load.after_stream = after_stream;
     DeviceLoadStats stats;
     s = LoadIntoDevice(view, *be, options.load, dests, &stats);
     if (s.ok() && options.verify) s = VerifyDeviceTensors(view, *be, check);
@@ -130,6 +133,19 @@ CKPTFS_EXPORT int ckptfs_load_into(ckptfs_handle* handle, size_t count, const ui
     SetError(std::string("ckptfs_load_into: ") + e.what());
     return -1;
   }
+}
+
+}  // namespace
+
+CKPTFS_EXPORT int ckptfs_load_into(ckptfs_handle* handle, size_t count, const uint64_t* indices, void* const* ptrs,
+                                   const uint64_t* nbytes, const char* backend, int device, const char* options_json) {
+  return LoadInto(handle, count, indices, ptrs, nbytes, backend, device, nullptr, options_json);
+}
+
+CKPTFS_EXPORT int ckptfs_load_into_stream(ckptfs_handle* handle, size_t count, const uint64_t* indices,
+                                          void* const* ptrs, const uint64_t* nbytes, const char* backend, int device,
+                                          void* stream, const char* options_json) {
+  return LoadInto(handle, count, indices, ptrs, nbytes, backend, device, stream, options_json);
 }
 
 CKPTFS_EXPORT const char* ckptfs_options(void) {

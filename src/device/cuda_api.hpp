@@ -8,13 +8,17 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "ckptfs/status.hpp"
 
 namespace ckptfs::device {
 
 // cudaError_t is an int-sized enum; 0 is success. Streams and events are pointers.
+// tests/cuda_decls checks every declaration here against NVIDIA's headers.
 using CudaError = int;
+// cudaErrorInsufficientDriver: this runtime is newer than the installed driver.
+inline constexpr int kCudaErrorInsufficientDriver = 35;
 inline constexpr int kCudaMemcpyHostToDevice = 1;
 inline constexpr int kCudaMemcpyDeviceToHost = 2;
 inline constexpr int kCudaMemcpyDeviceToDevice = 3;
@@ -25,7 +29,9 @@ inline constexpr unsigned kCudaEventDisableTiming = 0x02;
 struct CudaRuntime {
   std::string library;  // the path or soname that was loaded
   CudaError (*GetDeviceCount)(int*) = nullptr;
+  CudaError (*GetDevice)(int*) = nullptr;
   CudaError (*SetDevice)(int) = nullptr;
+  CudaError (*GetLastError)() = nullptr;
   CudaError (*Malloc)(void**, size_t) = nullptr;
   CudaError (*Free)(void*) = nullptr;
   CudaError (*HostAlloc)(void**, size_t, unsigned) = nullptr;
@@ -39,6 +45,7 @@ struct CudaRuntime {
   CudaError (*EventDestroy)(void*) = nullptr;
   CudaError (*EventRecord)(void*, void*) = nullptr;
   CudaError (*EventSynchronize)(void*) = nullptr;
+  CudaError (*StreamWaitEvent)(void* stream, void* event, unsigned flags) = nullptr;
   const char* (*GetErrorString)(CudaError) = nullptr;
   CudaError (*RuntimeGetVersion)(int*) = nullptr;
   CudaError (*DriverGetVersion)(int*) = nullptr;
@@ -60,23 +67,52 @@ struct CuFileDescr {
   const void* fs_ops;
 };
 
+// CUfileDrvProps_t, as cuFileDriverGetProperties fills it.
+struct CuFileDriverProps {
+  struct {
+    unsigned major_version;
+    unsigned minor_version;
+    size_t poll_thresh_size;
+    size_t max_direct_io_size;
+    unsigned dstatusflags;  // bit CUfileDriverStatusFlags: file systems GPUDirect reaches
+    unsigned dcontrolflags;
+  } nvfs;
+  unsigned fflags;  // bit CUfileFeatureFlags
+  unsigned max_device_cache_size;
+  unsigned per_buffer_cache_size;
+  unsigned max_device_pinned_mem_size;
+  unsigned max_batch_io_size;
+  unsigned max_batch_io_timeout_msecs;
+};
+// CU_FILE_P2P_SUPPORTED (cuFile 1.15 and later): GPUDirect over PCI P2PDMA, without nvidia-fs.
+inline constexpr int kCuFileFeatureP2PSupported = 4;
+
 struct CuFileApi {
   std::string library;
   CuFileError (*DriverOpen)() = nullptr;
-  CuFileError (*DriverClose)() = nullptr;
+  CuFileError (*DriverGetProperties)(CuFileDriverProps* props) = nullptr;
   CuFileError (*HandleRegister)(void** fh, CuFileDescr* descr) = nullptr;
   void (*HandleDeregister)(void* fh) = nullptr;
   CuFileError (*BufRegister)(const void* ptr, size_t length, int flags) = nullptr;
   CuFileError (*BufDeregister)(const void* ptr) = nullptr;
-  ssize_t (*Read)(void* fh, void* buf, size_t size, off_t file_offset, off_t buf_offset) = nullptr;
+  // buf_base is the pointer given to BufRegister; buf_offset says where in it the bytes go.
+  ssize_t (*Read)(void* fh, void* buf_base, size_t size, off_t file_offset, off_t buf_offset) = nullptr;
 };
 
 // Loads the CUDA runtime once per process: an already loaded libcudart (torch's), then
 // $CKPTFS_CUDART, libcudart.so.12, libcudart.so.13, libcudart.so, then the copies in a
 // Python environment (nvidia/cuda_runtime/lib, nvidia/cu1*/lib under $VIRTUAL_ENV and the
-// build's test environment). The error says what was tried.
+// build's test environment). A runtime that is too new for the driver is passed over for
+// the next candidate. The error says what was tried.
 Status LoadCudaRuntime(const CudaRuntime** out);
-// Loads cuFile (libcufile.so.0, $CKPTFS_CUFILE, the Python environment's copy) once.
+// The first of `candidates` (sonames or paths) that loads, has every entry point, and whose
+// cudaGetDeviceCount does not answer cudaErrorInsufficientDriver; if every runtime that
+// loads answers that, the first of them (its error is then what the caller reports).
+// Libraries already in the process are preferred (RTLD_NOLOAD).
+Status OpenCudaRuntimeFrom(const std::vector<std::string>& candidates, CudaRuntime* out);
+// Loads cuFile ($CKPTFS_CUFILE, libcufile.so.0, the Python environment's copy) once. Unless
+// the user chose one, cuFile's log goes to $TMPDIR (cufile.json's default is the current
+// directory).
 Status LoadCuFile(const CuFileApi** out);
 
 }  // namespace ckptfs::device

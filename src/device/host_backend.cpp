@@ -13,6 +13,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "ckptfs/device.hpp"
@@ -33,6 +34,7 @@ struct Op {
   size_t bytes = 0;
   HostEvent* event = nullptr;  // a signal instead of a copy
   uint64_t generation = 0;
+  HostEvent* wait_for = nullptr;  // a wait for `generation` of this event instead of a copy
 };
 
 class HostBackend;
@@ -92,7 +94,7 @@ class HostBackend final : public DeviceBackend {
       for (HostStream* s : streams_) {
         std::lock_guard<std::mutex> slock(s->mu);
         bool hit = s->busy && inside(s->running_src);
-        for (const Op& op : s->queue) hit |= !op.event && inside(op.src);
+        for (const Op& op : s->queue) hit |= !op.event && !op.wait_for && inside(op.src);
         if (hit) ++stats_.freed_while_in_flight;
       }
       --stats_.live_pinned_allocs;
@@ -131,7 +133,7 @@ class HostBackend final : public DeviceBackend {
     const uint64_t n = ++copy_calls_;
     if (options_.fail_copy_at != 0 && n == options_.fail_copy_at)
       return Status::FromErrno("host backend", "injected copy failure", EIO);
-    Push(static_cast<HostStream*>(stream), Op{dst, src, bytes, nullptr, 0});
+    Push(static_cast<HostStream*>(stream), Op{dst, src, bytes, nullptr, 0, nullptr});
     return Status::OK();
   }
   Status RecordEvent(DeviceEvent event, DeviceStream stream) override {
@@ -141,7 +143,7 @@ class HostBackend final : public DeviceBackend {
       std::lock_guard<std::mutex> lock(e->mu);
       gen = ++e->recorded;
     }
-    Push(static_cast<HostStream*>(stream), Op{nullptr, nullptr, 0, e, gen});
+    Push(static_cast<HostStream*>(stream), Op{nullptr, nullptr, 0, e, gen, nullptr});
     return Status::OK();
   }
   Status WaitEvent(DeviceEvent event) override {
@@ -149,6 +151,19 @@ class HostBackend final : public DeviceBackend {
     std::unique_lock<std::mutex> lock(e->mu);
     const uint64_t want = e->recorded;
     e->cv.wait(lock, [&] { return e->done >= want; });
+    return Status::OK();
+  }
+  Status StreamWaitEvent(DeviceStream stream, DeviceEvent event) override {
+    auto* e = static_cast<HostEvent*>(event);
+    uint64_t gen;
+    {
+      std::lock_guard<std::mutex> lock(e->mu);
+      gen = e->recorded;
+    }
+    Op op;
+    op.wait_for = e;
+    op.generation = gen;
+    Push(static_cast<HostStream*>(stream), op);
     return Status::OK();
   }
   Status Synchronize(DeviceStream stream) override {
@@ -168,8 +183,23 @@ class HostBackend final : public DeviceBackend {
     *file = reinterpret_cast<DirectFile>(static_cast<intptr_t>(fd) + 1);
     return Status::OK();
   }
-  Status ReadDirect(DirectFile file, const std::string& path, void* device_ptr, size_t bytes,
+  Status RegisterDirectBuffer(void* device_ptr, size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    registered_.insert(device_ptr);
+    return Status::OK();
+  }
+  void DeregisterDirectBuffer(void* device_ptr) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    registered_.erase(device_ptr);
+  }
+  Status ReadDirect(DirectFile file, const std::string& path, void* buffer_base, uint64_t buffer_offset, size_t bytes,
                     uint64_t file_offset) override {
+    {
+      // As cuFile wants it: the registered base, and the offset into it apart.
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!registered_.count(buffer_base)) ++stats_.unregistered_direct_reads;
+    }
+    void* device_ptr = static_cast<char*>(buffer_base) + buffer_offset;
     const int fd = static_cast<int>(reinterpret_cast<intptr_t>(file) - 1);
     if (file_offset % device::kAlign != 0) return Status::InvalidArgument(path, "unaligned direct read");
     // O_DIRECT descriptors want whole blocks: read them, the end of the file stops it.
@@ -198,13 +228,14 @@ class HostBackend final : public DeviceBackend {
     s.copies = stats_.copies;
     s.direct_reads = stats_.direct_reads;
     s.freed_while_in_flight = stats_.freed_while_in_flight;
+    s.unregistered_direct_reads = stats_.unregistered_direct_reads;
     return s;
   }
 
  private:
   struct AtomicStats {
     std::atomic<uint64_t> live_device_allocs{0}, live_pinned_allocs{0}, live_streams{0}, live_events{0};
-    std::atomic<uint64_t> copies{0}, direct_reads{0}, freed_while_in_flight{0};
+    std::atomic<uint64_t> copies{0}, direct_reads{0}, freed_while_in_flight{0}, unregistered_direct_reads{0};
   };
 
   void Push(HostStream* s, Op op) {
@@ -223,7 +254,10 @@ class HostBackend final : public DeviceBackend {
       s->busy = true;
       s->running_src = op.src;
       lock.unlock();
-      if (op.event) {
+      if (op.wait_for) {
+        std::unique_lock<std::mutex> elock(op.wait_for->mu);
+        op.wait_for->cv.wait(elock, [&] { return op.wait_for->done >= op.generation; });
+      } else if (op.event) {
         std::lock_guard<std::mutex> elock(op.event->mu);
         op.event->done = std::max(op.event->done, op.generation);
         op.event->cv.notify_all();
@@ -254,6 +288,7 @@ class HostBackend final : public DeviceBackend {
   std::mutex mu_;
   std::vector<HostStream*> streams_;
   std::map<void*, size_t> pinned_;
+  std::set<void*> registered_;  // direct buffers
   std::atomic<uint64_t> copy_calls_{0};
   AtomicStats stats_;
 };

@@ -31,6 +31,7 @@ using device::SourceReader;
 struct Slot {
   void* host = nullptr;   // pinned buffer
   void* stage = nullptr;  // device staging buffer (direct batches)
+  bool stage_registered = false;
   DeviceStream stream = nullptr;
   DeviceEvent event = nullptr;
   bool in_flight = false;  // copies enqueued since the last completed wait
@@ -64,6 +65,7 @@ class Loader {
   Plan plan_;
   std::vector<Slot> slots_;
   std::vector<DirectFile> direct_files_;  // per source file, or nullptr
+  DeviceEvent after_event_ = nullptr;      // recorded on options_.after_stream
   bool released_ = false;
 
   std::mutex mu_;
@@ -121,10 +123,18 @@ Status Loader::Prepare() {
     CKPTFS_RETURN_IF_ERROR(backend_.AllocPinned(plan_.buffer_capacity, &s.host));
     if (any_direct) {
       CKPTFS_RETURN_IF_ERROR(backend_.AllocDevice(plan_.buffer_capacity, &s.stage));
-      backend_.RegisterDirectBuffer(s.stage, plan_.buffer_capacity);
+      // An unregistered staging buffer still works (cuFile bounces through its own buffers),
+      // so a failed registration only means it must not be deregistered.
+      s.stage_registered = backend_.RegisterDirectBuffer(s.stage, plan_.buffer_capacity).ok();
     }
     CKPTFS_RETURN_IF_ERROR(backend_.CreateStream(&s.stream));
     CKPTFS_RETURN_IF_ERROR(backend_.CreateEvent(&s.event));
+  }
+  if (options_.after_stream) {
+    // Every copy of the load is enqueued behind what the caller's stream holds now.
+    CKPTFS_RETURN_IF_ERROR(backend_.CreateEvent(&after_event_));
+    CKPTFS_RETURN_IF_ERROR(backend_.RecordEvent(after_event_, options_.after_stream));
+    for (Slot& s : slots_) CKPTFS_RETURN_IF_ERROR(backend_.StreamWaitEvent(s.stream, after_event_));
   }
   return Status::OK();
 }
@@ -183,7 +193,7 @@ Status Loader::Fill(size_t batch_index, Slot& slot) {
         CKPTFS_RETURN_IF_ERROR(catalog.files->CheckUnchanged(r.file));
         const uint64_t a0 = device::AlignDown(r.offset);
         const uint64_t a1 = std::min(device::AlignUp(r.offset + r.length), catalog.files->size(r.file));
-        CKPTFS_RETURN_IF_ERROR(backend_.ReadDirect(direct_files_[r.file], path, base + r.buffer_offset, a1 - a0, a0));
+        CKPTFS_RETURN_IF_ERROR(backend_.ReadDirect(direct_files_[r.file], path, slot.stage, r.buffer_offset, a1 - a0, a0));
         bytes_read_ += a1 - a0;
         uint64_t useful = 0;
         for (size_t i = r.first_piece; i < r.first_piece + r.piece_count; ++i) useful += plan_.pieces[i].length;
@@ -238,12 +248,18 @@ void Loader::Release() {
     if (s.event) backend_.DestroyEvent(s.event);
     if (s.stream) backend_.DestroyStream(s.stream);
     if (s.stage) {
-      backend_.DeregisterDirectBuffer(s.stage);
+      if (s.stage_registered) backend_.DeregisterDirectBuffer(s.stage);
       backend_.FreeDevice(s.stage);
     }
     if (s.host) backend_.FreePinned(s.host);
   }
   slots_.clear();
+  if (after_event_) {
+    // Still recorded on the caller's stream if the load failed before waiting on it.
+    (void)backend_.WaitEvent(after_event_);
+    backend_.DestroyEvent(after_event_);
+  }
+  after_event_ = nullptr;
   for (DirectFile f : direct_files_)
     if (f) backend_.CloseDirect(f);
   direct_files_.clear();
@@ -254,8 +270,10 @@ Status Loader::Run(DeviceLoadStats* stats) {
   if (options_.buffers < 1) return Status::InvalidArgument("load", "at least one buffer is needed");
   if (options_.buffer_bytes < device::kAlign)
     return Status::InvalidArgument("load", "buffers must hold at least 4 KiB");
-  CKPTFS_RETURN_IF_ERROR(backend_.BindThread());
-  Status s = Prepare();
+  // Release() below runs inside the binding: everything is freed on the load's device.
+  ScopedDeviceBinding binding(backend_);
+  Status s = binding.status();
+  if (s.ok()) s = Prepare();
   if (s.ok()) {
     const size_t nthreads =
         std::min<size_t>(std::max(1, options_.io_threads), std::max<size_t>(1, slots_.size()));
@@ -304,7 +322,8 @@ Status LoadToDevice(const View& view, DeviceBackend& backend, const DeviceLoadOp
   out->clear();
   std::vector<size_t> indices;
   CKPTFS_RETURN_IF_ERROR(SelectTensors(view, options.select, &indices));
-  CKPTFS_RETURN_IF_ERROR(backend.BindThread());
+  ScopedDeviceBinding binding(backend);
+  CKPTFS_RETURN_IF_ERROR(binding.status());
   std::vector<DeviceTensor> tensors;
   std::vector<DeviceDestination> dests;
   Status s;

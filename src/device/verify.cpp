@@ -9,7 +9,8 @@ namespace ckptfs {
 
 Status VerifyDeviceTensors(const View& view, DeviceBackend& backend, const std::vector<DeviceTensor>& tensors) {
   constexpr uint64_t kChunk = uint64_t{8} << 20;
-  CKPTFS_RETURN_IF_ERROR(backend.BindThread());
+  ScopedDeviceBinding binding(backend);
+  CKPTFS_RETURN_IF_ERROR(binding.status());
   std::vector<char> expected, actual;
   for (const DeviceTensor& t : tensors) {
     for (uint64_t off = 0; off < t.nbytes; off += kChunk) {

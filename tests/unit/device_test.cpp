@@ -126,6 +126,7 @@ void CheckNothingLeft(const DeviceBackend& backend, const std::string& what) {
     BOOST_TEST(st.live_streams == 0u);
     BOOST_TEST(st.live_events == 0u);
     BOOST_TEST(st.freed_while_in_flight == 0u);
+    BOOST_TEST(st.unregistered_direct_reads == 0u);
   }
 }
 
@@ -245,6 +246,35 @@ BOOST_AUTO_TEST_CASE(emulated_direct_route) {
       BOOST_TEST(stats.direct_bytes > 0u);
     }
   }
+}
+
+// The caller's stream still holds slow writes to a destination when the load starts (a block
+// the caching allocator handed out while kernels queued on it still use it): with
+// after_stream the load's bytes land after them, so they are what the destination holds.
+BOOST_AUTO_TEST_CASE(after_stream_orders_the_load_behind_the_callers_work) {
+  SafetensorsSource src;
+  auto view = MustOpenView(src.path);
+  HostBackendOptions h;
+  h.copy_delay_us = 20000;
+  auto backend = ckptfs::MakeHostBackend(h);
+  const size_t index = 2;  // c.big
+  const std::string want = Expected(*view, index);
+  void* dst = nullptr;
+  BOOST_REQUIRE(backend->AllocDevice(want.size(), &dst).ok());
+  const std::string junk(want.size(), '\x5a');
+  ckptfs::DeviceStream caller = nullptr;
+  BOOST_REQUIRE(backend->CreateStream(&caller).ok());
+  for (int i = 0; i < 5; ++i)
+    BOOST_REQUIRE(backend->CopyAsync(dst, junk.data(), junk.size(), ckptfs::CopyKind::kHostToDevice, caller).ok());
+  DeviceLoadOptions o;
+  o.after_stream = caller;
+  Status s = ckptfs::LoadIntoDevice(*view, *backend, o, {DeviceDestination{index, dst, want.size()}});
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  BOOST_REQUIRE(backend->Synchronize(caller).ok());
+  BOOST_TEST(std::memcmp(dst, want.data(), want.size()) == 0, "a write queued before the load landed after it");
+  backend->DestroyStream(caller);
+  backend->FreeDevice(dst);
+  CheckNothingLeft(*backend, "after_stream");
 }
 
 BOOST_AUTO_TEST_CASE(buffered_fallback_on_tmpfs) {
