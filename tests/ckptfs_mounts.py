@@ -63,6 +63,7 @@ def requires_fuse():
 
 @pytest.fixture
 def mounts_class():
+    """The class `mounts` builds: fusetools.Mounts, or a subclass where a suite overrides this."""
     return Mounts
 
 
