@@ -5,7 +5,10 @@
 #   2. the AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/, through
 #      scripts/test-sanitized.sh), which also fails on any sanitizer report a daemon left.
 # Extra arguments go to both ctest runs (e.g. -R unit). CKPTFS_SKIP_SANITIZED=1 runs only
-# the first pass (a quick local run; CI runs both).
+# the first pass. CI runs both passes with every test; the quick local loop leaves out the
+# fuzz label (fuzz.smoke builds its own clang tree first):
+#   CKPTFS_SKIP_SANITIZED=1 scripts/test.sh -LE fuzz
+# Labels (tests/CMakeLists.txt): unit, python, mount (pytest suites that mount), fuzz.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh"

@@ -1,6 +1,7 @@
-"""Helpers shared by the Python suites (compat, fuse, views): where the binary is, how keys
-flatten, the dtypes ckptfs serves, and bit-for-bit comparison of tensors and safetensors files. pytest.ini puts tests/ on the
-import path."""
+"""Helpers shared by the Python suites (compat, fuse, views, zero, device...): where the binary
+is, the DeepSpeed checkpoints of the fixture cache, how keys flatten, the dtypes ckptfs
+serves, and bit-for-bit comparison of tensors and safetensors files. pytest.ini puts tests/ on
+the import path."""
 
 import json
 import os
@@ -12,6 +13,8 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
+
+from ckptfs_fixture_cache import ZERO_CHECKPOINTS, FixtureGenerationError, cached_fixtures
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BIN = REPO_ROOT / "build" / "ckptfs"
@@ -121,6 +124,22 @@ def ls_json(run_ckptfs):
         return entries
 
     return ls
+
+
+def cached_fixtures_or_fail(generator: Path) -> Path:
+    """ckptfs_fixture_cache.cached_fixtures(GENERATOR); a generator failure fails the test."""
+    try:
+        return cached_fixtures(generator)
+    except FixtureGenerationError as error:
+        pytest.fail(f"could not generate test fixtures: {error}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def zero_fixtures_root() -> Path:
+    """The folder of every DeepSpeed checkpoint of tests/zero/make_zero_checkpoints.py
+    (<name>/checkpoint, engine_reference.pt, zero_to_fp32.pt, fixture.json), generated once
+    per machine."""
+    return cached_fixtures_or_fail(ZERO_CHECKPOINTS)
 
 
 def flatten_tensors_with_paths(obj, path=()) -> dict:

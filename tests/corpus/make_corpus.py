@@ -3,15 +3,16 @@
 tests/corpus/expected.json, which maps every case to the fault it carries and a regex the
 single stderr line of `ckptfs ls CASE` (and of a refused mount) must match.
 
-    python tests/corpus/make_corpus.py [--zero-fixtures DIR]
+    python tests/corpus/make_corpus.py
 
 Every case starts from a real file and is then damaged on purpose:
 - torch cases from a real torch.save() zip (its records, names and layout), with the zip
   structures or the pickle in data.pkl rewritten;
 - safetensors cases from a real safetensors.torch.save() file;
 - ZeRO cases from real DeepSpeed saves made by tests/zero/make_zero_checkpoints.py (a
-  stage-2 and a stage-3 run of 2 ranks; DIR reuses a folder already holding them), whose
-  pickles are loaded with torch.load and saved again, changed, with torch.save.
+  stage-2 and a stage-3 run of 2 ranks, from the machine's fixture cache,
+  tests/ckptfs_fixture_cache.py), whose pickles are loaded with torch.load and saved again,
+  changed, with torch.save.
 
 The corpus is committed: the test never regenerates it, so it keeps testing the same bytes
 whatever torch or DeepSpeed versions later produce. Regenerating rewrites cases/ and
@@ -23,10 +24,8 @@ with "ckptfs: " and names the case's file or folder)."""
 import argparse
 import io
 import json
-import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -37,6 +36,8 @@ HERE = Path(__file__).resolve().parent
 CASES_DIR = HERE / "cases"
 EXPECTED = HERE / "expected.json"
 ZERO_SUITE = HERE.parent / "zero"
+sys.path.insert(0, str(HERE.parent))
+from ckptfs_fixture_cache import ZERO_CHECKPOINTS, cached_fixtures  # noqa: E402
 
 CASES = []  # (name, fault, error regex, builder(path))
 
@@ -239,7 +240,7 @@ def hand_pickle(**tensor_kwargs) -> bytes:
 # --- ZeRO -----------------------------------------------------------------------------------
 
 ZERO_FIXTURES = {"s2": "w2-s2-bf16", "s3": "w2-s3-bf16-sg8"}
-ZERO_DIR = None  # folder holding the generated fixtures
+ZERO_DIR = None  # the fixture cache's entry of make_zero_checkpoints.py
 
 
 def zero_source(kind: str) -> Path:
@@ -1234,31 +1235,13 @@ def _(p):
 # --- driver ---------------------------------------------------------------------------------
 
 
-def ensure_zero_fixtures(dirpath):
-    global ZERO_DIR
-    if dirpath is not None and all((Path(dirpath) / n / ".done").exists() or (Path(dirpath) / n / "checkpoint").exists()
-                                   for n in ZERO_FIXTURES.values()):
-        ZERO_DIR = Path(dirpath)
-        return None
-    tmp = tempfile.TemporaryDirectory()
-    ZERO_DIR = Path(dirpath) if dirpath else Path(tmp.name)
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-    subprocess.run(
-        [sys.executable, str(ZERO_SUITE / "make_zero_checkpoints.py"), str(ZERO_DIR), "--only",
-         ",".join(ZERO_FIXTURES.values()), "--no-zero-to-fp32"],
-        check=True, env=env, timeout=300,
-    )
-    return tmp
-
-
 def main(argv=None) -> int:
-    global TORCH, ST
+    global TORCH, ST, ZERO_DIR
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--zero-fixtures", help="folder with (or for) the DeepSpeed fixtures w2-s2-bf16, w2-s3-bf16-sg8")
-    args = ap.parse_args(argv)
+    ap.parse_args(argv)
     TORCH = real_torch_bytes()
     ST = real_safetensors_bytes()
-    keep = ensure_zero_fixtures(args.zero_fixtures)  # noqa: F841  (the temp dir lives until exit)
+    ZERO_DIR = cached_fixtures(ZERO_CHECKPOINTS)
     if CASES_DIR.exists():
         shutil.rmtree(CASES_DIR)
     CASES_DIR.mkdir()

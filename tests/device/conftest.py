@@ -3,13 +3,11 @@
 
 Without a GPU everything runs on the host back end (the same pipeline: pinned-buffer ring,
 asynchronous copies by worker threads); the GPU tests skip with the reason. The ZeRO
-checkpoints are real DeepSpeed saves (tests/zero/make_zero_checkpoints.py, two fixtures only);
-set CKPTFS_ZERO_FIXTURES=DIR to reuse the ones tests/zero keeps there."""
+checkpoints are two of the real DeepSpeed saves of tests/zero (make_zero_checkpoints.py), from
+the machine's fixture cache (tests/ckptfs_fixture_cache.py)."""
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,10 +19,9 @@ SUITE_DIR = Path(__file__).resolve().parent
 TESTS_DIR = SUITE_DIR.parent
 sys.path.insert(0, str(TESTS_DIR.parent / "python"))
 
-from ckptfs_testlib import REPO_ROOT, ckptfs_bin, ls_json, run_ckptfs  # noqa: E402,F401  (shared fixtures)
+from ckptfs_testlib import REPO_ROOT, ckptfs_bin, ls_json, run_ckptfs, zero_fixtures_root  # noqa: E402,F401  (shared fixtures)
 
 ZERO_FIXTURES = ("w2-s2-fp16", "w2-s3-fp32")
-GENERATE_TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -62,38 +59,8 @@ def _torch_checkpoint() -> dict:
     }
 
 
-def _generate_zero(out: Path) -> None:
-    log_path = out / "generate.log"
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(TESTS_DIR / "zero" / "make_zero_checkpoints.py"), str(out),
-             "--only", ",".join(ZERO_FIXTURES), "--no-zero-to-fp32"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-        )
-        try:
-            rc = proc.wait(timeout=GENERATE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = None
-    if rc != 0:
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
-        pytest.fail(f"make_zero_checkpoints.py {'timed out' if rc is None else f'exited {rc}'}:\n{tail}", pytrace=False)
-
-
 @pytest.fixture(scope="session")
-def zero_root(tmp_path_factory) -> Path:
-    kept = os.environ.get("CKPTFS_ZERO_FIXTURES")
-    if kept and all((Path(kept) / n / "fixture.json").exists() for n in ZERO_FIXTURES):
-        return Path(kept)
-    out = tmp_path_factory.mktemp("device-zero")
-    _generate_zero(out)
-    return out
-
-
-@pytest.fixture(scope="session")
-def sources(tmp_path_factory, zero_root) -> dict:
+def sources(tmp_path_factory, zero_fixtures_root) -> dict:
     """{name: (path, torch reference state dict or None)} for every source kind."""
     root = tmp_path_factory.mktemp("device-sources")
     ck = _torch_checkpoint()
@@ -117,6 +84,6 @@ def sources(tmp_path_factory, zero_root) -> dict:
         "pt": (pt, flat),
         "safetensors": (st, model),
         "sharded": (sharded, model),
-        "zero2": (zero_root / ZERO_FIXTURES[0] / "checkpoint", None),
-        "zero3": (zero_root / ZERO_FIXTURES[1] / "checkpoint", None),
+        "zero2": (zero_fixtures_root / ZERO_FIXTURES[0] / "checkpoint", None),
+        "zero3": (zero_fixtures_root / ZERO_FIXTURES[1] / "checkpoint", None),
     }

@@ -3,17 +3,18 @@ read with the real torch, safetensors, transformers and rsync.
 
 A hung FUSE mount must never hang the run:
 - every command (ckptfs, fusermount3, mount, rsync, pgrep) runs with a timeout;
-- every test body runs in a worker thread with a deadline (pytest_pyfunc_call below), so a
-  read that blocks on a broken mount turns into a test failure;
-- the `mounts` fixture always tears its mounts down, also when the test failed or timed out:
-  fusermount3 -u, else fusermount3 -uz, then the daemon (found with pgrep -f on the
-  mountpoint) is waited for and killed if it lingers, which also frees blocked readers.
+- every test body has a pytest-timeout deadline (pytest.ini), so a read that blocks on a
+  broken mount turns into a test failure (tests/ckptfs_mounts.py frees a body stuck in the
+  kernel);
+- the `mounts` fixture (tests/ckptfs_mounts.py) always tears its mounts down, also when the
+  test failed or timed out: fusermount3 -u, else fusermount3 -uz, then the daemon (found with
+  pgrep -f on the mountpoint) is waited for and killed if it lingers, which also frees
+  blocked readers.
 
 The whole suite is skipped only when the machine has no /dev/fuse or no fusermount3."""
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,13 +23,14 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ckptfs_testlib import ckptfs_bin, small_mixed_tensors  # noqa: E402,F401  (shared fixture)
-from fusetools import MOUNT_TIMEOUT_S, mount_suite_hooks, run_bounded  # noqa: E402
+from fusetools import MOUNT_TIMEOUT_S, run_bounded  # noqa: E402
 from minilm import minilm_dir  # noqa: E402,F401  (shared fixture)
 
-SUITE_DIR = Path(__file__).resolve().parent
-globals().update(mount_suite_hooks(SUITE_DIR, "tests/fuse", skip_all=True))
+
+@pytest.fixture(autouse=True)
+def every_test_mounts(requires_fuse):
+    """Every test of this suite is about mounts: all of them skip where FUSE is unavailable."""
 
 
 # --- the binary ------------------------------------------------------------------------
@@ -56,11 +58,6 @@ def run_ckptfs_bytes(run_ckptfs):
         return run_ckptfs(*args, timeout=timeout).stdout_bytes
 
     return run
-
-
-# --- mounts ----------------------------------------------------------------------------
-
-
 
 
 # --- checkpoints -----------------------------------------------------------------------

@@ -107,7 +107,7 @@ def reader(idx, mnt, data, boundaries, stop_at, errors, stats):
         stats[idx] = (reads, nbytes)
 
 
-@pytest.mark.body_timeout(DURATION_S + 90)
+@pytest.mark.timeout(DURATION_S + 90)
 def test_concurrent_random_reads(big_ckpt, reference, mounts):
     data, boundaries = reference
     mnt = mounts.mount(big_ckpt)

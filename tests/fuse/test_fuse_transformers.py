@@ -26,7 +26,7 @@ def assert_same_embeddings(folder, original):
     assert torch.equal(got, want), f"embeddings differ by up to {(got - want).abs().max()}"
 
 
-@pytest.mark.body_timeout(180)
+@pytest.mark.timeout(180)
 def test_model_folder_mounted_as_is(minilm_dir, original, mounts):
     mnt = mounts.mount(minilm_dir)
     for name in NON_WEIGHT_FILES:
@@ -34,7 +34,7 @@ def test_model_folder_mounted_as_is(minilm_dir, original, mounts):
     assert_same_embeddings(mnt, original)
 
 
-@pytest.mark.body_timeout(180)
+@pytest.mark.timeout(180)
 def test_folder_with_pytorch_model_bin(minilm_dir, original, mounts, tmp_path):
     model, _, _ = original
     folder = tmp_path / "minilm-bin"

@@ -1,19 +1,13 @@
 """Fixtures for tests/hardening: fault injection, access control and a load test on real
-mounts. The mount machinery is tests/fuse's (fusetools): every command has a timeout, every
-test body runs with a deadline, every mount is torn down, also after a failure."""
+mounts. The mount machinery is the `mounts` fixture of tests/ckptfs_mounts.py: every command
+has a timeout, every test body has a pytest-timeout deadline, every mount is torn down, also
+after a failure."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
-SUITE_DIR = Path(__file__).resolve().parent
-sys.path.insert(0, str(SUITE_DIR.parent / "fuse"))
-
-from ckptfs_testlib import ckptfs_bin, small_mixed_tensors  # noqa: E402,F401  (shared fixture)
-from fusetools import mount_suite_hooks  # noqa: E402
-
-globals().update(mount_suite_hooks(SUITE_DIR, "tests/hardening"))
+from ckptfs_testlib import ckptfs_bin, small_mixed_tensors  # noqa: F401  (shared fixture)
 
 
 def make_large_checkpoint(path: Path, megabytes: int = 256) -> None:

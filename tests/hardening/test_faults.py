@@ -232,7 +232,7 @@ def is_temp_name(rel: str) -> bool:
     return ".ckptfs-tmp-" in Path(rel).name and Path(rel).name.startswith(".")
 
 
-@pytest.mark.body_timeout(400)
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 def test_export_interrupted_leaves_no_partial_file(ckptfs_bin, mounts, large_ckpt, tmp_path, sig):
     out = tmp_path / "out"

@@ -217,7 +217,7 @@ def run_load(ckptfs_bin, mounts, large_ckpt, tensors, seconds, dtype=None, opts=
     return rss
 
 
-@pytest.mark.body_timeout(300)
+@pytest.mark.timeout(300)
 def test_load_16_readers_random_ranges(ckptfs_bin, mounts, large_ckpt, large_tensors):
     rss = run_load(ckptfs_bin, mounts, large_ckpt, large_tensors, LOAD_S)
     warm = rss[min(19, len(rss) - 1)]  # at 20 s (or the last sample of a shorter run)
@@ -227,7 +227,7 @@ def test_load_16_readers_random_ranges(ckptfs_bin, mounts, large_ckpt, large_ten
     )
 
 
-@pytest.mark.body_timeout(200)
+@pytest.mark.timeout(200)
 def test_load_bf16_view(ckptfs_bin, mounts, large_ckpt, large_tensors):
     """The same with -o dtype=bf16 (every floating tensor converted on read), for a third of
     the time: converted bytes equal torch's Tensor.to(torch.bfloat16)."""

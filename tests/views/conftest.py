@@ -2,15 +2,14 @@
 shards, XXH3 checksums) through the CLI (`ckptfs export|ls|cat|hash --dtype/--root/...`) and
 through real mounts (`ckptfs SOURCE MNT -o dtype=...,root=...,shard_size=...,checksums`).
 
-Mounts follow the rules of tests/fuse (whose helpers in fusetools.py are reused): every
-command has a timeout, every test body runs in a thread with a deadline, and every mount a
-test started is unmounted in teardown (fusermount3 -u, then -uz, then the daemon is killed).
-Only the tests that mount are skipped, and only on a machine without /dev/fuse or
-fusermount3."""
+Mounts follow the rules of tests/fuse (the `mounts` fixture of tests/ckptfs_mounts.py, built
+on tests/fusetools.py): every command has a timeout, every test body has a pytest-timeout
+deadline, and every mount a test started is unmounted in teardown (fusermount3 -u, then -uz,
+then the daemon is killed). Only the tests that mount are skipped, and only on a machine
+without /dev/fuse or fusermount3."""
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,12 +18,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-SUITE_DIR = Path(__file__).resolve().parent
-sys.path.insert(0, str(SUITE_DIR))
-sys.path.insert(0, str(SUITE_DIR.parent / "fuse"))
-
 from ckptfs_testlib import ckptfs_bin, ls_json, run_ckptfs  # noqa: E402,F401  (shared fixtures)
-from fusetools import Mounts, mount_suite_hooks  # noqa: E402
+from fusetools import Mounts  # noqa: E402
 from minilm import NON_WEIGHT_FILES, SENTENCES, embed, load_model  # noqa: E402
 from minilm import minilm_dir  # noqa: E402,F401  (shared fixture)
 
@@ -55,7 +50,10 @@ class ViewMounts(Mounts):
         return argv
 
 
-globals().update(mount_suite_hooks(SUITE_DIR, "tests/views", ViewMounts))
+@pytest.fixture
+def mounts_class():
+    """The `mounts` fixture of this suite is a ViewMounts."""
+    return ViewMounts
 
 
 # --- tools and data ----------------------------------------------------------------------

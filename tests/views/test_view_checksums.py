@@ -88,7 +88,6 @@ def test_manifest_has_no_checksums_without_the_option(hash_ckpt, run_ckptfs):
     assert all(len(t["xxh3"]) == 16 for t in with_sums["tensors"])
 
 
-@pytest.mark.body_timeout(120)
 @pytest.mark.parametrize("options", [[], ["dtype=fp16"], ["dtype=bf16", "root=model", "checksums"]],
                          ids=lambda o: ",".join(o) or "plain")
 def test_mount_xattr_is_xxh3_of_the_file(options, hash_ckpt, mounts, run_ckptfs, xxhsum_bin):

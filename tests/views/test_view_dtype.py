@@ -181,7 +181,7 @@ def _xattr(path, name):
     return os.getxattr(path, name).decode()
 
 
-@pytest.mark.body_timeout(180)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_mount_serves_converted_files(target, dtype_ckpt, exports, mounts, ls_json):
     source, expected = dtype_ckpt

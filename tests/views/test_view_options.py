@@ -62,7 +62,7 @@ def bf16_reference_embeddings(minilm_training_folder, tmp_path_factory):
     return embed(model, tokenizer)
 
 
-@pytest.mark.body_timeout(180)
+@pytest.mark.timeout(180)
 def test_mount_dtype_root_shards_loads_with_transformers(
     minilm_training_folder, bf16_reference_embeddings, mounts, hf_split, ls_json
 ):

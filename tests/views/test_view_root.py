@@ -172,7 +172,7 @@ def test_root_model_of_training_checkpoint_cli(minilm_training_folder, minilm, r
     assert opt["param_groups"][0]["lr"] == 1e-4
 
 
-@pytest.mark.body_timeout(180)
+@pytest.mark.timeout(180)
 def test_mount_root_model_loads_with_transformers(minilm_training_folder, minilm, mounts):
     folder, _ = minilm_training_folder
     _, _, want = minilm

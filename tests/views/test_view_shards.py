@@ -145,7 +145,7 @@ def test_split_uses_converted_sizes(target, split_ckpt, hf_split, ls_json, run_c
 # --- MiniLM ------------------------------------------------------------------------------
 
 
-@pytest.mark.body_timeout(180)
+@pytest.mark.timeout(180)
 def test_mount_minilm_shards_load_with_transformers(minilm_dir, minilm, mounts, hf_split, ls_json):
     _, _, want_embeddings = minilm
     mnt = mounts.mount(minilm_dir, "shard_size=20MB")

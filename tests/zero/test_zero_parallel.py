@@ -17,21 +17,17 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from ckptfs_testlib import assert_bitwise_equal, check_safetensors_file, ckptfs_path
+from ckptfs_fixture_cache import PARALLEL_CHECKPOINTS
+from ckptfs_testlib import assert_bitwise_equal, cached_fixtures_or_fail, check_safetensors_file
 
 if importlib.util.find_spec("deepspeed") is None:  # imported lazily: it takes seconds
     pytest.skip("tests/zero need deepspeed (tests/requirements.txt)", allow_module_level=True)
 
-HERE = Path(__file__).resolve().parent
-GENERATOR = HERE / "make_parallel_checkpoints.py"
-GENERATE_TIMEOUT_S = 300
 COMMAND_TIMEOUT_S = 60
 TAG = "global_step2"  # two training steps in every case
 
@@ -41,29 +37,10 @@ TAG = "global_step2"  # two training steps in every case
 
 
 @pytest.fixture(scope="module")
-def ckptfs_bin() -> Path:
-    path = ckptfs_path()
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        pytest.fail(f"ckptfs binary not found at {path}: build it or set CKPTFS_BIN", pytrace=False)
-    return path
-
-
-@pytest.fixture(scope="module")
-def parallel_ckpts(tmp_path_factory) -> Path:
-    """OUT/<case>/ save dirs written by DeepSpeed (see make_parallel_checkpoints.py)."""
-    out = tmp_path_factory.mktemp("zero_parallel")
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.run([sys.executable, str(GENERATOR), str(out)], env=env, capture_output=True, text=True,
-                              timeout=GENERATE_TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{GENERATOR.name} ran past {GENERATE_TIMEOUT_S} s:\n{(e.stdout or '')[-3000:]}", pytrace=False)
-    if proc.returncode != 0:
-        pytest.fail(f"{GENERATOR.name} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}",
-                    pytrace=False)
-    print(f"\n{GENERATOR.name}: {time.monotonic() - t0:.1f} s")
-    return out
+def parallel_ckpts() -> Path:
+    """OUT/<case>/ save dirs written by DeepSpeed (see make_parallel_checkpoints.py), from the
+    machine's fixture cache."""
+    return cached_fixtures_or_fail(PARALLEL_CHECKPOINTS)
 
 
 def run(ckptfs_bin, *args, check=True) -> subprocess.CompletedProcess:
@@ -254,21 +231,14 @@ def test_pipeline_layers_per_model_rank(ckptfs_bin, parallel_ckpts, tmp_path):
     check_export(ckptfs_bin, save_dir, tmp_path / "export", want)
 
 
-def test_pipeline_mount(ckptfs_bin, parallel_ckpts, tmp_path):
+def test_pipeline_mount(parallel_ckpts, mounts):
     """The same tensors through a real mount."""
-    if not (Path("/dev/fuse").exists() and shutil.which("fusermount3")):
-        pytest.skip("no /dev/fuse or fusermount3")
     save_dir = parallel_ckpts / "pipe-tp2"
     want = expected_pipeline(save_dir, prefixed=True)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    run(ckptfs_bin, save_dir, mnt)
-    try:
-        check_safetensors_file(mnt / "model.safetensors", want)
-        check_safetensors_file(mnt / "tensors" / "model_01.3.gate.safetensors",
-                               {"model_01.3.gate": want["model_01.3.gate"]})
-    finally:
-        subprocess.run(["fusermount3", "-u", str(mnt)], timeout=COMMAND_TIMEOUT_S, check=False)
+    mnt = mounts.mount(save_dir)
+    check_safetensors_file(mnt / "model.safetensors", want)
+    check_safetensors_file(mnt / "tensors" / "model_01.3.gate.safetensors",
+                           {"model_01.3.gate": want["model_01.3.gate"]})
 
 
 def test_pipeline_tag_folder_contents(ckptfs_bin, parallel_ckpts):

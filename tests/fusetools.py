@@ -1,17 +1,16 @@
-"""Helpers for the FUSE suite: start and tear down real ckptfs mounts without ever letting a
-hung mount hang the run, read /proc/mounts, compare tensors bit for bit. Also the per-test
-machinery that tests/fuse/conftest.py and tests/views/conftest.py share: test bodies run with
-a deadline, and the `mounts` factory that tears down every mount it started.
+"""Helpers for the suites that mount (tests/fuse, views, corpus, hardening): start and tear
+down real ckptfs mounts without ever letting a hung mount hang the run, read /proc/mounts,
+compare tensors bit for bit. `Mounts` is what the `mounts` fixture of ckptfs_mounts.py (the
+pytest plugin) hands to tests.
 
 Nothing here touches a mount except through a subprocess with a timeout or from a test
-body (which conftest.py runs in a thread with a deadline)."""
+body (which has a pytest-timeout deadline)."""
 
 import errno
 import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -247,55 +246,7 @@ def teardown_mount(mountpoint, binary) -> list:
     return problems
 
 
-# --- per-test machinery for the conftest.py files ------------------------------------
-
-DEFAULT_BODY_TIMEOUT_S = 120
-
-
-def add_body_timeout_marker(config, suite: str) -> None:
-    """Declare the body_timeout(seconds) marker of SUITE (e.g. "tests/fuse")."""
-    config.addinivalue_line(
-        "markers",
-        f"body_timeout(seconds): deadline of a {suite} test body (default "
-        f"{DEFAULT_BODY_TIMEOUT_S}s); past it the test fails and its mounts are torn down",
-    )
-
-
-def in_suite(item, suite_dir: Path) -> bool:
-    return suite_dir in Path(str(item.path)).resolve().parents
-
-
-def run_body_with_deadline(pyfuncitem) -> bool:
-    """Run the test body in a daemon thread and wait for it with a deadline (its body_timeout
-    marker, else DEFAULT_BODY_TIMEOUT_S); for a pytest_pyfunc_call hook.
-
-    A body stuck in the kernel on a hung mount cannot be interrupted from Python; the
-    deadline turns it into a failure, and the `mounts` teardown then kills the daemon, which
-    aborts the FUSE connection and lets the stuck thread return."""
-    marker = pyfuncitem.get_closest_marker("body_timeout")
-    limit = float(marker.args[0]) if marker else DEFAULT_BODY_TIMEOUT_S
-    funcargs = pyfuncitem.funcargs
-    testargs = {name: funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
-    outcome = {}
-
-    def body():
-        try:
-            pyfuncitem.obj(**testargs)
-        except BaseException as exc:  # re-raised in the main thread, skips and fails included
-            outcome["exc"] = exc
-
-    worker = threading.Thread(target=body, name=f"test:{pyfuncitem.name}", daemon=True)
-    worker.start()
-    worker.join(limit)
-    if worker.is_alive():
-        pytest.fail(
-            f"test body did not finish within {limit:.0f}s (a read or stat blocked on the "
-            "mount?); its mounts are torn down and their daemons killed",
-            pytrace=False,
-        )
-    if "exc" in outcome:
-        raise outcome["exc"]
-    return True
+# --- mounts of a test ----------------------------------------------------------------
 
 
 # Every mountpoint any test used, for the end-of-session safety net.
@@ -362,18 +313,6 @@ class Mounts:
         return problems
 
 
-def serve_mounts(m: Mounts):
-    """The body of a `mounts` fixture: yields M, then unmounts everything it mounted, and
-    errors the test if a mount could not be taken down cleanly (daemon stuck, unmount
-    refused)."""
-    try:
-        yield m
-    finally:
-        problems = m.teardown()
-    if problems:
-        pytest.fail("mount teardown: " + "\n".join(problems), pytrace=False)
-
-
 def teardown_every_mount() -> None:
     """Last resort for pytest_sessionfinish (the `mounts` teardown normally did this
     already): leave nothing of this run mounted or running, even after an internal error or
@@ -382,6 +321,24 @@ def teardown_every_mount() -> None:
     for mp in sorted(EVERY_MOUNTPOINT):
         if mount_entry(mp) is not None:
             teardown_mount(mp, binary)
+
+
+def kill_every_daemon() -> list:
+    """SIGKILL the daemon of every mount of this run that is still mounted; the PIDs killed.
+    The kernel then aborts their FUSE connections, so every call blocked on one of them
+    returns (ENOTCONN). Safe from any thread: it only reads /proc and runs pgrep."""
+    binary = ckptfs_path()
+    killed = []
+    for mp in sorted(EVERY_MOUNTPOINT):
+        if mount_entry(mp) is None:
+            continue
+        for pid in daemon_pids(mp, binary):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+    return killed
 
 
 # --- tensors ----------------------------------------------------------------------------
@@ -415,44 +372,3 @@ def expect_errno(code: int, fn, *args, **kwargs):
     raise AssertionError(
         f"{getattr(fn, '__name__', fn)}{args} succeeded, expected {errno.errorcode[code]}"
     )
-
-
-def mount_suite_hooks(suite_dir: Path, label: str, mounts_class=None, skip_all: bool = False) -> dict:
-    """The pytest hooks and the `mounts` fixture of a suite whose tests mount (tests/fuse,
-    views, corpus, hardening): a conftest does `globals().update(mount_suite_hooks(...))`.
-    Test bodies run with a deadline, every mount is torn down (per test and at session end),
-    and where FUSE is unavailable the tests that use `mounts` (every test of the suite with
-    SKIP_ALL) are skipped with the reason. MOUNTS_CLASS: a Mounts subclass for the fixture."""
-    mounts_class = mounts_class or Mounts
-    missing = fuse_unavailable_reason()
-
-    def pytest_configure(config):
-        add_body_timeout_marker(config, label)
-
-    def pytest_collection_modifyitems(config, items):
-        if missing is None:
-            return
-        skip = pytest.mark.skip(reason=f"{label} mounts for real and cannot run here: {missing}")
-        for item in items:
-            if in_suite(item, suite_dir) and (skip_all or "mounts" in getattr(item, "fixturenames", ())):
-                item.add_marker(skip)
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_pyfunc_call(pyfuncitem):
-        return run_body_with_deadline(pyfuncitem)
-
-    def pytest_sessionfinish(session, exitstatus):
-        teardown_every_mount()
-
-    @pytest.fixture
-    def mounts(ckptfs_bin, tmp_path_factory):
-        yield from serve_mounts(mounts_class(ckptfs_bin, tmp_path_factory))
-
-    return {
-        "FUSE_MISSING": missing,
-        "pytest_configure": pytest_configure,
-        "pytest_collection_modifyitems": pytest_collection_modifyitems,
-        "pytest_pyfunc_call": pytest_pyfunc_call,
-        "pytest_sessionfinish": pytest_sessionfinish,
-        "mounts": mounts,
-    }
