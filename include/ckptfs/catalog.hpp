@@ -17,7 +17,6 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/dtype.hpp"
-#include "ckptfs/env.hpp"
 #include "ckptfs/limits.hpp"
 #include "ckptfs/source_files.hpp"
 #include "ckptfs/status.hpp"
@@ -101,7 +100,6 @@ Status ValidateLayout(const TensorEntry& tensor, const SourceFiles& files, const
 struct Catalog {
   std::string format;  // "torch-zip", "safetensors", ...
   std::string source;  // the path the user gave
-  // Every source file the catalog reads, opened through one Env.
   std::shared_ptr<SourceFiles> files = std::make_shared<SourceFiles>();
   std::vector<TensorEntry> tensors;
   nlohmann::json metadata = nlohmann::json::object();  // non-tensor values
@@ -119,8 +117,6 @@ struct SourceOptions {
   // "exp_avg.<name>" and "exp_avg_sq.<name>" after the weights.
   bool zero_moments = false;
   ReadLimits limits;
-  // Where the source lives; null means the local file system (Env::Local()).
-  std::shared_ptr<Env> env;
 };
 
 // Sets source option `key` (moments, max_pickle, max_pickle_memory, max_header,
