@@ -54,6 +54,9 @@ struct Box {
   // Elements [first_element, first_element + count) of the tensor in row-major order,
   // stored contiguously at byte `base_offset` of `file`.
   static Box Range(uint32_t file, uint64_t base_offset, uint64_t first_element, uint64_t count);
+  // The whole of `shape`, its elements `strides` apart from byte `base_offset` of `file`:
+  // one strided view of a storage.
+  static Box Strided(uint32_t file, uint64_t base_offset, std::vector<uint64_t> shape, std::vector<uint64_t> strides);
 };
 
 struct TensorEntry {

@@ -214,9 +214,9 @@ Status TorchArchive::AsTensor(const PyValue* v, int depth, TensorEntry* t, bool*
   if (numel > 0) {
     const uint64_t base = rec.data_offset + offset * itemsize;
     if (contiguous) {
-      t->extents.push_back(Extent{file_, base, numel * itemsize});
+      t->boxes.push_back(Box::Range(file_, base, 0, numel));
     } else {
-      t->strided = StridedLayout{file_, base, stride};
+      t->boxes.push_back(Box::Strided(file_, base, t->shape, std::move(stride)));
     }
   }
   t->storage_id = std::to_string(file_) + ":" + t->storage_id;
