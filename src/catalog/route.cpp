@@ -8,9 +8,16 @@
 namespace ckptfs {
 
 bool StoredAsExtents(const TensorEntry& tensor) {
-  const std::vector<uint64_t> dims = TiledDims(tensor);
-  for (const Box& box : tensor.boxes)
-    if (box.numel() > 0 && (!StoredRowMajor(box) || !CoversRun(box, dims))) return false;
+  // A box of rank 0 or 1 is always one run of what it tiles: only higher ranks need the
+  // dims (most tensors are one range, and this runs for each of them while a view is built).
+  std::vector<uint64_t> dims;
+  for (const Box& box : tensor.boxes) {
+    if (box.numel() == 0) continue;
+    if (!StoredRowMajor(box)) return false;
+    if (box.rank() < 2) continue;
+    if (dims.empty()) dims = TiledDims(tensor);
+    if (!CoversRun(box, dims)) return false;
+  }
   return true;
 }
 
@@ -20,8 +27,13 @@ ReadRoute RouteOf(const TensorEntry& tensor) {
 }
 
 std::vector<Extent> ExtentsOf(const TensorEntry& tensor) {
-  const std::vector<uint64_t> dims = TiledDims(tensor);
   const uint64_t itemsize = Info(tensor.dtype).itemsize;
+  if (tensor.boxes.size() == 1) {  // most tensors
+    const Box& box = tensor.boxes[0];
+    if (box.numel() == 0) return {};
+    return {Extent{box.file, box.base_offset, box.numel() * itemsize}};
+  }
+  const std::vector<uint64_t> dims = TiledDims(tensor);
   // Each box is one run of the tensor's row-major order; the runs in order of their first
   // element concatenate to the tensor.
   struct Run {

@@ -59,37 +59,37 @@ Status LayoutCheck::Run() {
 
 Status LayoutCheck::CheckBox(size_t i) const {
   const Box& box = tensor_.boxes[i];
-  const std::string name = "box " + std::to_string(i);
+  auto name = [i] { return "box " + std::to_string(i); };
   if (box.offset.size() != box.rank() || box.strides.size() != box.rank())
-    return Bad(name + " has " + std::to_string(box.offset.size()) + " offsets, " + std::to_string(box.rank()) +
+    return Bad(name() + " has " + std::to_string(box.offset.size()) + " offsets, " + std::to_string(box.rank()) +
                " extents and " + std::to_string(box.strides.size()) + " strides");
   if (box.rank() != dims_.size()) {
     const std::string tiles = "boxes tile the shape (rank " + std::to_string(tensor_.shape.size()) +
                               ") or the flattened elements (rank 1)";
-    if (i == 0) return Bad(name + " has rank " + std::to_string(box.rank()) + "; " + tiles);
-    return Bad("boxes have mixed ranks (box 0: " + std::to_string(tensor_.boxes[0].rank()) + ", " + name + ": " +
+    if (i == 0) return Bad(name() + " has rank " + std::to_string(box.rank()) + "; " + tiles);
+    return Bad("boxes have mixed ranks (box 0: " + std::to_string(tensor_.boxes[0].rank()) + ", " + name() + ": " +
                std::to_string(box.rank()) + "); " + tiles);
   }
   for (size_t d = 0; d < box.rank(); ++d) {
     uint64_t end;
-    if (!CheckedAdd(box.offset[d], box.extent[d], &end) || end > dims_[d]) return Bad(name + " lies outside the shape");
+    if (!CheckedAdd(box.offset[d], box.extent[d], &end) || end > dims_[d]) return Bad(name() + " lies outside the shape");
   }
   if (box.file >= files_.count())
-    return Bad(name + " names source file " + std::to_string(box.file) + " of " + std::to_string(files_.count()));
+    return Bad(name() + " names source file " + std::to_string(box.file) + " of " + std::to_string(files_.count()));
   if (box.numel() == 0) return Status::OK();
   // The element furthest into the file is the one at the last index along every dimension.
   uint64_t last = 0;
   for (size_t d = 0; d < box.rank(); ++d) {
     uint64_t span;
     if (!CheckedMul(box.extent[d] - 1, box.strides[d], &span) || !CheckedAdd(last, span, &last))
-      return Bad(name + ": strides overflow");
+      return Bad(name() + ": strides overflow");
   }
   uint64_t end;
   if (!CheckedAdd(last, 1, &end) || !CheckedMul(end, Info(tensor_.dtype).itemsize, &end) ||
       !CheckedAdd(end, box.base_offset, &end))
-    return Bad(name + ": strides overflow");
+    return Bad(name() + ": strides overflow");
   if (end > files_.size(box.file))
-    return Bad(name + " reads past the end of " + files_.path(box.file) + " (" + std::to_string(files_.size(box.file)) +
+    return Bad(name() + " reads past the end of " + files_.path(box.file) + " (" + std::to_string(files_.size(box.file)) +
                " bytes)");
   return Status::OK();
 }
@@ -98,10 +98,11 @@ Status LayoutCheck::CheckBox(size_t i) const {
 // all their edges is covered twice or not at all.
 Status LayoutCheck::CheckTiling() const {
   const size_t rank = dims_.size();
+  // Most tensors are one box over all of them.
+  if (tensor_.boxes.size() == 1 && tensor_.boxes[0].extent == dims_) return Status::OK();
   std::vector<size_t> boxes;  // the non-empty ones
   for (size_t i = 0; i < tensor_.boxes.size(); ++i)
     if (tensor_.boxes[i].numel() > 0) boxes.push_back(i);
-  if (boxes.size() == 1 && tensor_.boxes[boxes[0]].extent == dims_) return Status::OK();  // most tensors
 
   std::vector<std::vector<uint64_t>> cuts(rank);
   for (size_t d = 0; d < rank; ++d) {
