@@ -122,7 +122,7 @@ Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* 
 
 Status View::ReadStored(const TensorEntry& t, uint64_t offset, size_t length, char* out) const {
   if (!StoredAsExtents(t)) return ReadGather(t, offset, length, out);
-  // Each box is one run of the row-major bytes: copy the part of each the range meets.
+  // Each box is one run of the row-major bytes: read the part of each that the range meets.
   const std::vector<uint64_t> dims = TiledDims(t);
   const uint64_t itemsize = Info(t.dtype).itemsize, end = offset + length;
   FileChecks checks(*catalog_->files);
