@@ -34,12 +34,30 @@ struct Extent {
   uint64_t length = 0;
 };
 
-// A non-contiguous tensor: element i (multi-index idx) lives at
-// base_offset + itemsize * sum(idx[d] * strides[d]) of `file`. Strides are in elements.
-struct StridedLayout {
+// A block of a tensor held by one source file. Along each dimension d of the shape the
+// boxes tile, the box holds elements [offset[d], offset[d] + extent[d]); its element with
+// box-relative index i lies at byte base_offset + itemsize * sum(i[d] * strides[d]) of
+// `file` (strides in elements).
+//
+// A tensor's boxes tile either its shape (every box has the tensor's rank) or its elements
+// in row-major order (every box has rank 1): a contiguous byte range is the rank-1 box
+// Box::Range, a strided view is one box over the whole shape, a sharded tensor is one box
+// per shard in whichever files hold them.
+struct Box {
   uint32_t file = 0;
   uint64_t base_offset = 0;
+  std::vector<uint64_t> offset;
+  std::vector<uint64_t> extent;
   std::vector<uint64_t> strides;
+
+  size_t rank() const { return extent.size(); }
+  uint64_t numel() const;
+  // Elements [first_element, first_element + count) of the tensor in row-major order,
+  // stored contiguously at byte `base_offset` of `file`.
+  static Box Range(uint32_t file, uint64_t base_offset, uint64_t first_element, uint64_t count);
+  // The whole of `shape`, its elements `strides` apart from byte `base_offset` of `file`:
+  // one strided view of a storage.
+  static Box Strided(uint32_t file, uint64_t base_offset, std::vector<uint64_t> shape, std::vector<uint64_t> strides);
 };
 
 struct TensorEntry {
@@ -47,10 +65,9 @@ struct TensorEntry {
   std::vector<PathElement> path;  // where it sat in the original object
   DType dtype = DType::kF32;
   std::vector<uint64_t> shape;
-  // Contiguous tensors: extents that concatenate to the row-major bytes.
-  std::vector<Extent> extents;
-  // Non-contiguous tensors: served contiguous by gathering on read.
-  std::optional<StridedLayout> strided;
+  // Where the elements are stored; empty when the tensor has none. OpenCatalog checks that
+  // they tile the tensor exactly (ValidateLayout) before anything reads them.
+  std::vector<Box> boxes;
   // Tensors that view the same storage share a non-empty storage id (tied weights).
   std::string storage_id;
   // Set by a view that converts this tensor on read (e.g. -o dtype=bf16).
@@ -63,6 +80,26 @@ struct TensorEntry {
   DType served_dtype() const { return convert_to.value_or(dtype); }
   uint64_t served_nbytes() const { return numel() * Info(served_dtype()).itemsize; }
 };
+
+// How a tensor's served bytes are produced; the View, the layout builder and the device
+// plan all ask this one function.
+enum class ReadRoute : uint8_t {
+  kExtents,  // its bytes are byte ranges of source files, concatenated (ExtentsOf)
+  kGather,   // elements gathered from its boxes into row-major order
+  kConvert,  // stored bytes (by either route above) converted to convert_to
+};
+ReadRoute RouteOf(const TensorEntry& tensor);
+// True when the stored bytes (before any conversion) are byte ranges of source files.
+bool StoredAsExtents(const TensorEntry& tensor);
+// The byte ranges whose concatenation is the tensor's stored bytes, in order, adjacent
+// ranges of one file merged. Only for tensors with StoredAsExtents.
+std::vector<Extent> ExtentsOf(const TensorEntry& tensor);
+
+// Checks that `tensor`'s boxes tile its shape (or its flattened elements) exactly, with no
+// gap, no overlap and nothing outside the shape, and that every element of every box lies
+// inside its file, all with overflow-checked arithmetic. The error names `source` and the
+// tensor's key.
+Status ValidateLayout(const TensorEntry& tensor, const SourceFiles& files, const std::string& source);
 
 struct Catalog {
   std::string format;  // "torch-zip", "safetensors", ...

@@ -2,8 +2,10 @@
 //
 // Built once from a Catalog, immutable afterwards. Each file is an ordered list of
 // segments (literal bytes synthesized at build time, byte ranges of source files, or a
-// strided tensor gathered into row-major order), so sizes are exact before any read and
-// any (offset, length) read maps to source ranges by binary search.
+// tensor gathered from its boxes into row-major order or converted), so sizes are exact
+// before any read and any (offset, length) read maps to source ranges by binary search.
+// A View trusts its catalog's layouts: they must have passed ValidateLayout (OpenCatalog
+// checks every tensor).
 // Thread-safety: all const methods may be called concurrently.
 #ifndef CKPTFS_VIEW_HPP_
 #define CKPTFS_VIEW_HPP_
@@ -87,8 +89,10 @@ class View {
  private:
   friend class ViewBuilder;
   View() = default;
-  // Bytes [offset, offset+length) of tensor `t` as stored (row-major, before conversion).
+  // Bytes [offset, offset+length) of tensor `t` as stored (row-major, before conversion):
+  // byte ranges of its files when StoredAsExtents, else gathered.
   Status ReadStored(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
+  // The same, assembled element by element from its boxes (view/gather.hpp).
   Status ReadGather(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
   Status ReadConverted(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
 

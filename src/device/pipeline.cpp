@@ -96,9 +96,9 @@ Status Loader::Prepare() {
   for (const DeviceDestination& d : dests_) {
     if (d.index >= catalog.tensors.size()) continue;  // MakePlan reports it
     const TensorEntry& t = catalog.tensors[d.index];
-    if (t.strided || t.convert_to) continue;
-    for (const Extent& e : t.extents)
-      if (e.file < stored_file.size()) stored_file[e.file] = true;
+    if (RouteOf(t) != ReadRoute::kExtents) continue;
+    for (const Box& box : t.boxes)
+      if (box.file < stored_file.size()) stored_file[box.file] = true;
   }
   direct_files_.assign(catalog.files->count(), nullptr);
   const bool try_direct = options_.use_direct_read && backend_.SupportsDirectRead();

@@ -68,12 +68,12 @@ Status MakePlan(const View& view, const std::vector<DeviceDestination>& destinat
     if (dest.nbytes > 0 && dest.device_ptr == nullptr) return Status::InvalidArgument(t.key, "null destination");
     if (t.served_nbytes() == 0) continue;
     const uint32_t di = static_cast<uint32_t>(d);
-    if (t.strided || t.convert_to) {
+    if (RouteOf(t) != ReadRoute::kExtents) {
       Cut(Route::kView, di, 0, 0, t.served_nbytes(), 0, max_piece, &plan->pieces);
       continue;
     }
     uint64_t dst = 0;
-    for (const Extent& e : t.extents) {
+    for (const Extent& e : ExtentsOf(t)) {
       const Route route = direct_file && direct_file(e.file) ? Route::kDirect : Route::kStored;
       Cut(route, di, e.file, e.offset, e.length, dst, max_piece, &plan->pieces);
       dst += e.length;

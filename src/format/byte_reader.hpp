@@ -9,6 +9,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "io/checked_math.hpp"
+
 namespace ckptfs {
 
 class ByteReader {
@@ -59,14 +61,6 @@ class ByteReader {
   std::string_view bytes_;
   size_t pos_ = 0;
 };
-
-// a + b and a * b without wrapping; false on overflow.
-inline bool CheckedAdd(uint64_t a, uint64_t b, uint64_t* out) {
-  return !__builtin_add_overflow(a, b, out);
-}
-inline bool CheckedMul(uint64_t a, uint64_t b, uint64_t* out) {
-  return !__builtin_mul_overflow(a, b, out);
-}
 
 }  // namespace ckptfs
 

@@ -128,7 +128,7 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, json* meta
     t.path = {p.key};
     t.dtype = p.dtype;
     t.shape = std::move(p.shape);
-    if (p.end > p.begin) t.extents.push_back(Extent{file, data_start + p.begin, p.end - p.begin});
+    if (p.end > p.begin) t.boxes.push_back(Box::Range(file, data_start + p.begin, 0, t.numel()));
     catalog->tensors.push_back(std::move(t));
   }
   return Status::OK();

@@ -6,23 +6,6 @@
 #include "format/readers.hpp"
 
 namespace ckptfs {
-
-uint64_t TensorEntry::numel() const {
-  uint64_t n = 1;
-  for (uint64_t d : shape) n *= d;  // readers reject shapes whose product overflows
-  return n;
-}
-
-std::string FlattenKey(const std::vector<PathElement>& path) {
-  std::string key;
-  for (size_t i = 0; i < path.size(); ++i) {
-    if (i) key += '.';
-    if (const auto* s = std::get_if<std::string>(&path[i])) key += *s;
-    else key += std::to_string(std::get<int64_t>(path[i]));
-  }
-  return key;
-}
-
 namespace {
 
 // Up to 16 leading bytes of the source file (added to the catalog's files, where its
@@ -71,6 +54,8 @@ Status OpenCatalog(const std::string& source, const SourceOptions& options, std:
   if (catalog->tensors.size() > options.limits.tensors)
     return Status::Refused(source, std::to_string(catalog->tensors.size()) + " tensors, over the limit of " +
                                        std::to_string(options.limits.tensors) + LimitHint("max_tensors"));
+  // Nothing reads a tensor whose boxes do not tile it exactly inside their files.
+  for (const TensorEntry& t : catalog->tensors) CKPTFS_RETURN_IF_ERROR(ValidateLayout(t, *catalog->files, source));
   *out = std::move(catalog);
   return Status::OK();
 }

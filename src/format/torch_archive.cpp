@@ -220,9 +220,9 @@ Status TorchArchive::AsTensor(const PyValue* v, int depth, TensorEntry* t, bool*
   if (numel > 0) {
     const uint64_t base = rec.data_offset + offset * itemsize;
     if (contiguous) {
-      t->extents.push_back(Extent{window_.file, base, numel * itemsize});
+      t->boxes.push_back(Box::Range(window_.file, base, 0, numel));
     } else {
-      t->strided = StridedLayout{window_.file, base, stride};
+      t->boxes.push_back(Box::Strided(window_.file, base, t->shape, std::move(stride)));
     }
   }
   t->storage_id = std::to_string(window_.file) + ":" + std::to_string(window_.base) + ":" + t->storage_id;

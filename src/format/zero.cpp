@@ -106,24 +106,28 @@ bool ShapeFits(const std::vector<uint64_t>& shape) {
   return true;
 }
 
-// The element range [start, start+count) of a contiguous 1-D tensor, as byte extents.
-Status SliceExtents(const TensorEntry& flat, const std::string& where, uint64_t start, uint64_t count,
-                    std::vector<Extent>* out) {
+// The element range [start, start+count) of a contiguous 1-D tensor, appended to
+// `target`'s rank-1 boxes where its last box ends.
+Status SliceBoxes(const TensorEntry& flat, const std::string& where, uint64_t start, uint64_t count,
+                  TensorEntry* target) {
   if (count == 0) return Status::OK();
-  if (flat.strided || start + count > flat.numel() || start + count < start)
+  if (!StoredAsExtents(flat) || start + count > flat.numel() || start + count < start)
     return Status::Corruption(where, "a flat partition is shorter than its parameters need");
+  if (flat.dtype != target->dtype) return Status::Corruption(where, "a flat partition's dtype differs from its parameter's");
   const uint64_t itemsize = Info(flat.dtype).itemsize;
+  std::vector<Box>& out = target->boxes;
   uint64_t skip = start * itemsize, want = count * itemsize;
-  for (const Extent& e : flat.extents) {
+  for (const Extent& e : ExtentsOf(flat)) {
     if (skip >= e.length) {
       skip -= e.length;
       continue;
     }
     const uint64_t take = std::min(e.length - skip, want);
-    if (!out->empty() && out->back().file == e.file && out->back().offset + out->back().length == e.offset + skip)
-      out->back().length += take;  // adjacent ranges of one file merge into one read
+    Box* last = out.empty() ? nullptr : &out.back();
+    if (last && last->file == e.file && last->base_offset + last->extent[0] * itemsize == e.offset + skip)
+      last->extent[0] += take / itemsize;  // adjacent ranges of one file merge into one read
     else
-      out->push_back(Extent{e.file, e.offset + skip, take});
+      out.push_back(Box::Range(e.file, e.offset + skip, last ? last->offset[0] + last->extent[0] : 0, take / itemsize));
     want -= take;
     skip = 0;
     if (want == 0) break;
@@ -161,7 +165,7 @@ Status CheckPartitions(const Layout& layout, const std::vector<const TorchArchiv
   return Status::OK();
 }
 
-// The extents of every trainable parameter, in param_shapes order, in per-rank flat tensors
+// The boxes of every trainable parameter, in param_shapes order, in per-rank flat tensors
 // `flats[r][g]` laid out like the fp32 partitions (the partitions themselves, or the Adam
 // moments). Each returned entry's key is the bare parameter name.
 Status WalkTrainable(const Layout& layout, const std::vector<const TorchArchive*>& archives,
@@ -187,7 +191,7 @@ Status WalkTrainable(const Layout& layout, const std::vector<const TorchArchive*
             const size_t j = std::upper_bound(bounds.begin(), bounds.end(), at) - bounds.begin() - 1;
             if (j >= flats[r].size()) return archives[r]->Bad("parameters run past the flat groups");
             const uint64_t take = std::min(len, bounds[j + 1] - at);
-            CKPTFS_RETURN_IF_ERROR(SliceExtents(*flats[r][j], archives[r]->path(), at - bounds[j], take, &t.extents));
+            CKPTFS_RETURN_IF_ERROR(SliceBoxes(*flats[r][j], archives[r]->path(), at - bounds[j], take, &t));
             at += take;
             len -= take;
           }
@@ -219,7 +223,7 @@ Status WalkTrainable(const Layout& layout, const std::vector<const TorchArchive*
       for (uint64_t r = 0; r < world; ++r) {
         const uint64_t lo = std::max(a, starts[r]), hi = std::min(a + n, starts[r + 1]);
         if (lo < hi)
-          CKPTFS_RETURN_IF_ERROR(SliceExtents(*flats[r][g], archives[r]->path(), lo - starts[r], hi - lo, &t.extents));
+          CKPTFS_RETURN_IF_ERROR(SliceBoxes(*flats[r][g], archives[r]->path(), lo - starts[r], hi - lo, &t));
       }
       a += n + (i < pads.size() ? pads[i] : 0);
       out->push_back(std::move(t));
@@ -253,7 +257,7 @@ Status MomentTensors(const TorchArchive& a, int stage, size_t groups, const char
     TensorEntry entry;
     bool is_tensor = false;
     if (t) CKPTFS_RETURN_IF_ERROR(a.AsTensor(t, &entry, &is_tensor));
-    if (!is_tensor || entry.shape.size() != 1 || entry.strided)
+    if (!is_tensor || entry.shape.size() != 1 || !StoredAsExtents(entry))
       return a.Bad(std::string("no flat ") + moment + " tensor for parameter group " + std::to_string(g) +
                    " (an optimizer other than Adam?)");
     out->push_back(std::move(entry));
@@ -349,7 +353,7 @@ Status ZeroReader::FlatGroups(const TorchArchive& a, const PyValue* list, const 
   for (size_t g = 0; g < list->items.size(); ++g) {
     TensorEntry t;
     CKPTFS_RETURN_IF_ERROR(Tensor(a, list->items[g], what + "[" + std::to_string(g) + "]", &t));
-    if (t.shape.size() != 1 || t.strided) return a.Bad(what + "[" + std::to_string(g) + "] is not a flat 1-D tensor");
+    if (t.shape.size() != 1 || !StoredAsExtents(t)) return a.Bad(what + "[" + std::to_string(g) + "] is not a flat 1-D tensor");
     out->push_back(std::move(t));
   }
   return Status::OK();
@@ -487,12 +491,11 @@ Status ZeroReader::ReadMpRank(uint64_t mp, const MpRankFiles& files, const std::
         t.dtype = frag.dtype;
         if (stage == 3) {  // rank r holds elements [r*P, r*P+P) of the padded parameter
           const uint64_t len = std::min(per_rank, n > r * per_rank ? n - r * per_rank : 0);
-          if (frag.strided) return models[r]->Bad("frozen fragment of '" + name + "' is not contiguous");
-          CKPTFS_RETURN_IF_ERROR(SliceExtents(frag, models[r]->path(), 0, len, &t.extents));
+          if (!StoredAsExtents(frag)) return models[r]->Bad("frozen fragment of '" + name + "' is not contiguous");
+          CKPTFS_RETURN_IF_ERROR(SliceBoxes(frag, models[r]->path(), 0, len, &t));
         } else {
           if (frag.numel() != n) return model.Bad("frozen parameter '" + name + "' does not match its shape");
-          t.extents = frag.extents;
-          t.strided = frag.strided;
+          t.boxes = frag.boxes;
         }
       }
       CKPTFS_RETURN_IF_ERROR(Add(prefix, name, std::move(t)));

@@ -74,27 +74,28 @@ void ViewBuilder::AddLiteral(std::string bytes, uint64_t* pos) {
 
 void ViewBuilder::AddTensorData(size_t index, uint64_t* pos) {
   const TensorEntry& t = catalog_.tensors[index];
-  if ((t.strided || t.convert_to) && t.numel() > 0) {
-    Segment seg;
-    seg.kind = t.convert_to ? Segment::Kind::kConvert : Segment::Kind::kGather;
-    seg.ref = static_cast<uint32_t>(index);
-    seg.start = *pos;
-    seg.length = t.served_nbytes();
-    *pos += seg.length;
-    view_->segments_.push_back(seg);
+  const ReadRoute route = RouteOf(t);
+  if (route == ReadRoute::kExtents) {
+    for (const Extent& e : ExtentsOf(t)) {
+      Segment seg;
+      seg.kind = Segment::Kind::kExtent;
+      seg.ref = e.file;
+      seg.start = *pos;
+      seg.length = e.length;
+      seg.source_offset = e.offset;
+      *pos += e.length;
+      view_->segments_.push_back(seg);
+    }
     return;
   }
-  for (const Extent& e : t.extents) {
-    if (e.length == 0) continue;
-    Segment seg;
-    seg.kind = Segment::Kind::kExtent;
-    seg.ref = e.file;
-    seg.start = *pos;
-    seg.length = e.length;
-    seg.source_offset = e.offset;
-    *pos += e.length;
-    view_->segments_.push_back(seg);
-  }
+  if (t.served_nbytes() == 0) return;
+  Segment seg;
+  seg.kind = route == ReadRoute::kConvert ? Segment::Kind::kConvert : Segment::Kind::kGather;
+  seg.ref = static_cast<uint32_t>(index);
+  seg.start = *pos;
+  seg.length = t.served_nbytes();
+  *pos += seg.length;
+  view_->segments_.push_back(seg);
 }
 
 void ViewBuilder::FinishFile(View::NodeId id, uint64_t size, int64_t mtime_ns) {
@@ -107,8 +108,7 @@ void ViewBuilder::FinishFile(View::NodeId id, uint64_t size, int64_t mtime_ns) {
 int64_t ViewBuilder::TensorMTime(size_t index) const {
   const TensorEntry& t = catalog_.tensors[index];
   int64_t m = 0;
-  for (const Extent& e : t.extents) m = std::max(m, catalog_.files->identity(e.file).mtime_ns);
-  if (t.strided) m = std::max(m, catalog_.files->identity(t.strided->file).mtime_ns);
+  for (const Box& box : t.boxes) m = std::max(m, catalog_.files->identity(box.file).mtime_ns);
   return m == 0 ? newest_mtime_ : m;
 }
 

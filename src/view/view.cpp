@@ -1,5 +1,5 @@
 // Reads of virtual files: segment lookup by binary search, then literal copies, source
-// preads, or a gather of strided tensor elements.
+// preads, or tensor elements gathered from their boxes or converted.
 #include "ckptfs/view.hpp"
 
 #include <algorithm>
@@ -7,17 +7,13 @@
 
 #include <xxhash.h>
 
+#include "catalog/tiling.hpp"
 #include "view/convert.hpp"
+#include "view/gather.hpp"
 
 namespace ckptfs {
 namespace {
 
-// A gather reads the source span covering the requested elements when it is at most this
-// large (in windows of kGatherWindow, so a thread keeps at most one window), and falls back
-// to one pread per contiguous run otherwise. A transposed 32 MB tensor spans 32 MB for every
-// 1 MiB of output: reading it whole per request kept 32+ MB per daemon thread.
-constexpr uint64_t kMaxGatherSpan = uint64_t{64} << 20;
-constexpr uint64_t kGatherWindow = uint64_t{4} << 20;
 // Elements gathered per step, bounding the scratch memory of one read.
 constexpr uint64_t kGatherChunkElements = uint64_t{1} << 18;
 
@@ -125,19 +121,17 @@ Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* 
 }
 
 Status View::ReadStored(const TensorEntry& t, uint64_t offset, size_t length, char* out) const {
-  if (t.strided) return ReadGather(t, offset, length, out);
-  for (const Extent& e : t.extents) {
-    if (length == 0) break;
-    if (offset >= e.length) {
-      offset -= e.length;
-      continue;
-    }
-    const uint64_t take = std::min<uint64_t>(e.length - offset, length);
-    CKPTFS_RETURN_IF_ERROR(catalog_->files->CheckUnchanged(e.file));
-    CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(e.file, e.offset + offset, take, out));
-    out += take;
-    length -= take;
-    offset = 0;
+  if (!StoredAsExtents(t)) return ReadGather(t, offset, length, out);
+  // Each box is one run of the row-major bytes: read the part of each that the range meets.
+  const std::vector<uint64_t> dims = TiledDims(t);
+  const uint64_t itemsize = Info(t.dtype).itemsize, end = offset + length;
+  FileChecks checks(*catalog_->files);
+  for (const Box& box : t.boxes) {
+    const uint64_t begin = RowMajorPosition(box.offset, dims) * itemsize;
+    const uint64_t lo = std::max(begin, offset), hi = std::min(begin + box.numel() * itemsize, end);
+    if (lo >= hi) continue;
+    CKPTFS_RETURN_IF_ERROR(checks.Check(box.file));
+    CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(box.file, box.base_offset + (lo - begin), hi - lo, out + (lo - offset)));
   }
   return Status::OK();
 }
@@ -180,61 +174,11 @@ Status View::Xxh3(NodeId id, uint64_t* hash) const {
 }
 
 Status View::ReadGather(const TensorEntry& t, uint64_t offset, size_t length, char* out) const {
-  const StridedLayout& layout = *t.strided;
-  const uint64_t itemsize = Info(t.dtype).itemsize;
-  const size_t ndim = t.shape.size();
-  CKPTFS_RETURN_IF_ERROR(catalog_->files->CheckUnchanged(layout.file));
-
-  // src, scratch and window are bounded (chunk size, kGatherWindow) and kept per thread.
+  thread_local GatherBuffers buffers;
   thread_local std::vector<char> scratch;
-  thread_local std::vector<uint64_t> src;  // source element offset of each output element in the chunk
-  thread_local std::vector<char> window;
-  return ReadElementwise(offset, length, itemsize, out, scratch, [&](uint64_t first, uint64_t count, char* elems) {
-    // Multi-index of `first`, then walk forward like an odometer.
-    std::vector<uint64_t> idx(ndim);
-    uint64_t rem = first, off = 0;
-    for (size_t d = ndim; d-- > 0;) {
-      idx[d] = rem % t.shape[d];
-      rem /= t.shape[d];
-      off += idx[d] * layout.strides[d];
-    }
-    src.resize(count);
-    uint64_t lo = off, hi = off;
-    for (uint64_t k = 0; k < count; ++k) {
-      src[k] = off;
-      lo = std::min(lo, off);
-      hi = std::max(hi, off);
-      for (size_t d = ndim; d-- > 0;) {
-        off += layout.strides[d];
-        if (++idx[d] < t.shape[d]) break;
-        off -= idx[d] * layout.strides[d];
-        idx[d] = 0;
-      }
-    }
-    const uint64_t span_bytes = (hi - lo + 1) * itemsize;
-    if (span_bytes <= kMaxGatherSpan) {
-      const uint64_t window_elems = std::max<uint64_t>(1, kGatherWindow / itemsize);
-      for (uint64_t w_lo = lo; w_lo <= hi; w_lo += window_elems) {
-        const uint64_t w_hi = std::min(hi, w_lo + window_elems - 1);
-        const uint64_t w_bytes = (w_hi - w_lo + 1) * itemsize;
-        if (window.size() < w_bytes) window.resize(w_bytes);
-        CKPTFS_RETURN_IF_ERROR(
-            catalog_->files->ReadExact(layout.file, layout.base_offset + w_lo * itemsize, w_bytes, window.data()));
-        for (uint64_t k = 0; k < count; ++k)
-          if (src[k] >= w_lo && src[k] <= w_hi)
-            std::memcpy(elems + k * itemsize, window.data() + (src[k] - w_lo) * itemsize, itemsize);
-      }
-      return Status::OK();
-    }
-    for (uint64_t k = 0; k < count;) {
-      uint64_t run = 1;
-      while (k + run < count && src[k + run] == src[k] + run) ++run;
-      CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(layout.file, layout.base_offset + src[k] * itemsize,
-                                                        run * itemsize, elems + k * itemsize));
-      k += run;
-    }
-    return Status::OK();
-  });
+  Gather gather(*catalog_->files, t, &buffers);
+  return ReadElementwise(offset, length, Info(t.dtype).itemsize, out, scratch,
+                         [&](uint64_t first, uint64_t count, char* elems) { return gather.Read(first, count, elems); });
 }
 
 // The served bytes of a tensor's data, for the device loader (src/device/).
@@ -247,7 +191,7 @@ Status View::ReadTensorData(size_t tensor_index, uint64_t offset, size_t length,
     return Status::InvalidArgument(t.key, "read of " + std::to_string(length) + " bytes at " + std::to_string(offset) +
                                               " is past the tensor's " + std::to_string(size) + " bytes");
   if (length == 0) return Status::OK();
-  if (t.convert_to) return ReadConverted(t, offset, length, out);
+  if (RouteOf(t) == ReadRoute::kConvert) return ReadConverted(t, offset, length, out);
   return ReadStored(t, offset, length, out);
 }
 

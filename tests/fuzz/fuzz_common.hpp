@@ -75,34 +75,30 @@ inline uint64_t AddOrTrap(uint64_t a, uint64_t b) {
   return r;
 }
 
-// What every catalog a reader returned must satisfy: every tensor's bytes lie inside its
-// source files, contiguous tensors' extents add up to exactly their bytes, strided ones
-// reach no element past the end of their file.
+// What every catalog a reader returned must satisfy: ValidateLayout accepts every tensor,
+// and, checked here on their own, every box's elements lie inside its file and the boxes'
+// elements add up to exactly the tensor's.
 inline void CheckCatalog(const ckptfs::Catalog& c) {
   const ckptfs::SourceFiles& files = *c.files;
   for (const ckptfs::TensorEntry& t : c.tensors) {
+    const ckptfs::Status valid = ckptfs::ValidateLayout(t, files, c.source);
+    if (!valid.ok()) std::fprintf(stderr, "%s\n", valid.message().c_str());
+    FUZZ_CHECK(valid.ok());
     uint64_t numel = 1;
     for (uint64_t d : t.shape) numel = MulOrTrap(numel, d);
-    const uint64_t nbytes = MulOrTrap(numel, ckptfs::Info(t.dtype).itemsize);
-    if (t.strided) {
-      const ckptfs::StridedLayout& s = *t.strided;
-      FUZZ_CHECK(s.file < files.count());
-      FUZZ_CHECK(s.strides.size() == t.shape.size());
-      FUZZ_CHECK(t.extents.empty());
-      if (numel == 0) continue;
-      uint64_t last = 0;  // element offset of the last element
-      for (size_t d = 0; d < t.shape.size(); ++d) last = AddOrTrap(last, MulOrTrap(t.shape[d] - 1, s.strides[d]));
-      const uint64_t end = AddOrTrap(s.base_offset, MulOrTrap(AddOrTrap(last, 1), ckptfs::Info(t.dtype).itemsize));
-      FUZZ_CHECK(end <= files.size(s.file));
-    } else {
-      uint64_t total = 0;
-      for (const ckptfs::Extent& e : t.extents) {
-        FUZZ_CHECK(e.file < files.count());
-        FUZZ_CHECK(AddOrTrap(e.offset, e.length) <= files.size(e.file));
-        total = AddOrTrap(total, e.length);
-      }
-      FUZZ_CHECK(total == nbytes);
+    const uint64_t itemsize = ckptfs::Info(t.dtype).itemsize;
+    uint64_t covered = 0;
+    for (const ckptfs::Box& b : t.boxes) {
+      FUZZ_CHECK(b.file < files.count());
+      FUZZ_CHECK(b.offset.size() == b.rank() && b.strides.size() == b.rank());
+      uint64_t elements = 1, last = 0;  // element offset of the box's last element
+      for (size_t d = 0; d < b.rank(); ++d) elements = MulOrTrap(elements, b.extent[d]);
+      covered = AddOrTrap(covered, elements);
+      if (elements == 0) continue;
+      for (size_t d = 0; d < b.rank(); ++d) last = AddOrTrap(last, MulOrTrap(b.extent[d] - 1, b.strides[d]));
+      FUZZ_CHECK(AddOrTrap(b.base_offset, MulOrTrap(AddOrTrap(last, 1), itemsize)) <= files.size(b.file));
     }
+    FUZZ_CHECK(covered == numel);
   }
   for (uint32_t f : c.sibling_files) FUZZ_CHECK(f < files.count());
 }

@@ -1,6 +1,6 @@
 // libFuzzer target: the safetensors header reader (src/format/safetensors.cpp) on arbitrary
-// bytes. Invariants: catalog invariants (every extent inside the file, extents summing to
-// the tensor's bytes), and an accepted header's tensors tile the data buffer exactly.
+// bytes. Invariants: catalog invariants (valid layouts, every box inside the file, boxes
+// adding up to the tensor), and an accepted header's tensors tile the data buffer exactly.
 #include <cstdint>
 #include <string>
 
@@ -26,7 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int i = 7; i >= 0; --i) header_len = header_len << 8 | data[i];
   uint64_t covered = 0;
   for (const TensorEntry& t : catalog.tensors) {
-    for (const Extent& e : t.extents) {
+    for (const Extent& e : ExtentsOf(t)) {
       FUZZ_CHECK(e.offset >= 8 + header_len);
       covered += e.length;
     }

@@ -6,8 +6,8 @@
 // kept as is:
 //   byte 0   bits 0-6: which file (modulo the file count), bit 7: -o moments
 //   the rest the new data.pkl
-// Invariants: catalog invariants (every extent inside its rank file, extents summing to
-// the tensor's bytes), unique keys.
+// Invariants: catalog invariants (valid layouts, every box inside its rank file, boxes
+// adding up to the tensor), unique keys.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>

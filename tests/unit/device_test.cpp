@@ -26,6 +26,7 @@ namespace ckptfs {
 inline std::ostream& operator<<(std::ostream& out, Status::Code code) { return out << static_cast<int>(code); }
 }  // namespace ckptfs
 
+using ckptfs::Box;
 using ckptfs::Catalog;
 using ckptfs::DeviceBackend;
 using ckptfs::DeviceDestination;
@@ -33,10 +34,8 @@ using ckptfs::DeviceLoadOptions;
 using ckptfs::DeviceLoadStats;
 using ckptfs::DeviceTensor;
 using ckptfs::DType;
-using ckptfs::Extent;
 using ckptfs::HostBackendOptions;
 using ckptfs::Status;
-using ckptfs::StridedLayout;
 using ckptfs::TensorEntry;
 using ckptfs::View;
 using ckptfs::ViewOptions;
@@ -147,7 +146,8 @@ DeviceLoadStats LoadAndCheck(const View& view, const DeviceLoadOptions& options,
 }
 
 // Two source files, tensors split across them (as ZeRO serves a parameter from every rank
-// file), a strided tensor (a transposed matrix), an int tensor.
+// file), a strided tensor (a transposed matrix), an int tensor, a matrix tiled by columns
+// over both files.
 struct SplitSource {
   TempDir dir;
   std::shared_ptr<Catalog> catalog = std::make_shared<Catalog>();
@@ -176,14 +176,22 @@ struct SplitSource {
       return catalog->tensors.back();
     };
     // 30000 floats: 20000 from rank 0 at 100, 10000 from rank 1 at 52 (odd offsets).
-    add("w.split", DType::kF32, {300, 100}).extents = {Extent{f0, 100, 80000}, Extent{f1, 52, 40000}};
+    add("w.split", DType::kF32, {300, 100}).boxes = {Box::Range(f0, 100, 0, 20000), Box::Range(f1, 52, 20000, 10000)};
     // Adjacent in rank 0 right after w.split's part, then rank 1: merged reads.
-    add("x.split", DType::kF32, {1000}).extents = {Extent{f0, 80100, 2000}, Extent{f1, 40052, 2000}};
-    // Three extents, one of them 4 bytes.
-    add("y.three", DType::kF32, {2001}).extents = {Extent{f1, 50000, 4000}, Extent{f0, 100000, 4}, Extent{f1, 60000, 4000}};
+    add("x.split", DType::kF32, {1000}).boxes = {Box::Range(f0, 80100, 0, 500), Box::Range(f1, 40052, 500, 500)};
+    // Three ranges, one of them 4 bytes.
+    add("y.three", DType::kF32, {2001}).boxes = {Box::Range(f1, 50000, 0, 1000), Box::Range(f0, 100000, 1000, 1),
+                                                  Box::Range(f1, 60000, 1001, 1000)};
     // A transposed 64 x 48 float matrix stored row-major as 48 x 64 in rank 0 at 120000.
-    add("z.strided", DType::kF32, {64, 48}).strided = StridedLayout{f0, 120000, {1, 64}};
-    add("i.int", DType::kI32, {100}).extents = {Extent{f1, 100000, 400}};
+    add("z.strided", DType::kF32, {64, 48}).boxes = {Box::Strided(f0, 120000, {64, 48}, {1, 64})};
+    add("i.int", DType::kI32, {100}).boxes = {Box::Range(f1, 100000, 0, 100)};
+    // A 40 x 30 float matrix split by columns: 10 row-major in rank 0, 20 transposed in rank 1.
+    add("g.cols", DType::kF32, {40, 30}).boxes = {Box{f0, 140000, {0, 0}, {40, 10}, {10, 1}},
+                                                  Box{f1, 110000, {0, 10}, {40, 20}, {1, 40}}};
+    for (const TensorEntry& t : catalog->tensors) {
+      Status valid = ckptfs::ValidateLayout(t, *catalog->files, catalog->source);
+      BOOST_REQUIRE_MESSAGE(valid.ok(), valid.message());
+    }
   }
 };
 
@@ -223,7 +231,7 @@ BOOST_AUTO_TEST_CASE(split_strided_and_converted_tensors) {
         HostBackendOptions h;
         h.copy_delay_us = 10;
         const auto stats = LoadAndCheck(*view, o, h, "split dtype " + std::string(dtype ? "conv" : "none"));
-        BOOST_TEST(stats.tensors == 5u);
+        BOOST_TEST(stats.tensors == 6u);
         if (dtype) BOOST_TEST(stats.view_bytes > 0u);
       }
     }

@@ -101,11 +101,12 @@ BOOST_AUTO_TEST_CASE(sample_tensors_keys_dtypes_shapes_extents) {
       BOOST_TEST(t.key == e.key);
       BOOST_TEST((t.dtype == DType::kF32));
       BOOST_TEST(t.shape == e.shape, boost::test_tools::per_element());
-      BOOST_TEST(!t.strided.has_value());
-      BOOST_REQUIRE_EQUAL(t.extents.size(), 1u);
-      BOOST_TEST(t.extents[0].file == 0u);
-      BOOST_TEST(t.extents[0].offset == e.data_offset);
-      BOOST_TEST(t.extents[0].length == t.nbytes());
+      BOOST_TEST((ckptfs::RouteOf(t) == ckptfs::ReadRoute::kExtents));
+      const std::vector<ckptfs::Extent> extents = ckptfs::ExtentsOf(t);
+      BOOST_REQUIRE_EQUAL(extents.size(), 1u);
+      BOOST_TEST(extents[0].file == 0u);
+      BOOST_TEST(extents[0].offset == e.data_offset);
+      BOOST_TEST(extents[0].length == t.nbytes());
       BOOST_TEST(t.storage_id == std::string("0:0:") + e.storage);
       total += t.nbytes();
     }
@@ -130,14 +131,14 @@ BOOST_AUTO_TEST_CASE(sample_tensor_bytes_are_the_saved_values) {
   auto c = MustOpen(kSample);
   // Values printed by torch.load of the sample (first element, little-endian hex).
   uint32_t bits = 0;
-  float w = ReadF32(*c, c->tensors[0].extents[0].offset);
+  float w = ReadF32(*c, c->tensors[0].boxes[0].base_offset);
   std::memcpy(&bits, &w, 4);
   BOOST_TEST(bits == 0xbb7a3998u);  // model.0.weight[0, 0]
   // LayerNorm weight after two Adam steps from 1.0, and Adam's step counter 2.0.
-  float ln = ReadF32(*c, c->tensors[2].extents[0].offset);
+  float ln = ReadF32(*c, c->tensors[2].boxes[0].base_offset);
   std::memcpy(&bits, &ln, 4);
   BOOST_TEST(bits == 0x3f801194u);
-  for (size_t i : {6, 9, 12, 15, 18, 21}) BOOST_TEST(ReadF32(*c, c->tensors[i].extents[0].offset) == 2.0f);
+  for (size_t i : {6, 9, 12, 15, 18, 21}) BOOST_TEST(ReadF32(*c, c->tensors[i].boxes[0].base_offset) == 2.0f);
 }
 
 BOOST_AUTO_TEST_CASE(sample_metadata) {
@@ -294,14 +295,18 @@ BOOST_AUTO_TEST_CASE(transposed_tensor_is_strided) {
   const auto& t = b.catalog->tensors[0];
   BOOST_TEST(t.key == "w");
   BOOST_TEST(t.shape == std::vector<uint64_t>({3, 2}), boost::test_tools::per_element());
-  BOOST_TEST(t.extents.empty());
-  BOOST_REQUIRE(t.strided.has_value());
-  BOOST_TEST(t.strided->strides == std::vector<uint64_t>({1, 3}), boost::test_tools::per_element());
+  BOOST_TEST((ckptfs::RouteOf(t) == ckptfs::ReadRoute::kGather));
+  // One box over the whole shape, with the view's strides.
+  BOOST_REQUIRE_EQUAL(t.boxes.size(), 1u);
+  const ckptfs::Box& box = t.boxes[0];
+  BOOST_TEST(box.offset == std::vector<uint64_t>({0, 0}), boost::test_tools::per_element());
+  BOOST_TEST(box.extent == t.shape, boost::test_tools::per_element());
+  BOOST_TEST(box.strides == std::vector<uint64_t>({1, 3}), boost::test_tools::per_element());
   // The record's data offset: the bytes there are the record.
   std::string got(24, '\0');
-  BOOST_REQUIRE(b.catalog->files->ReadExact(0, t.strided->base_offset, 24, got.data()).ok());
+  BOOST_REQUIRE(b.catalog->files->ReadExact(0, box.base_offset, 24, got.data()).ok());
   BOOST_TEST(got == data);
-  BOOST_TEST(t.strided->base_offset % 64 == 0u);
+  BOOST_TEST(box.base_offset % 64 == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(storage_offset_and_views_of_one_storage) {
@@ -319,10 +324,12 @@ BOOST_AUTO_TEST_CASE(storage_offset_and_views_of_one_storage) {
   const auto& a = b.catalog->tensors[0];
   const auto& full = b.catalog->tensors[1];
   BOOST_TEST((a.dtype == DType::kF16));
-  BOOST_REQUIRE_EQUAL(a.extents.size(), 1u);
-  BOOST_TEST(a.extents[0].offset == full.extents.at(0).offset + 4);
-  BOOST_TEST(a.extents[0].length == 8u);
-  BOOST_TEST(full.extents[0].length == 16u);
+  const std::vector<ckptfs::Extent> a_bytes = ckptfs::ExtentsOf(a), full_bytes = ckptfs::ExtentsOf(full);
+  BOOST_REQUIRE_EQUAL(a_bytes.size(), 1u);
+  BOOST_REQUIRE_EQUAL(full_bytes.size(), 1u);
+  BOOST_TEST(a_bytes[0].offset == full_bytes[0].offset + 4);
+  BOOST_TEST(a_bytes[0].length == 8u);
+  BOOST_TEST(full_bytes[0].length == 16u);
   BOOST_TEST(a.storage_id == full.storage_id);
   BOOST_TEST(b.catalog->metadata == nlohmann::json({{"n", 5}}));
 }
@@ -465,12 +472,13 @@ BOOST_AUTO_TEST_CASE(sample_inside_a_larger_file_reads_the_same_tensors_at_shift
     BOOST_TEST_CONTEXT("tensor " << e.key) {
       BOOST_TEST(t.key == e.key);
       BOOST_TEST(t.shape == e.shape, boost::test_tools::per_element());
-      BOOST_REQUIRE_EQUAL(t.extents.size(), 1u);
-      BOOST_TEST(t.extents[0].offset == kBase + e.data_offset);
-      BOOST_TEST(t.extents[0].length == t.nbytes());
+      const std::vector<ckptfs::Extent> extents = ckptfs::ExtentsOf(t);
+      BOOST_REQUIRE_EQUAL(extents.size(), 1u);
+      BOOST_TEST(extents[0].offset == kBase + e.data_offset);
+      BOOST_TEST(extents[0].length == t.nbytes());
       BOOST_TEST(t.storage_id == "0:" + std::to_string(kBase) + ":" + e.storage);
       std::string got(t.nbytes(), '\0');
-      BOOST_REQUIRE(catalog.files->ReadExact(0, t.extents[0].offset, got.size(), got.data()).ok());
+      BOOST_REQUIRE(catalog.files->ReadExact(0, extents[0].offset, got.size(), got.data()).ok());
       BOOST_TEST((got == sample.substr(e.data_offset, got.size())));
     }
   }
@@ -492,7 +500,7 @@ BOOST_AUTO_TEST_CASE(two_archives_in_one_file_have_distinct_storage_ids) {
   for (const auto& t : catalog.tensors) ids.insert(t.storage_id);
   BOOST_TEST(ids.size() == 2 * n);
   for (size_t i = 0; i < n; ++i)
-    BOOST_TEST(catalog.tensors[n + i].extents.at(0).offset == catalog.tensors[i].extents.at(0).offset + second);
+    BOOST_TEST(ckptfs::ExtentsOf(catalog.tensors[n + i]).at(0).offset == ckptfs::ExtentsOf(catalog.tensors[i]).at(0).offset + second);
 }
 
 BOOST_AUTO_TEST_CASE(errors_inside_a_window_name_its_byte_range) {

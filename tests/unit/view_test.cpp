@@ -18,11 +18,11 @@
 #include "ckptfs/view.hpp"
 #include "test_util.hpp"
 
+using ckptfs::Box;
 using ckptfs::Catalog;
 using ckptfs::DType;
 using ckptfs::Extent;
 using ckptfs::Status;
-using ckptfs::StridedLayout;
 using ckptfs::TensorEntry;
 using ckptfs::View;
 using json = nlohmann::json;
@@ -33,6 +33,10 @@ namespace {
 const std::string kSample = CKPTFS_TEST_DATA "/sample-mlp-training.pt";
 
 std::unique_ptr<View> MustBuild(std::shared_ptr<const Catalog> catalog) {
+  for (const TensorEntry& t : catalog->tensors) {
+    Status valid = ckptfs::ValidateLayout(t, *catalog->files, catalog->source);
+    BOOST_REQUIRE_MESSAGE(valid.ok(), valid.message());
+  }
   std::unique_ptr<View> view;
   Status s = View::Build(std::move(catalog), ckptfs::ViewOptions{}, &view);
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
@@ -121,7 +125,7 @@ Header ParseHeader(const std::string& file) {
 // The bytes of a contiguous tensor, read straight from its source extents.
 std::string SourceBytes(const Catalog& c, const TensorEntry& t) {
   std::string out;
-  for (const Extent& e : t.extents) {
+  for (const Extent& e : ckptfs::ExtentsOf(t)) {
     std::string part(e.length, '\0');
     Status s = c.files->ReadExact(e.file, e.offset, e.length, part.data());
     BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
@@ -355,7 +359,7 @@ BOOST_AUTO_TEST_CASE(safetensors_source_view) {
   BOOST_TEST(view->Lookup("tensors/emb%2Ftokens.safetensors").has_value());
 }
 
-// ---- hand-built catalogs: strided and multi-extent tensors -------------------------------------
+// ---- hand-built catalogs: strided and multi-range tensors -------------------------------------
 
 namespace {
 
@@ -392,7 +396,7 @@ constexpr uint64_t kBig = 600;  // kBig * kBig elements exceed one gather chunk 
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(strided_and_multi_extent_tensors) {
+BOOST_AUTO_TEST_CASE(strided_and_multi_range_tensors) {
   // Source layout: 16 junk bytes, 12 floats 0..11, 12 int16 100..111, 6 complex128
   // (12 doubles), then a kBig x kBig float matrix with value r * kBig + c at (r, c).
   std::vector<float> f12(12);
@@ -407,18 +411,18 @@ BOOST_AUTO_TEST_CASE(strided_and_multi_extent_tensors) {
   HandBuilt hb(std::string(16, 'J') + Bytes(f12) + Bytes(i12) + Bytes(d12) + Bytes(big));
 
   // t = (3x4 row-major matrix of f12).T: shape (4, 3), element (i, j) = f12[i + 4 j].
-  hb.Add("t", DType::kF32, {4, 3}).strided = StridedLayout{hb.file, f_off, {1, 4}};
+  hb.Add("t", DType::kF32, {4, 3}).boxes = {Box::Strided(hb.file, f_off, {4, 3}, {1, 4})};
   // u = i12 viewed as (2, 2, 3) then permuted to (3, 2, 2): element (i, j, k) = A[j][k][i].
-  hb.Add("u", DType::kI16, {3, 2, 2}).strided = StridedLayout{hb.file, i_off, {1, 6, 3}};
-  // c = f12[0:3] ++ f12[6:9] as two extents.
-  hb.Add("c", DType::kF32, {6}).extents = {{hb.file, f_off, 12}, {hb.file, f_off + 24, 12}};
+  hb.Add("u", DType::kI16, {3, 2, 2}).boxes = {Box::Strided(hb.file, i_off, {3, 2, 2}, {1, 6, 3})};
+  // c = f12[0:3] ++ f12[6:9] as two ranges.
+  hb.Add("c", DType::kF32, {6}).boxes = {Box::Range(hb.file, f_off, 0, 3), Box::Range(hb.file, f_off + 24, 3, 3)};
   // z: complex128 served as float64 with a trailing 2.
-  hb.Add("z", DType::kC128, {6}).extents = {{hb.file, d_off, 96}};
+  hb.Add("z", DType::kC128, {6}).boxes = {Box::Range(hb.file, d_off, 0, 6)};
   // A row of a strided tensor with a zero-length dimension, and a 0-d strided tensor.
-  hb.Add("none", DType::kF32, {0, 3}).strided = StridedLayout{hb.file, f_off, {1, 4}};
-  hb.Add("scalar", DType::kF32, {}).strided = StridedLayout{hb.file, f_off + 20, {}};
+  hb.Add("none", DType::kF32, {0, 3}).boxes = {Box::Strided(hb.file, f_off, {0, 3}, {1, 4})};
+  hb.Add("scalar", DType::kF32, {}).boxes = {Box::Strided(hb.file, f_off + 20, {}, {})};
   // The big matrix transposed: gathered in several chunks.
-  hb.Add("big.T", DType::kF32, {kBig, kBig}).strided = StridedLayout{hb.file, big_off, {1, kBig}};
+  hb.Add("big.T", DType::kF32, {kBig, kBig}).boxes = {Box::Strided(hb.file, big_off, {kBig, kBig}, {1, kBig})};
 
   std::map<std::string, std::string> expected;
   {
@@ -483,7 +487,7 @@ BOOST_AUTO_TEST_CASE(strided_gather_over_a_wide_span) {
   t.path = {t.key};
   t.dtype = DType::kF32;
   t.shape = {2, 3};
-  t.strided = StridedLayout{file, 64, {row, 1}};
+  t.boxes = {Box::Strided(file, 64, t.shape, {row, 1})};
   catalog->tensors.push_back(t);
   auto view = MustBuild(catalog);
   const View::NodeId id = MustLookup(*view, "tensors/rows.safetensors");
@@ -573,7 +577,7 @@ BOOST_AUTO_TEST_CASE(changed_source_fails_strided_reads) {
   t.key = "t";
   t.path = {t.key};
   t.shape = {4, 3};
-  t.strided = StridedLayout{file, 0, {1, 4}};
+  t.boxes = {Box::Strided(file, 0, t.shape, {1, 4})};
   catalog->tensors.push_back(t);
   auto view = MustBuild(catalog);
   const View::NodeId id = MustLookup(*view, "tensors/t.safetensors");
