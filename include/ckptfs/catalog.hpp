@@ -17,8 +17,6 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/dtype.hpp"
-#include "ckptfs/env.hpp"
-#include "ckptfs/limits.hpp"
 #include "ckptfs/source_files.hpp"
 #include "ckptfs/status.hpp"
 
@@ -115,23 +113,6 @@ struct Catalog {
 // Joins a path into a flattened key: string elements as they are, ints in decimal,
 // separated by '.'.
 std::string FlattenKey(const std::vector<PathElement>& path);
-
-// What a reader should include beyond the weights, and its limits (the source options of
-// include/ckptfs/options.hpp).
-struct SourceOptions {
-  // DeepSpeed ZeRO: also serve each trainable parameter's Adam moments, as
-  // "exp_avg.<name>" and "exp_avg_sq.<name>" after the weights.
-  bool zero_moments = false;
-  ReadLimits limits;
-  // Where the source lives; null means the local file system (Env::Local()).
-  std::shared_ptr<Env> env;
-};
-
-// Detects the format of `source` (a file or a folder) and reads its catalog.
-Status OpenCatalog(const std::string& source, const SourceOptions& options, std::shared_ptr<const Catalog>* out);
-inline Status OpenCatalog(const std::string& source, std::shared_ptr<const Catalog>* out) {
-  return OpenCatalog(source, SourceOptions{}, out);
-}
 
 }  // namespace ckptfs
 

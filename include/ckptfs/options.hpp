@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/catalog.hpp"
+#include "ckptfs/source.hpp"
 #include "ckptfs/device.hpp"
 #include "ckptfs/status.hpp"
 #include "ckptfs/view.hpp"

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ckptfs/catalog.hpp"
+#include "ckptfs/source.hpp"
 #include "ckptfs/options.hpp"
 #include "ckptfs/status.hpp"
 #include "ckptfs/view.hpp"

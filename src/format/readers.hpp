@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ckptfs/catalog.hpp"
+#include "ckptfs/source.hpp"
 #include "ckptfs/status.hpp"
 
 namespace ckptfs {

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "ckptfs/catalog.hpp"
+#include "ckptfs/source.hpp"
 #include "ckptfs/limits.hpp"
 #include "io/memory_env.hpp"
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ckptfs/catalog.hpp"
+#include "ckptfs/source.hpp"
 #include "io/memory_env.hpp"
 
 namespace ckptfs_test {
