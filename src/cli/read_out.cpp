@@ -108,7 +108,7 @@ class ProgressBar {
   std::chrono::steady_clock::time_point last_;
 };
 
-// Export never leaves a partial file under a final name (issue #6): each file is written to
+// Export never leaves a partial file under a final name: each file is written to
 // a temporary name in its own folder and renamed into place only when complete. Durability
 // comes from one syncfs at the end: an fsync per file made a 70,000-tensor export take
 // minutes instead of seconds.

@@ -314,7 +314,7 @@ Status Machine::Step(uint8_t op, bool* stop) {
       uint64_t len = 0;
       if (!r_.U64(&len)) return Truncated();
       // ...but a frame longer than what is left is a lie CPython refuses ("pickle data was
-      // truncated"); refuse it too (issue #6, corpus case pkl-frame-length-lie).
+      // truncated"); refuse it too.
       if (len > r_.remaining()) return Fail("frame of " + std::to_string(len) + " bytes runs past the end of the pickle");
       return Status::OK();
     }

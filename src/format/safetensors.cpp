@@ -1,6 +1,6 @@
 // Reader for safetensors files, validating headers the way the reference implementation
 // does (huggingface/safetensors safetensors/src/tensor.rs `read_metadata`, `validate`;
-// summarized in ../shared/reference/torch-safetensors-dcp.md section D.2).
+// the rules are listed in doc/FORMATS.md, "safetensors layout").
 #include <algorithm>
 #include <string>
 #include <unordered_set>
@@ -48,7 +48,7 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, json* meta
   CKPTFS_RETURN_IF_ERROR(catalog->files->ReadExact(file, 8, header_len, header.data()));
   // JSON parsers disagree on a repeated key (nlohmann and Python keep the last one, others the
   // first), so a header naming a tensor twice means different tensors to different loaders:
-  // refuse it (issue #6, corpus cases st-duplicate-key*). One key set per open object.
+  // refuse it. One key set per open object.
   std::vector<std::unordered_set<std::string>> open_objects;
   std::string duplicate;
   json::parser_callback_t find_duplicates = [&](int, json::parse_event_t event, json& parsed) {

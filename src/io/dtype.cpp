@@ -6,7 +6,7 @@ namespace ckptfs {
 namespace {
 
 // Order matches the DType enum. Names: torch/_tensor_str + torch/storage.py for torch,
-// safetensors/src/tensor.rs `Dtype` for safetensors (see ../shared/reference/).
+// safetensors/src/tensor.rs `Dtype` for safetensors (doc/FORMATS.md, "Dtype names").
 constexpr std::array<DTypeInfo, 21> kInfos = {{
     {DType::kF64, "float64", "F64", 8, true},
     {DType::kF32, "float32", "F32", 4, true},

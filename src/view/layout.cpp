@@ -1,4 +1,4 @@
-// Builds the virtual tree (the mount layout of ../shared/design/ARCHITECTURE.md):
+// Builds the virtual tree (the mount layout of README.md, "Mounting"):
 //   model.safetensors, tensors/<escaped key>.safetensors, manifest.json, metadata.json,
 //   and the sibling files of a model folder, passed through unchanged.
 #include <algorithm>

@@ -50,8 +50,8 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 # ---------------------------------------------------------------------------
-# torch-compatible zip writer (layout of torch 2.7+ `torch.save`, see
-# /work/shared/reference/torch-safetensors-dcp.md A.2, A.3, A.9, C)
+# torch-compatible zip writer (layout of torch 2.7+ `torch.save`, see doc/FORMATS.md,
+# "torch.save archives")
 # ---------------------------------------------------------------------------
 
 ALIGNMENT = 64          # torch's default storage alignment
