@@ -8,10 +8,7 @@
 #define BOOST_TEST_MODULE layout_test
 #include <boost/test/unit_test.hpp>
 
-#include <stdlib.h>
-
 #include <algorithm>
-#include <filesystem>
 #include <numeric>
 #include <random>
 
@@ -31,39 +28,38 @@ using namespace ckptfs_test;
 
 namespace {
 
-// A catalog whose source files live in a fresh folder under /dev/shm (these tests are about
-// the layout, not the disk), removed on destruction.
+// A catalog whose source files live in an in-memory Env (these tests are about the layout,
+// not the disk).
 class Sources {
  public:
   Sources() {
-    const std::string base = std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : "/tmp";
-    std::string tmpl = base + "/ckptfs-layout-XXXXXX";
-    BOOST_REQUIRE(::mkdtemp(tmpl.data()));
-    dir_ = tmpl;
+    memory_.Attach(catalog.get());
     catalog->format = "test";
-    catalog->source = dir_;
+    catalog->source = "/mem";
   }
-  ~Sources() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-  Sources(const Sources&) = delete;
-  Sources& operator=(const Sources&) = delete;
 
   // A new source file holding `bytes`; returns its index in catalog->files.
   uint32_t AddFile(std::string bytes) {
-    const std::string path = dir_ + "/file" + std::to_string(catalog->files->count());
-    WriteFile(path, bytes);
+    const std::string path = memory_.Write("/mem/file" + std::to_string(catalog->files->count()), bytes);
     uint32_t index = 0;
     Status s = catalog->files->Add(path, &index);
     BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
     return index;
   }
 
+  // Replaces file `index` by its old bytes followed by `tail`, as a writer would.
+  void Rewrite(uint32_t index, const std::string& tail) {
+    const ckptfs::SourceFiles& files = *catalog->files;
+    std::string bytes(files.size(index), '\0');
+    Status s = files.ReadExact(index, 0, bytes.size(), bytes.data());
+    BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+    memory_.Write(files.path(index), bytes + tail);
+  }
+
   std::shared_ptr<Catalog> catalog = std::make_shared<Catalog>();
 
  private:
-  std::string dir_;
+  MemorySource memory_;
 };
 
 // A tensor's elements in row-major order, as the test knows them.
@@ -403,8 +399,7 @@ BOOST_AUTO_TEST_CASE(changed_file_fails_a_gather) {
   size_t nread = 0;
   BOOST_REQUIRE(view->Read(id, 0, buf.size(), buf.data(), &nread).ok());
   // Rewrite one of the files under the view.
-  const std::string path = tiled.sources.catalog->files->path(1);
-  WriteFile(path, ReadFile(path) + "x");
+  tiled.sources.Rewrite(1, "x");
   Status s = view->Read(id, 0, buf.size(), buf.data(), &nread);
   BOOST_TEST(static_cast<int>(s.code()) == static_cast<int>(Status::Code::kSourceChanged), s.message());
 }
