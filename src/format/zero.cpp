@@ -1,8 +1,8 @@
 // Reader for DeepSpeed ZeRO checkpoints (stage 1, 2, 3, the BF16_Optimizer, and pipeline
 // per-layer files). Every consolidated parameter becomes the ordered list of byte ranges,
 // across the rank files, that zero_to_fp32 would concatenate; nothing is read or copied.
-// File layouts, keys and the extent arithmetic: ../shared/reference/deepspeed-zero.md
-// (section numbers below refer to it).
+// File layouts and keys: doc/FORMATS.md, "DeepSpeed files" to "DeepSpeed reader"; the
+// extent arithmetic lives in format/zero_layout.cpp.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -14,6 +14,7 @@
 #include "format/limit_hint.hpp"
 #include "format/readers.hpp"
 #include "format/torch_archive.hpp"
+#include "format/zero_layout.hpp"
 
 namespace ckptfs {
 namespace {
@@ -89,158 +90,10 @@ std::string Trim(std::string s) {
   return s;
 }
 
-uint64_t Numel(const std::vector<uint64_t>& shape) {
-  uint64_t n = 1;
-  for (uint64_t d : shape) n *= d;
-  return n;
-}
-
-// Whether a shape from the metadata has a byte size that fits in 64 bits (at 8 bytes an
-// element, the widest ZeRO dtype). Numel() wraps otherwise, and a wrapped count can match
-// the flat partition exactly, which served a tensor whose header shape did not match its
-// bytes (issue #6, corpus case zero-s2-param-shapes-wrap).
-bool ShapeFits(const std::vector<uint64_t>& shape) {
-  uint64_t n = 8;
-  for (uint64_t d : shape)
-    if (!CheckedMul(n, d, &n)) return false;
-  return true;
-}
-
-// The element range [start, start+count) of a contiguous 1-D tensor, appended to
-// `target`'s rank-1 boxes where its last box ends.
-Status SliceBoxes(const TensorEntry& flat, const std::string& where, uint64_t start, uint64_t count,
-                  TensorEntry* target) {
-  if (count == 0) return Status::OK();
-  if (!StoredAsExtents(flat) || start + count > flat.numel() || start + count < start)
-    return Status::Corruption(where, "a flat partition is shorter than its parameters need");
-  if (flat.dtype != target->dtype) return Status::Corruption(where, "a flat partition's dtype differs from its parameter's");
-  const uint64_t itemsize = Info(flat.dtype).itemsize;
-  std::vector<Box>& out = target->boxes;
-  uint64_t skip = start * itemsize, want = count * itemsize;
-  for (const Extent& e : ExtentsOf(flat)) {
-    if (skip >= e.length) {
-      skip -= e.length;
-      continue;
-    }
-    const uint64_t take = std::min(e.length - skip, want);
-    Box* last = out.empty() ? nullptr : &out.back();
-    if (last && last->file == e.file && last->base_offset + last->extent[0] * itemsize == e.offset + skip)
-      last->extent[0] += take / itemsize;  // adjacent ranges of one file merge into one read
-    else
-      out.push_back(Box::Range(e.file, e.offset + skip, last ? last->offset[0] + last->extent[0] : 0, take / itemsize));
-    want -= take;
-    skip = 0;
-    if (want == 0) break;
-  }
-  return Status::OK();
-}
-
-// How trainable parameters are laid out in the flat partitions of one mp rank.
-struct Layout {
-  int stage;       // 1, 2, 3; -1 for the BF16_Optimizer (laid out as stage 1/2)
-  uint64_t world;  // data-parallel ranks
-  const std::vector<std::vector<std::pair<std::string, std::vector<uint64_t>>>>* shapes;
-  std::vector<std::vector<uint64_t>> align_pads;  // stage 1/2 parameter_alignment pads, per group
-  // Stage 1/2: lengths[g][r], rank r's saved share of group g (the fp32 partitions';
-  // moments keep their padding). Stage 3: lengths[j][0], sub-group j's size on every rank.
-  std::vector<std::vector<uint64_t>> lengths;
-};
-
-// Checks the fp32 partitions agree with each other and records their lengths.
-Status CheckPartitions(const Layout& layout, const std::vector<const TorchArchive*>& archives,
-                       const std::vector<std::vector<const TensorEntry*>>& fp32,
-                       std::vector<std::vector<uint64_t>>* lengths) {
-  const size_t groups = fp32[0].size();
-  if (layout.stage != 3 && layout.shapes->size() != groups)
-    return archives[0]->Bad("holds " + std::to_string(groups) + " parameter groups but param_shapes lists " +
-                            std::to_string(layout.shapes->size()));
-  lengths->assign(groups, {});
-  for (size_t g = 0; g < groups; ++g) {
-    for (uint64_t r = 0; r < layout.world; ++r) {
-      if (layout.stage == 3 && fp32[r][g]->numel() != fp32[0][g]->numel())
-        return archives[r]->Bad("sub-group " + std::to_string(g) + " differs in size from rank 0's");
-      (*lengths)[g].push_back(fp32[r][g]->numel());
-    }
-  }
-  return Status::OK();
-}
-
-// The boxes of every trainable parameter, in param_shapes order, in per-rank flat tensors
-// `flats[r][g]` laid out like the fp32 partitions (the partitions themselves, or the Adam
-// moments). Each returned entry's key is the bare parameter name.
-Status WalkTrainable(const Layout& layout, const std::vector<const TorchArchive*>& archives,
-                     const std::vector<std::vector<const TensorEntry*>>& flats, std::vector<TensorEntry>* out) {
-  const uint64_t world = layout.world;
-  if (layout.stage == 3) {
-    // Section 4.3: each parameter is split into W chunks of P = ceil(n/W) elements; rank r's
-    // sub-group tensors concatenate its chunks. Walk the rank-local address space.
-    std::vector<uint64_t> bounds = {0};
-    for (const auto& len : layout.lengths) bounds.push_back(bounds.back() + len[0]);
-    uint64_t offset = 0;
-    for (const auto& g : *layout.shapes)
-      for (const auto& [name, shape] : g) {
-        TensorEntry t;
-        t.key = name;
-        t.shape = shape;
-        t.dtype = flats[0].empty() ? DType::kF32 : flats[0][0]->dtype;
-        const uint64_t n = Numel(shape), per_rank = (n + world - 1) / world;
-        for (uint64_t r = 0; r < world; ++r) {
-          uint64_t len = std::min(per_rank, n > r * per_rank ? n - r * per_rank : 0);
-          // A chunk never straddles sub-groups in practice; split it there if it does.
-          for (uint64_t at = offset; len > 0;) {
-            const size_t j = std::upper_bound(bounds.begin(), bounds.end(), at) - bounds.begin() - 1;
-            if (j >= flats[r].size()) return archives[r]->Bad("parameters run past the flat groups");
-            const uint64_t take = std::min(len, bounds[j + 1] - at);
-            CKPTFS_RETURN_IF_ERROR(SliceBoxes(*flats[r][j], archives[r]->path(), at - bounds[j], take, &t));
-            at += take;
-            len -= take;
-          }
-        }
-        offset += per_rank;
-        out->push_back(std::move(t));
-      }
-    if (offset != bounds.back())
-      return archives[0]->Bad("parameters use " + std::to_string(offset) + " elements per rank but the flat groups hold " +
-                              std::to_string(bounds.back()));
-    return Status::OK();
-  }
-  // Section 4.2: per group, the ranks' partitions concatenate to the group's flat vector.
-  for (size_t g = 0; g < layout.shapes->size(); ++g) {
-    std::vector<uint64_t> starts = {0};  // C_r: where rank r's share starts in the group
-    for (uint64_t r = 0; r < world; ++r) starts.push_back(starts.back() + layout.lengths[g][r]);
-    const std::vector<uint64_t> no_pads;
-    const auto& pads = g < layout.align_pads.size() ? layout.align_pads[g] : no_pads;
-    uint64_t a = 0;
-    const auto& params = (*layout.shapes)[g];
-    for (size_t i = 0; i < params.size(); ++i) {
-      TensorEntry t;
-      t.key = params[i].first;
-      t.shape = params[i].second;
-      t.dtype = flats[0][g]->dtype;
-      const uint64_t n = Numel(t.shape);
-      if (a + n > starts[world])
-        return archives[0]->Bad("parameter '" + t.key + "' runs past the end of the flat partitions");
-      for (uint64_t r = 0; r < world; ++r) {
-        const uint64_t lo = std::max(a, starts[r]), hi = std::min(a + n, starts[r + 1]);
-        if (lo < hi)
-          CKPTFS_RETURN_IF_ERROR(SliceBoxes(*flats[r][g], archives[r]->path(), lo - starts[r], hi - lo, &t));
-      }
-      a += n + (i < pads.size() ? pads[i] : 0);
-      out->push_back(std::move(t));
-    }
-    // zero_to_fp32's check: both totals agree once rounded up to the 2*W alignment.
-    const uint64_t align = 2 * world;
-    auto round_up = [align](uint64_t x) { return (x + align - 1) / align * align; };
-    if (layout.stage < 0 ? a > starts[world] : round_up(a) != round_up(starts[world]))
-      return archives[0]->Bad("group " + std::to_string(g) + ": parameters use " + std::to_string(a) +
-                              " elements but the partitions hold " + std::to_string(starts[world]));
-  }
-  return Status::OK();
-}
-
-// The per-group Adam moment tensors of one rank (section 4.7): stage 3 keeps them in the
-// inner optimizer's state, one per sub-group; stage 1/2 in base_optimizer_state, one per
-// group (a dict with "state", or in elastic checkpoints a list of per-group dicts).
+// The per-group Adam moment tensors of one rank (doc/FORMATS.md, "DeepSpeed Adam moments"):
+// stage 3 keeps them in the inner optimizer's state, one per sub-group; stage 1/2 in
+// base_optimizer_state, one per group (a dict with "state", or in elastic checkpoints a
+// list of per-group dicts).
 Status MomentTensors(const TorchArchive& a, int stage, size_t groups, const char* moment, std::vector<TensorEntry>* out) {
   const PyValue* osd = AsMapping(Find(AsMapping(a.root()), "optimizer_state_dict"));
   const PyValue* base = stage == 3 ? Find(osd, "optimizer_state_dict") : Find(osd, "base_optimizer_state");
@@ -278,6 +131,7 @@ uint64_t PartitionCount(const PyValue* osd) {
   return world;
 }
 
+
 class ZeroReader {
  public:
   ZeroReader(std::string tag_dir, std::string tag, const SourceOptions& options, Catalog* catalog)
@@ -286,13 +140,46 @@ class ZeroReader {
   Status Read();
 
  private:
-  struct Partition {
-    std::unique_ptr<TorchArchive> archive;
-    std::vector<TensorEntry> groups;  // fp32 flat groups (stage 3: sub-groups) of this rank
+  // One mp rank's optimizer files: what rank 0's says about the run, and every rank's flat
+  // fp32 partitions.
+  struct OptimizerRanks {
+    int stage = 0;       // as ZeroLayout::stage: -1 for the BF16_Optimizer
+    uint64_t world = 0;  // data-parallel ranks, from rank 0's partition_count
+    const PyValue* rank0_state = nullptr;  // rank 0's optimizer_state_dict
+    std::vector<std::unique_ptr<TorchArchive>> archives;  // by dp rank
+    std::vector<ZeroRankFlats> fp32;  // by dp rank: fp32 flat groups (stage 3: sub-groups)
+    bool bf16_optimizer() const { return stage < 0; }
+  };
+  // One mp rank's model-states files and what rank 0's says about the parameters.
+  struct ModelStates {
+    // Stage 3: one file per dp rank (each holds its chunks of the frozen parameters);
+    // otherwise rank 0's only.
+    std::vector<std::unique_ptr<TorchArchive>> archives;
+    const PyValue* root = nullptr;           // rank 0's top-level dict
+    const PyValue* module = nullptr;         // its 16-bit state_dict, when a mapping
+    const PyValue* shared = nullptr;         // shared_params: alias -> owner
+    const PyValue* frozen_shapes = nullptr;  // frozen_param_shapes: name -> shape
+    ZeroParamShapes param_shapes;            // the trainable parameters, per group
+    std::vector<std::string> buffers;        // buffer_names
+    const TorchArchive& rank0() const { return *archives[0]; }
   };
 
   Status Open(const std::string& name, std::unique_ptr<TorchArchive>* out);
   Status ReadMpRank(uint64_t mp, const MpRankFiles& files, const std::string& prefix);
+  Status OpenOptimizerRanks(const MpRankFiles& files, const std::string& mp_text, OptimizerRanks* ranks);
+  Status ReadStageAndWorld(const MpRankFiles& files, OptimizerRanks* ranks);
+  Status CheckRankFileSet(const MpRankFiles& files, const std::string& mp_text, const OptimizerRanks& ranks);
+  Status ReadFlatPartitions(const MpRankFiles& files, OptimizerRanks* ranks);
+  Status OpenModelStates(const MpRankFiles& files, const std::string& mp_text, const OptimizerRanks& ranks,
+                         ModelStates* model);
+  Status AddBuffers(const std::string& prefix, const ModelStates& model);
+  Status AddFrozen(const std::string& prefix, const OptimizerRanks& ranks, const ModelStates& model);
+  Status AddFrozenFragments(const std::string& prefix, const OptimizerRanks& ranks, const ModelStates& model);
+  Status AddUnlistedModuleEntries(const std::string& prefix, const ModelStates& model);
+  Status AddTrainable(const std::string& prefix, const OptimizerRanks& ranks, ZeroLayout* layout);
+  Status AddTiedAliases(const std::string& prefix, const ModelStates& model, size_t first_trainable);
+  Status AddMoments(const std::string& prefix, const OptimizerRanks& ranks, const ZeroLayout& layout);
+  void DescribeRun(const OptimizerRanks& ranks, const ModelStates& model);
   Status ReadLayers(const std::vector<LayerFile>& layers);
   Status ZeroStage(const PyValue* osd, const std::string& where, int* stage);
   Status FlatGroups(const TorchArchive& a, const PyValue* list, const std::string& what, std::vector<TensorEntry>* out);
@@ -359,7 +246,7 @@ Status ZeroReader::FlatGroups(const TorchArchive& a, const PyValue* list, const 
   return Status::OK();
 }
 
-// One (name -> shape) mapping per group, in flat-buffer order (section 2.1, param_shapes).
+// One (name -> shape) mapping per group, in flat-buffer order (doc/FORMATS.md, "DeepSpeed keys").
 Status ParamShapes(const TorchArchive& a, const PyValue* v,
                    std::vector<std::vector<std::pair<std::string, std::vector<uint64_t>>>>* out) {
   std::vector<const PyValue*> groups;
@@ -373,7 +260,7 @@ Status ParamShapes(const TorchArchive& a, const PyValue* v,
     for (const auto& [k, s] : m->entries) {
       std::vector<uint64_t> shape;
       if (k->kind != Kind::kStr || !AsUintTuple(s, &shape)) return a.Bad("malformed param_shapes entry");
-      if (!ShapeFits(shape)) return a.Bad("param_shapes entry '" + std::string(k->s) + "' has a shape whose size overflows");
+      if (!ZeroShapeFits(shape)) return a.Bad("param_shapes entry '" + std::string(k->s) + "' has a shape whose size overflows");
       dst.emplace_back(std::string(k->s), std::move(shape));
     }
   }
@@ -388,201 +275,272 @@ std::vector<std::string> StringList(const PyValue* v) {
   return out;
 }
 
+// One mp rank: its optimizer and model-states files, then the tensors in zero_to_fp32's
+// order (buffers, frozen parameters, trainable parameters, tied aliases), the Adam moments
+// on request, and the run's metadata.
 Status ZeroReader::ReadMpRank(uint64_t mp, const MpRankFiles& files, const std::string& prefix) {
   char mp_text[16];
   std::snprintf(mp_text, sizeof mp_text, "%02llu", static_cast<unsigned long long>(mp));
   if (files.optim.empty()) return Status::Corruption(tag_dir_, std::string("no optimizer files for mp_rank_") + mp_text);
-  // Rank 0's optimizer file says the stage and the data-parallel world size.
-  std::vector<Partition> ranks(1);
+  OptimizerRanks ranks;
+  CKPTFS_RETURN_IF_ERROR(OpenOptimizerRanks(files, mp_text, &ranks));
+  ModelStates model;
+  CKPTFS_RETURN_IF_ERROR(OpenModelStates(files, mp_text, ranks, &model));
+  CKPTFS_RETURN_IF_ERROR(AddBuffers(prefix, model));
+  CKPTFS_RETURN_IF_ERROR(AddFrozen(prefix, ranks, model));
+  const size_t first_trainable = catalog_->tensors.size();
+  ZeroLayout layout;  // takes over the shapes: no later step reads them from `model`
+  layout.shapes = std::move(model.param_shapes);
+  CKPTFS_RETURN_IF_ERROR(AddTrainable(prefix, ranks, &layout));
+  CKPTFS_RETURN_IF_ERROR(AddTiedAliases(prefix, model, first_trainable));
+  if (options_.zero_moments) CKPTFS_RETURN_IF_ERROR(AddMoments(prefix, ranks, layout));
+  DescribeRun(ranks, model);
+  return Status::OK();
+}
+
+Status ZeroReader::OpenOptimizerRanks(const MpRankFiles& files, const std::string& mp_text, OptimizerRanks* ranks) {
+  CKPTFS_RETURN_IF_ERROR(ReadStageAndWorld(files, ranks));
+  CKPTFS_RETURN_IF_ERROR(CheckRankFileSet(files, mp_text, *ranks));
+  return ReadFlatPartitions(files, ranks);
+}
+
+// Rank 0's optimizer file says the stage and the data-parallel world size.
+Status ZeroReader::ReadStageAndWorld(const MpRankFiles& files, OptimizerRanks* ranks) {
   const std::string& first = files.optim.begin()->second;
   if (files.optim.begin()->first != 0) return Status::Corruption(Path(first), "rank 0's optimizer file is missing");
-  CKPTFS_RETURN_IF_ERROR(Open(first, &ranks[0].archive));
-  const PyValue* osd = Find(AsMapping(ranks[0].archive->root()), "optimizer_state_dict");
-  osd = AsMapping(osd);
-  if (!osd) return ranks[0].archive->Bad("no optimizer_state_dict: not a DeepSpeed ZeRO optimizer file");
-  int stage;
-  CKPTFS_RETURN_IF_ERROR(ZeroStage(osd, Path(first), &stage));
-  const bool bf16_optimizer = stage < 0;
-  if (bf16_optimizer && !Find(osd, "single_partition_of_fp32_groups"))
-    return ranks[0].archive->Bad("not a ZeRO checkpoint (no zero_stage)");
-  uint64_t world = PartitionCount(osd);
-  if (world == 0) return ranks[0].archive->Bad("no valid partition_count");
+  ranks->archives.resize(1);
+  CKPTFS_RETURN_IF_ERROR(Open(first, &ranks->archives[0]));
+  const TorchArchive& rank0 = *ranks->archives[0];
+  const PyValue* osd = AsMapping(Find(AsMapping(rank0.root()), "optimizer_state_dict"));
+  if (!osd) return rank0.Bad("no optimizer_state_dict: not a DeepSpeed ZeRO optimizer file");
+  ranks->rank0_state = osd;
+  CKPTFS_RETURN_IF_ERROR(ZeroStage(osd, Path(first), &ranks->stage));
+  if (ranks->bf16_optimizer() && !Find(osd, "single_partition_of_fp32_groups"))
+    return rank0.Bad("not a ZeRO checkpoint (no zero_stage)");
+  ranks->world = PartitionCount(osd);
+  if (ranks->world == 0) return rank0.Bad("no valid partition_count");
+  return Status::OK();
+}
 
-  // Exactly ranks 0..W-1, named by parsed rank numbers.
+// Exactly ranks 0..W-1, named by parsed rank numbers.
+Status ZeroReader::CheckRankFileSet(const MpRankFiles& files, const std::string& mp_text, const OptimizerRanks& ranks) {
+  const std::string& first = files.optim.begin()->second;
   const std::string prefix16 = first.rfind("bf16_", 0) == 0 ? "bf16_" : "";
-  for (uint64_t r = 0; r < world; ++r)
+  for (uint64_t r = 0; r < ranks.world; ++r)
     if (!files.optim.count(r))
       return Status::Corruption(Path(prefix16 + "zero_pp_rank_" + std::to_string(r) + "_mp_rank_" + mp_text + "_optim_states.pt"),
-                                "missing: the checkpoint was saved by " + std::to_string(world) + " data-parallel ranks");
-  if (files.optim.size() != world)
+                                "missing: the checkpoint was saved by " + std::to_string(ranks.world) + " data-parallel ranks");
+  if (files.optim.size() != ranks.world)
     return Status::Corruption(Path(files.optim.rbegin()->second),
-                              "unexpected: rank 0 says the world size is " + std::to_string(world));
-  ranks.resize(world);
-  for (uint64_t r = 1; r < world; ++r) CKPTFS_RETURN_IF_ERROR(Open(files.optim.at(r), &ranks[r].archive));
+                              "unexpected: rank 0 says the world size is " + std::to_string(ranks.world));
+  return Status::OK();
+}
 
-  // Flat fp32 partitions of every rank.
-  const char* flat_key = stage == 3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups";
+// Opens ranks 1..W-1 and reads every rank's flat fp32 partitions, checking each rank
+// agrees with rank 0 on the world size and the group count.
+Status ZeroReader::ReadFlatPartitions(const MpRankFiles& files, OptimizerRanks* ranks) {
+  const uint64_t world = ranks->world;
+  ranks->archives.resize(world);
+  for (uint64_t r = 1; r < world; ++r) CKPTFS_RETURN_IF_ERROR(Open(files.optim.at(r), &ranks->archives[r]));
+  const char* flat_key = ranks->stage == 3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups";
+  ranks->fp32.resize(world);
   for (uint64_t r = 0; r < world; ++r) {
-    const PyValue* rosd = AsMapping(Find(AsMapping(ranks[r].archive->root()), "optimizer_state_dict"));
-    if (!rosd) return ranks[r].archive->Bad("no optimizer_state_dict");
+    const TorchArchive& archive = *ranks->archives[r];
+    ZeroRankFlats& flats = ranks->fp32[r];
+    flats.path = archive.path();
+    const PyValue* rosd = AsMapping(Find(AsMapping(archive.root()), "optimizer_state_dict"));
+    if (!rosd) return archive.Bad("no optimizer_state_dict");
     if (const uint64_t w = PartitionCount(rosd); w != world)
-      return ranks[r].archive->Bad("was saved by " + std::to_string(w) + " data-parallel ranks, rank 0 by " +
-                                   std::to_string(world) + " (files of different checkpoints mixed?)");
-    CKPTFS_RETURN_IF_ERROR(FlatGroups(*ranks[r].archive, Find(rosd, flat_key), flat_key, &ranks[r].groups));
-    if (ranks[r].groups.size() != ranks[0].groups.size())
-      return ranks[r].archive->Bad("has " + std::to_string(ranks[r].groups.size()) + " parameter groups, rank 0 has " +
-                                   std::to_string(ranks[0].groups.size()));
+      return archive.Bad("was saved by " + std::to_string(w) + " data-parallel ranks, rank 0 by " + std::to_string(world) +
+                         " (files of different checkpoints mixed?)");
+    CKPTFS_RETURN_IF_ERROR(FlatGroups(archive, Find(rosd, flat_key), flat_key, &flats.groups));
+    if (flats.groups.size() != ranks->fp32[0].groups.size())
+      return archive.Bad("has " + std::to_string(flats.groups.size()) + " parameter groups, rank 0 has " +
+                         std::to_string(ranks->fp32[0].groups.size()));
   }
+  return Status::OK();
+}
 
-  // Model states: rank 0's carries the shapes and names (section 2).
-  std::vector<std::unique_ptr<TorchArchive>> models(stage == 3 ? world : 1);
-  if (stage == 3) {
-    for (uint64_t r = 0; r < world; ++r) {
+// The model-states files: rank 0's carries the names and shapes (doc/FORMATS.md,
+// "DeepSpeed keys"); at stage 3 every rank's carries its chunks of the frozen parameters.
+Status ZeroReader::OpenModelStates(const MpRankFiles& files, const std::string& mp_text, const OptimizerRanks& ranks,
+                                   ModelStates* model) {
+  model->archives.resize(ranks.stage == 3 ? ranks.world : 1);
+  if (ranks.stage == 3) {
+    for (uint64_t r = 0; r < ranks.world; ++r) {
       auto it = files.zero3_model.find(r);
       if (it == files.zero3_model.end())
         return Status::Corruption(Path("zero_pp_rank_" + std::to_string(r) + "_mp_rank_" + mp_text + "_model_states.pt"),
                                   "missing: stage-3 checkpoints have one model-states file per rank");
-      CKPTFS_RETURN_IF_ERROR(Open(it->second, &models[r]));
+      CKPTFS_RETURN_IF_ERROR(Open(it->second, &model->archives[r]));
     }
   } else {
     if (files.model.empty())
-      return Status::Corruption(Path(std::string("mp_rank_") + mp_text + "_model_states.pt"), "missing model-states file");
-    CKPTFS_RETURN_IF_ERROR(Open(files.model, &models[0]));
+      return Status::Corruption(Path("mp_rank_" + mp_text + "_model_states.pt"), "missing model-states file");
+    CKPTFS_RETURN_IF_ERROR(Open(files.model, &model->archives[0]));
   }
-  const TorchArchive& model = *models[0];
-  const PyValue* mroot = AsMapping(model.root());
-  if (!mroot || !Find(mroot, "buffer_names")) return model.Bad("not a DeepSpeed model-states file (no buffer_names)");
-  const PyValue* module = AsMapping(Find(mroot, "module"));
-  std::vector<std::vector<std::pair<std::string, std::vector<uint64_t>>>> shapes;
-  CKPTFS_RETURN_IF_ERROR(ParamShapes(model, Find(mroot, "param_shapes"), &shapes));
-  const std::vector<std::string> buffers = StringList(Find(mroot, "buffer_names"));
-  const PyValue* shared = AsMapping(Find(mroot, "shared_params"));
-  const PyValue* frozen_shapes = AsMapping(Find(mroot, "frozen_param_shapes"));
+  const TorchArchive& rank0 = model->rank0();
+  model->root = AsMapping(rank0.root());
+  if (!model->root || !Find(model->root, "buffer_names"))
+    return rank0.Bad("not a DeepSpeed model-states file (no buffer_names)");
+  model->module = AsMapping(Find(model->root, "module"));
+  CKPTFS_RETURN_IF_ERROR(ParamShapes(rank0, Find(model->root, "param_shapes"), &model->param_shapes));
+  model->buffers = StringList(Find(model->root, "buffer_names"));
+  model->shared = AsMapping(Find(model->root, "shared_params"));
+  model->frozen_shapes = AsMapping(Find(model->root, "frozen_param_shapes"));
+  return Status::OK();
+}
 
-  // 1. Buffers, in their stored dtype (zero_to_fp32 casts float buffers to fp32).
-  for (const std::string& name : buffers) {
+// Buffers, in their stored dtype (zero_to_fp32 casts float buffers to fp32; serving the
+// stored bytes keeps them byte ranges of the files).
+Status ZeroReader::AddBuffers(const std::string& prefix, const ModelStates& model) {
+  for (const std::string& name : model.buffers) {
     TensorEntry t;
-    CKPTFS_RETURN_IF_ERROR(Tensor(model, Find(module, name), "buffer '" + name + "' in module", &t));
+    CKPTFS_RETURN_IF_ERROR(Tensor(model.rank0(), Find(model.module, name), "buffer '" + name + "' in module", &t));
     CKPTFS_RETURN_IF_ERROR(Add(prefix, name, std::move(t)));
   }
+  return Status::OK();
+}
 
-  // 2. Frozen parameters, 16-bit as stored (section 4.4).
-  std::set<std::string> trainable;
-  for (const auto& g : shapes)
-    for (const auto& [name, shape] : g) trainable.insert(name);
-  std::set<std::string> aliases;
-  if (shared)
-    for (const auto& [k, v] : shared->entries)
-      if (k->kind == Kind::kStr) aliases.emplace(k->s);
-  if (frozen_shapes) {
-    for (const auto& [k, s] : frozen_shapes->entries) {
-      const std::string name(k->s);
-      std::vector<uint64_t> shape;
-      if (k->kind != Kind::kStr || !AsUintTuple(s, &shape)) return model.Bad("malformed frozen_param_shapes");
-      if (!ShapeFits(shape)) return model.Bad("frozen_param_shapes entry '" + name + "' has a shape whose size overflows");
-      TensorEntry t;
-      t.shape = shape;
-      const uint64_t n = Numel(shape);
-      const uint64_t per_rank = (n + world - 1) / world;
-      for (size_t r = 0; r < models.size(); ++r) {
-        TensorEntry frag;
-        CKPTFS_RETURN_IF_ERROR(Tensor(*models[r], Find(AsMapping(Find(AsMapping(models[r]->root()), "frozen_param_fragments")), name),
-                                      "frozen_param_fragments['" + name + "']", &frag));
-        t.dtype = frag.dtype;
-        if (stage == 3) {  // rank r holds elements [r*P, r*P+P) of the padded parameter
-          const uint64_t len = std::min(per_rank, n > r * per_rank ? n - r * per_rank : 0);
-          if (!StoredAsExtents(frag)) return models[r]->Bad("frozen fragment of '" + name + "' is not contiguous");
-          CKPTFS_RETURN_IF_ERROR(SliceBoxes(frag, models[r]->path(), 0, len, &t));
-        } else {
-          if (frag.numel() != n) return model.Bad("frozen parameter '" + name + "' does not match its shape");
-          t.boxes = frag.boxes;
-        }
+// Frozen parameters, 16-bit as stored (doc/FORMATS.md, "DeepSpeed frozen parameters, tied
+// weights, buffers").
+Status ZeroReader::AddFrozen(const std::string& prefix, const OptimizerRanks& ranks, const ModelStates& model) {
+  if (model.frozen_shapes) return AddFrozenFragments(prefix, ranks, model);
+  // Stage 1 and the BF16_Optimizer record no frozen parameters; the 16-bit copies in
+  // `module` are all there is. Stage 2 and 3 without frozen_param_shapes have none.
+  if (ranks.stage == 1 || ranks.bf16_optimizer()) return AddUnlistedModuleEntries(prefix, model);
+  return Status::OK();
+}
+
+// Stage 2: each frozen_param_fragments entry is the whole parameter. Stage 3: rank r's
+// holds elements [r·P, r·P + P) of the padded parameter, the first len_r of them real.
+Status ZeroReader::AddFrozenFragments(const std::string& prefix, const OptimizerRanks& ranks, const ModelStates& model) {
+  for (const auto& [k, s] : model.frozen_shapes->entries) {
+    const std::string name(k->s);
+    std::vector<uint64_t> shape;
+    if (k->kind != Kind::kStr || !AsUintTuple(s, &shape)) return model.rank0().Bad("malformed frozen_param_shapes");
+    if (!ZeroShapeFits(shape))
+      return model.rank0().Bad("frozen_param_shapes entry '" + name + "' has a shape whose size overflows");
+    TensorEntry t;
+    t.shape = shape;
+    const uint64_t n = ZeroNumel(shape);
+    for (uint64_t r = 0; r < model.archives.size(); ++r) {
+      const TorchArchive& archive = *model.archives[r];
+      TensorEntry fragment;
+      CKPTFS_RETURN_IF_ERROR(Tensor(archive, Find(AsMapping(Find(AsMapping(archive.root()), "frozen_param_fragments")), name),
+                                    "frozen_param_fragments['" + name + "']", &fragment));
+      t.dtype = fragment.dtype;
+      if (ranks.stage == 3) {
+        if (!StoredAsExtents(fragment)) return archive.Bad("frozen fragment of '" + name + "' is not contiguous");
+        CKPTFS_RETURN_IF_ERROR(
+            SliceBoxes(fragment, archive.path(), 0, ZeroRealChunkElements(n, ranks.world, r), &t));
+      } else {
+        if (fragment.numel() != n) return model.rank0().Bad("frozen parameter '" + name + "' does not match its shape");
+        t.boxes = fragment.boxes;
       }
-      CKPTFS_RETURN_IF_ERROR(Add(prefix, name, std::move(t)));
     }
-  } else if (stage == 1 || bf16_optimizer) {
-    // Stage 1 records no frozen parameters; the 16-bit copies in `module` are all there is.
-    std::set<std::string> buffer_set(buffers.begin(), buffers.end());
-    for (const auto& [k, v] : module ? module->entries : decltype(module->entries){}) {
-      if (k->kind != Kind::kStr) continue;
-      const std::string name(k->s);
-      if (trainable.count(name) || buffer_set.count(name) || aliases.count(name)) continue;
-      TensorEntry t;
-      CKPTFS_RETURN_IF_ERROR(Tensor(model, v, "module['" + name + "']", &t));
-      CKPTFS_RETURN_IF_ERROR(Add(prefix, name, std::move(t)));
-    }
+    CKPTFS_RETURN_IF_ERROR(Add(prefix, name, std::move(t)));
   }
+  return Status::OK();
+}
 
-  // 3. Trainable parameters from the fp32 partitions.
-  const size_t first_trainable = catalog_->tensors.size();
-  Layout layout{stage, world, &shapes, {}, {}};
-  if (const PyValue* pads = Find(osd, "param_alignment_paddings"); pads && pads->kind == Kind::kList)
-    for (const PyValue* g : pads->items) AsUintTuple(g, &layout.align_pads.emplace_back());
-  std::vector<std::vector<const TensorEntry*>> fp32(world);
-  std::vector<const TorchArchive*> archives(world);
-  for (uint64_t r = 0; r < world; ++r) {
-    archives[r] = ranks[r].archive.get();
-    for (const TensorEntry& g : ranks[r].groups) fp32[r].push_back(&g);
+// The `module` entries that are neither trainable parameters, nor buffers, nor tied
+// aliases: the frozen parameters of a run that does not list them.
+Status ZeroReader::AddUnlistedModuleEntries(const std::string& prefix, const ModelStates& model) {
+  if (!model.module) return Status::OK();
+  std::set<std::string> listed(model.buffers.begin(), model.buffers.end());
+  for (const auto& group : model.param_shapes)
+    for (const auto& [name, shape] : group) listed.insert(name);
+  if (model.shared)
+    for (const auto& [k, v] : model.shared->entries)
+      if (k->kind == Kind::kStr) listed.emplace(k->s);
+  for (const auto& [k, v] : model.module->entries) {
+    if (k->kind != Kind::kStr) continue;
+    const std::string name(k->s);
+    if (listed.count(name)) continue;
+    TensorEntry t;
+    CKPTFS_RETURN_IF_ERROR(Tensor(model.rank0(), v, "module['" + name + "']", &t));
+    CKPTFS_RETURN_IF_ERROR(Add(prefix, name, std::move(t)));
   }
-  CKPTFS_RETURN_IF_ERROR(CheckPartitions(layout, archives, fp32, &layout.lengths));
+  return Status::OK();
+}
+
+// Trainable parameters from the fp32 partitions. Completes `layout` (which holds the
+// parameter shapes) for the moments.
+Status ZeroReader::AddTrainable(const std::string& prefix, const OptimizerRanks& ranks, ZeroLayout* layout) {
+  layout->stage = ranks.stage;
+  layout->world = ranks.world;
+  if (const PyValue* pads = Find(ranks.rank0_state, "param_alignment_paddings"); pads && pads->kind == Kind::kList)
+    for (const PyValue* g : pads->items) AsUintTuple(g, &layout->align_pads.emplace_back());
+  CKPTFS_RETURN_IF_ERROR(CheckZeroPartitions(ranks.fp32, layout));
   std::vector<TensorEntry> params;
-  CKPTFS_RETURN_IF_ERROR(WalkTrainable(layout, archives, fp32, &params));
+  CKPTFS_RETURN_IF_ERROR(WalkZeroTrainable(*layout, ranks.fp32, &params));
   for (TensorEntry& t : params) {
     std::string name = t.key;
     CKPTFS_RETURN_IF_ERROR(Add(prefix, name, std::move(t)));
   }
+  return Status::OK();
+}
 
-  // 4. Tied aliases read the owner's bytes (section 4.5).
-  if (shared) {
-    for (const auto& [k, v] : shared->entries) {
-      if (k->kind != Kind::kStr || v->kind != Kind::kStr) continue;
-      // The owner's key is built outside the lambda: clang before 16 cannot capture a
-      // structured binding (the fuzz build uses Debian's clang 14).
-      const std::string owner_key = prefix + std::string(v->s);
-      auto owner = std::find_if(catalog_->tensors.begin() + first_trainable, catalog_->tensors.end(),
-                                [&](const TensorEntry& t) { return t.key == owner_key; });
-      if (owner == catalog_->tensors.end()) continue;
-      owner->storage_id = "zero:" + owner->key;
-      TensorEntry alias = *owner;
-      CKPTFS_RETURN_IF_ERROR(Add(prefix, std::string(k->s), std::move(alias)));
+// Tied aliases read their owner's bytes; both get one storage id so consumers see them
+// tied. Owners are trainable parameters (catalog entries from `first_trainable` on).
+Status ZeroReader::AddTiedAliases(const std::string& prefix, const ModelStates& model, size_t first_trainable) {
+  if (!model.shared) return Status::OK();
+  for (const auto& [k, v] : model.shared->entries) {
+    if (k->kind != Kind::kStr || v->kind != Kind::kStr) continue;
+    // The owner's key is built outside the lambda: clang before 16 cannot capture a
+    // structured binding (the fuzz build uses Debian's clang 14).
+    const std::string owner_key = prefix + std::string(v->s);
+    auto owner = std::find_if(catalog_->tensors.begin() + first_trainable, catalog_->tensors.end(),
+                              [&](const TensorEntry& t) { return t.key == owner_key; });
+    if (owner == catalog_->tensors.end()) continue;
+    owner->storage_id = "zero:" + owner->key;
+    TensorEntry alias = *owner;
+    CKPTFS_RETURN_IF_ERROR(Add(prefix, std::string(k->s), std::move(alias)));
+  }
+  return Status::OK();
+}
+
+// The Adam moments of every trainable parameter, laid out exactly like the fp32 partitions
+// (doc/FORMATS.md, "DeepSpeed Adam moments"), under "exp_avg." and "exp_avg_sq.".
+Status ZeroReader::AddMoments(const std::string& prefix, const OptimizerRanks& ranks, const ZeroLayout& layout) {
+  for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
+    std::vector<ZeroRankFlats> flats(ranks.world);
+    for (uint64_t r = 0; r < ranks.world; ++r) {
+      flats[r].path = ranks.fp32[r].path;
+      CKPTFS_RETURN_IF_ERROR(
+          MomentTensors(*ranks.archives[r], ranks.stage, ranks.fp32[r].groups.size(), moment, &flats[r].groups));
+    }
+    std::vector<TensorEntry> moments;
+    CKPTFS_RETURN_IF_ERROR(WalkZeroTrainable(layout, flats, &moments));
+    for (TensorEntry& t : moments) {
+      std::string name = std::string(moment) + "." + t.key;
+      CKPTFS_RETURN_IF_ERROR(Add(prefix, name, std::move(t)));
     }
   }
+  return Status::OK();
+}
 
-  // 5. On request, the Adam moments of every trainable parameter, laid out exactly like the
-  // fp32 partitions (section 4.7), under "exp_avg." and "exp_avg_sq.".
-  if (options_.zero_moments) {
-    for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
-      std::vector<std::vector<TensorEntry>> owned(world);
-      std::vector<std::vector<const TensorEntry*>> flats(world);
-      for (uint64_t r = 0; r < world; ++r) {
-        CKPTFS_RETURN_IF_ERROR(MomentTensors(*archives[r], stage, ranks[r].groups.size(), moment, &owned[r]));
-        for (const TensorEntry& t : owned[r]) flats[r].push_back(&t);
-      }
-      std::vector<TensorEntry> moments;
-      CKPTFS_RETURN_IF_ERROR(WalkTrainable(layout, archives, flats, &moments));
-      for (TensorEntry& t : moments) {
-        std::string name = std::string(moment) + "." + t.key;
-        CKPTFS_RETURN_IF_ERROR(Add(prefix, name, std::move(t)));
-      }
-    }
-  }
-
+// metadata["deepspeed"]: the run as DeepSpeed describes it, and the dtypes served.
+void ZeroReader::DescribeRun(const OptimizerRanks& ranks, const ModelStates& model) {
   json& info = catalog_->metadata["deepspeed"];
   info["tag"] = tag_;
-  info["stage"] = bf16_optimizer ? 1 : stage;
-  info["optimizer"] = bf16_optimizer ? "BF16_Optimizer" : (stage == 3 ? "DeepSpeedZeroOptimizer_Stage3" : "DeepSpeedZeroOptimizer");
-  info["world_size"] = world;
-  if (const PyValue* v = Find(mroot, "ds_version"); v && v->kind == Kind::kStr) info["ds_version"] = std::string(v->s);
-  if (uint64_t steps; AsUint(Find(mroot, "global_steps"), &steps)) info["global_steps"] = steps;
+  info["stage"] = ranks.bf16_optimizer() ? 1 : ranks.stage;
+  info["optimizer"] = ranks.bf16_optimizer() ? "BF16_Optimizer"
+                      : ranks.stage == 3     ? "DeepSpeedZeroOptimizer_Stage3"
+                                             : "DeepSpeedZeroOptimizer";
+  info["world_size"] = ranks.world;
+  if (const PyValue* v = Find(model.root, "ds_version"); v && v->kind == Kind::kStr) info["ds_version"] = std::string(v->s);
+  if (uint64_t steps; AsUint(Find(model.root, "global_steps"), &steps)) info["global_steps"] = steps;
   json dtypes = json::object();
   for (const TensorEntry& t : catalog_->tensors) dtypes[std::string(Info(t.dtype).torch_name)] = true;
   info["dtypes"] = json::array();
   for (auto& [name, _] : dtypes.items()) info["dtypes"].push_back(name);
-  return Status::OK();
 }
 
-// Pipeline per-layer files (section 1.3): each holds one layer's 16-bit state_dict; keys
-// get the global layer index in front, as DeepSpeed names them in param_shapes.
+// Pipeline per-layer files (doc/FORMATS.md, "DeepSpeed pipeline layer files"): each holds
+// one layer's 16-bit state_dict; keys get the global layer index in front, as DeepSpeed
+// names them in param_shapes.
 Status ZeroReader::ReadLayers(const std::vector<LayerFile>& layers) {
   const bool several_model_ranks = !layers.empty() && layers.front().model_rank != layers.back().model_rank;
   for (const LayerFile& lf : layers) {
