@@ -14,6 +14,9 @@ from safetensors.torch import load_file
 import ckptfs
 from ckptfs_testlib import assert_bitwise_equal
 
+# The whole suite drives libckptfs.so through the ckptfs package.
+pytestmark = pytest.mark.loads_libckptfs
+
 SOURCES = ("pt", "safetensors", "sharded", "zero2", "zero3")
 DTYPES = (None, "bf16", "fp16", "fp32")
 TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -46,6 +46,7 @@ struct Fakes {
   int (*set_device)(int) = nullptr;
   int (*get_device)(int*) = nullptr;
   int (*create_stream)(void**, unsigned) = nullptr;
+  int (*destroy_stream)(void*) = nullptr;
   void (*cufile_reset)(int, int) = nullptr;
   int (*cufile_opens)() = nullptr;
   int (*cufile_reads)() = nullptr;
@@ -72,6 +73,7 @@ struct Fakes {
     Get(cudart, "cudaSetDevice", &set_device);
     Get(cudart, "cudaGetDevice", &get_device);
     Get(cudart, "cudaStreamCreateWithFlags", &create_stream);
+    Get(cudart, "cudaStreamDestroy", &destroy_stream);
     Get(cufile, "fake_cufile_reset", &cufile_reset);
     Get(cufile, "fake_cufile_opens", &cufile_opens);
     Get(cufile, "fake_cufile_reads", &cufile_reads);
@@ -248,6 +250,7 @@ BOOST_FIXTURE_TEST_CASE(load_waits_for_the_callers_stream, FreshFakes) {
   }
   BOOST_TEST(!event.empty());
   BOOST_TEST(copies == 2u);
+  BOOST_TEST(f.destroy_stream(caller_stream) == 0);
 }
 
 BOOST_FIXTURE_TEST_CASE(cufile_reads_into_the_registered_base_at_an_offset, FreshFakes) {

@@ -16,6 +16,9 @@ import pytest
 from ckptfs_testlib import REPO_ROOT
 from fusetools import daemon_pids, mount_entry
 
+# Every test here reads the option table through libckptfs.so (the `table` fixture).
+pytestmark = pytest.mark.loads_libckptfs
+
 SAMPLE = REPO_ROOT / "tests" / "data" / "sample-mlp-training.pt"
 
 # (valid, invalid) value of every value option. An option the table has and this test does
