@@ -67,7 +67,13 @@ class Bounded:
 def run_bounded(argv, timeout: float, **kwargs) -> Bounded:
     """subprocess.run with a timeout that cannot itself hang: after the deadline the process
     is killed and waited for at most 5 more seconds (a process stuck in the kernel on a dead
-    FUSE mount may not die at once; we then leave it behind rather than block)."""
+    FUSE mount may not die at once; we then leave it behind rather than block).
+    A preloaded library (scripts/test-sanitized.sh preloads the ASan runtime into Python for
+    tests that load libckptfs.so) is not passed on: the commands run here (ckptfs, which
+    links its own sanitizer runtime, pgrep, fusermount3) do not need it, and pgrep
+    deadlocked under it."""
+    if "env" not in kwargs and "LD_PRELOAD" in os.environ:
+        kwargs["env"] = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     proc = subprocess.Popen(
         [str(a) for a in argv],
         stdin=subprocess.DEVNULL,
