@@ -97,7 +97,7 @@ def test_ls_json_matches_dcp_to_torch_save(name, dcp_case, ls_json):
     for key, (path, tensor) in case.tensors_with_paths.items():
         entry = entries[key]
         # The path keeps what the key's dots hide: `model` then the module fqn `0.weight`, and
-        # int dict keys as numbers.
+        # list positions as numbers.
         assert entry["path"] == path, f"{key}: path {entry['path']} != {path}"
         assert entry["dtype"] == SERVED_DTYPE[tensor.dtype], f"{key}: dtype {entry['dtype']} != {tensor.dtype}"
         assert entry["shape"] == list(tensor.shape), f"{key}: shape {entry['shape']} != {list(tensor.shape)}"
@@ -149,5 +149,8 @@ def test_plain_case_covers_what_it_claims(dcp_case):
     kinds = {type(v) for v in case.non_tensor_values.values()}
     assert {int, float, str, list} <= kinds, kinds
     assert case.non_tensor_values[("optim", "param_groups", 1, "lr")] == 2.5e-4
-    # int dict keys survive dcp_to_torch_save (DCP keeps the original path in planner_data).
-    assert ("optim", "state", 0, "exp_avg") in {tuple(p) for p, _ in case.tensors_with_paths.values()}
+    # DCP's planner_data keeps each fqn's path: dict keys as strings (DCP saves the int keys
+    # of optim.state as "0", "1") and list positions as ints, which `path` of ls --json must
+    # reproduce.
+    paths = {tuple(p) for p, _ in case.tensors_with_paths.values()}
+    assert ("optim", "state", "0", "exp_avg") in paths and ("buffers", 1) in paths, sorted(paths)
