@@ -18,11 +18,16 @@ def input_ids(vocab_size: int) -> torch.Tensor:
 
 
 def reference_model(case, dtype: torch.dtype):
+    """The model of dcp_to_torch_save's state dict, its weights cast to DTYPE. Built in DTYPE
+    rather than cast with .to(DTYPE) afterwards: .to() would also cast the rotary embedding's
+    inv_freq buffer, which transformers keeps in fp32 when it builds a bf16 model (as
+    from_pretrained does), and the logits would differ for a reason that is not ckptfs's."""
     config = AutoConfig.from_pretrained(case.config_dir)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION, dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(case.reference["model"], strict=True)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION, dtype=dtype)
+    weights = {key: tensor.to(dtype) for key, tensor in case.reference["model"].items()}
+    missing, unexpected = model.load_state_dict(weights, strict=True)
     assert not missing and not unexpected
-    return model.to(dtype).eval()
+    return model.eval()
 
 
 def model_folder(mnt, case, tmp_path):
