@@ -24,10 +24,12 @@ so FSDP2's dim-0 shards are uneven and some ranks hold empty ones.
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for ckptfs_ranks
+from ckptfs_ranks import run_ranks_per_world_size  # noqa: E402
 
 # case name -> world size
 CASES = {
@@ -296,14 +298,7 @@ CASE_FUNCTIONS = {
 assert set(CASE_FUNCTIONS) == set(CASES)
 
 
-def _rank_main(rank: int, world_size: int, port: int, names: list[str], out: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-    )
+def _rank_main(rank: int, world_size: int, names: list[str], out: str) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -314,12 +309,6 @@ def _rank_main(rank: int, world_size: int, port: int, names: list[str], out: str
         if rank == 0:
             print(f"  {name}: saved in {time.monotonic() - started:.1f}s", flush=True)
     dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _preimport() -> None:
@@ -335,20 +324,11 @@ def _preimport() -> None:
 
 
 def save_cases(out: Path, names: list[str]) -> None:
-    import torch.multiprocessing as mp
-
     _preimport()
-    for world_size in sorted({CASES[n] for n in names}):
-        group = [n for n in names if CASES[n] == world_size]
-        started = time.monotonic()
-        mp.start_processes(
-            _rank_main,
-            args=(world_size, _free_port(), group, str(out)),
-            nprocs=world_size,
-            start_method="fork",
-            join=True,
-        )
-        print(f"world size {world_size}: {len(group)} cases in {time.monotonic() - started:.1f}s", flush=True)
+    names_by_world_size = {}
+    for name in names:
+        names_by_world_size.setdefault(CASES[name], []).append(name)
+    run_ranks_per_world_size(_rank_main, names_by_world_size, out)
 
 
 def write_reference(out: Path, name: str) -> None:
