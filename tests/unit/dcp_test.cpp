@@ -67,14 +67,20 @@ Status OpenWithMetadata(const std::string& variant, std::shared_ptr<const Catalo
   return source->OpenCatalog("/ck", out);
 }
 
+// The catalog of tests/data/`name` served from memory; the test stops if it fails to open.
+std::shared_ptr<const Catalog> OpenSample(MemorySource* source, const std::string& name) {
+  CopyFolder(source, name, "/ck");
+  std::shared_ptr<const Catalog> c;
+  Status s = source->OpenCatalog("/ck", &c);
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  return c;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(world_size_one_save) {
   MemorySource source;
-  CopyFolder(&source, "dcp-sample", "/ck");
-  std::shared_ptr<const Catalog> c;
-  Status s = source.OpenCatalog("/ck", &c);
-  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  std::shared_ptr<const Catalog> c = OpenSample(&source, "dcp-sample");
   BOOST_TEST(c->format == "dcp");
   BOOST_REQUIRE_EQUAL(c->tensors.size(), 4u);
   BOOST_TEST(c->tensors[0].key == "model.layers.0.weight");
@@ -117,10 +123,7 @@ BOOST_AUTO_TEST_CASE(world_size_one_save) {
 
 BOOST_AUTO_TEST_CASE(sharded_chunks) {
   MemorySource source;
-  CopyFolder(&source, "dcp-sharded", "/ck");
-  std::shared_ptr<const Catalog> c;
-  Status s = source.OpenCatalog("/ck", &c);
-  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  std::shared_ptr<const Catalog> c = OpenSample(&source, "dcp-sharded");
   BOOST_TEST(c->metadata["dcp"]["ranks"] == 2);
 
   // Chunks tiling dim 0 are byte ranges of the two rank files, in order.
