@@ -69,7 +69,7 @@ def torch_save_bytes(tensor: torch.Tensor) -> bytes:
     return buf.getvalue()
 
 
-def write_sharded(out: Path) -> None:
+def write_sharded(out: Path, variants: Path) -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     rows = torch.arange(8 * 3, dtype=torch.float32).reshape(8, 3)
@@ -98,16 +98,47 @@ def write_sharded(out: Path) -> None:
         state_dict_metadata[fqn] = TensorStorageMetadata(props, full.size(), metas)
     for rank, data in files.items():
         (out / f"__{rank}_0.distcp").write_bytes(bytes(data))
-    metadata = Metadata(
-        state_dict_metadata=state_dict_metadata,
-        planner_data={fqn: (fqn,) for fqn in plan},
-        storage_data=storage_data,
-        version="1.0.0",
-    )
-    with open(out / ".metadata", "wb") as f:
-        pickle.dump(metadata, f)
+
+    def dump(path: Path, sdm: dict, sd: dict) -> None:
+        metadata = Metadata(
+            state_dict_metadata=sdm,
+            planner_data={fqn: (fqn,) for fqn in sdm},
+            storage_data=sd,
+            version="1.0.0",
+        )
+        with open(path, "wb") as f:
+            pickle.dump(metadata, f)
+
+    dump(out / ".metadata", state_dict_metadata, storage_data)
+
+    # Broken .metadata files for the sharded folder, each with one fault the reader must
+    # name (the unit tests put them in place of .metadata).
+    shutil.rmtree(variants, ignore_errors=True)
+    variants.mkdir(parents=True)
+    rows_index = MetadataIndex("rows", (5, 0))
+    rows_info = storage_data[rows_index]
+
+    def with_rows_storage(info: _StorageInfo) -> dict:
+        return {**storage_data, rows_index: info}
+
+    dump(variants / "transformed.metadata", state_dict_metadata,
+         with_rows_storage(_StorageInfo(rows_info.relative_path, rows_info.offset, rows_info.length, ["zstd"])))
+    dump(variants / "escaping.metadata", state_dict_metadata,
+         with_rows_storage(_StorageInfo("../__1_0.distcp", rows_info.offset, rows_info.length)))
+    dump(variants / "outside.metadata", state_dict_metadata,
+         with_rows_storage(_StorageInfo(rows_info.relative_path, rows_info.offset, 1 << 20)))
+    dump(variants / "no-storage.metadata", state_dict_metadata,
+         {k: v for k, v in storage_data.items() if k != rows_index})
+    wrong_dtype = dict(state_dict_metadata)
+    wrong_dtype["rows"] = TensorStorageMetadata(
+        TensorProperties(dtype=torch.float64), rows.size(), state_dict_metadata["rows"].chunks)
+    dump(variants / "wrong-dtype.metadata", wrong_dtype, storage_data)
+    hole = dict(state_dict_metadata)
+    hole["cols"] = TensorStorageMetadata(
+        state_dict_metadata["cols"].properties, cols.size(), state_dict_metadata["cols"].chunks[:1])
+    dump(variants / "hole.metadata", hole, storage_data)
 
 
 if __name__ == "__main__":
     write_sample(HERE / "dcp-sample")
-    write_sharded(HERE / "dcp-sharded")
+    write_sharded(HERE / "dcp-sharded", HERE / "dcp-variants")
