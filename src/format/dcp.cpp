@@ -263,6 +263,9 @@ Status DcpReader::AddTensor(const DcpItem& item) {
       entry.boxes.push_back(std::move(placed));
     }
   }
+  // Where the chunks lie comes from .metadata: a gap or an overlap between them is its
+  // fault, so the refusal names it (OpenCatalog's own check would name the folder).
+  if (!single) CKPTFS_RETURN_IF_ERROR(ValidateLayout(entry, *catalog_->files, metadata_path_));
   if (catalog_->tensors.size() >= limits_.tensors)
     return Status::Refused(metadata_path_, "more than " + std::to_string(limits_.tensors) + " tensors" +
                                                LimitHint("max_tensors"));
