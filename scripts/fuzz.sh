@@ -16,7 +16,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build="$root/build-fuzz"
 fuzzdir="$root/tests/fuzz"
-all_targets=(zip pickle torch safetensors zero view)
+all_targets=(zip pickle torch safetensors zero view dcp)
 
 seconds=10
 do_build=1

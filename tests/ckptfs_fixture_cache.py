@@ -29,9 +29,11 @@ from pathlib import Path
 TESTS_DIR = Path(__file__).resolve().parent
 ZERO_CHECKPOINTS = TESTS_DIR / "zero" / "make_zero_checkpoints.py"
 PARALLEL_CHECKPOINTS = TESTS_DIR / "zero" / "make_parallel_checkpoints.py"
+DCP_CHECKPOINTS = TESTS_DIR / "dcp" / "make_dcp_checkpoints.py"
 # Both run DeepSpeed on the CPU: about 45 s and 10 s on two cores.
 GENERATE_TIMEOUT_S = 300
-# The packages whose versions change what the generators write.
+# The packages whose versions change what the generators write (by default; a generator that
+# depends on others names them).
 KEYED_PACKAGES = ("torch", "deepspeed")
 
 
@@ -43,20 +45,20 @@ def cache_root() -> Path:
     return Path(os.environ.get("CKPTFS_CACHE") or Path.home() / ".cache" / "ckptfs") / "fixtures"
 
 
-def entry_name(generator: Path) -> str:
+def entry_name(generator: Path, packages=KEYED_PACKAGES) -> str:
     """<generator name>-<16 hex digits of the key>."""
     key = hashlib.sha256(Path(generator).read_bytes())
-    for package in KEYED_PACKAGES:
+    for package in packages:
         key.update(f"\0{package}=={importlib.metadata.version(package)}".encode())
     return f"{Path(generator).stem}-{key.hexdigest()[:16]}"
 
 
-def cached_fixtures(generator: Path, timeout_s: float = GENERATE_TIMEOUT_S) -> Path:
-    """The folder `python GENERATOR OUT` filled, from the cache; generated first if absent.
-    Raises FixtureGenerationError (naming the generator's log) if it fails or runs past
-    TIMEOUT_S."""
+def cached_fixtures(generator: Path, timeout_s: float = GENERATE_TIMEOUT_S, packages=KEYED_PACKAGES) -> Path:
+    """The folder `python GENERATOR OUT` filled, from the cache; generated first if absent,
+    keyed by GENERATOR's content and the versions of PACKAGES. Raises FixtureGenerationError
+    (naming the generator's log) if it fails or runs past TIMEOUT_S."""
     root = cache_root()
-    name = entry_name(generator)
+    name = entry_name(generator, packages)
     entry = root / name
     if entry.is_dir():
         return entry

@@ -126,10 +126,11 @@ def ls_json(run_ckptfs):
     return ls
 
 
-def cached_fixtures_or_fail(generator: Path) -> Path:
-    """ckptfs_fixture_cache.cached_fixtures(GENERATOR); a generator failure fails the test."""
+def cached_fixtures_or_fail(generator: Path, **kwargs) -> Path:
+    """ckptfs_fixture_cache.cached_fixtures(GENERATOR, **KWARGS); a generator failure fails
+    the test."""
     try:
-        return cached_fixtures(generator)
+        return cached_fixtures(generator, **kwargs)
     except FixtureGenerationError as error:
         pytest.fail(f"could not generate test fixtures: {error}", pytrace=False)
 

@@ -40,6 +40,16 @@ bool IsDeepSpeedFolder(Env& env, const std::string& dir);
 // several) or pipeline per-layer files.
 Status ReadDeepSpeedCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);
 
+// True when `dir` holds a torch.distributed.checkpoint `.metadata` file, or is a parent
+// whose step folders (step-N/, iter_NNNNNNN/, ...) hold one.
+bool IsDcpFolder(Env& env, const std::string& dir);
+
+// A torch.distributed.checkpoint folder, or the latest step folder of a parent (the one
+// latest_checkpointed_iteration.txt names, else the highest step number), reached through
+// the Env of catalog->files. Tensor chunks become boxes of the full tensors; non-tensor
+// entries are decoded into the catalog's metadata; metadata["dcp"] says what was served.
+Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);
+
 }  // namespace ckptfs
 
 #endif  // CKPTFS_FORMAT_READERS_HPP_

@@ -28,8 +28,12 @@ Status OpenCatalog(const std::string& source, const SourceOptions& options, std:
   CKPTFS_RETURN_IF_ERROR(env.Stat(source, &type));
   if (type == PathType::kMissing) return Status::FromErrno(source, "cannot access", ENOENT);
   if (type == PathType::kFolder) {
-    CKPTFS_RETURN_IF_ERROR(IsDeepSpeedFolder(env, source) ? ReadDeepSpeedCheckpoint(source, options, catalog.get())
-                                                          : ReadCheckpointFolder(source, catalog.get(), options.limits));
+    if (IsDeepSpeedFolder(env, source))
+      CKPTFS_RETURN_IF_ERROR(ReadDeepSpeedCheckpoint(source, options, catalog.get()));
+    else if (IsDcpFolder(env, source))
+      CKPTFS_RETURN_IF_ERROR(ReadDcpCheckpoint(source, options, catalog.get()));
+    else
+      CKPTFS_RETURN_IF_ERROR(ReadCheckpointFolder(source, catalog.get(), options.limits));
   } else if (type == PathType::kFile) {
     std::string head;
     CKPTFS_RETURN_IF_ERROR(Sniff(source, catalog->files.get(), &head));

@@ -27,11 +27,13 @@ param group is split into several flat fp32 sub-groups.
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for ckptfs_ranks
+from ckptfs_ranks import run_ranks_per_world_size  # noqa: E402
 
 TRAIN_STEPS = 2
 TAG = f"global_step{TRAIN_STEPS}"  # DeepSpeed's default tag: global_step<engine.global_steps>
@@ -294,16 +296,8 @@ def _patch_deepspeed_for_cpu() -> None:
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
 
 
-def _rank_main(rank: int, world_size: int, port: int, fixture_names: list[str], out: str) -> None:
+def _rank_main(rank: int, world_size: int, fixture_names: list[str], out: str) -> None:
     """One rank: train and save every fixture of this world size."""
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_SIZE=str(world_size),
-    )
     import torch
 
     _patch_deepspeed_for_cpu()
@@ -349,29 +343,14 @@ def _rank_main(rank: int, world_size: int, port: int, fixture_names: list[str], 
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def save_checkpoints(out: Path, fixtures: list[Fixture]) -> None:
     """Train and save FIXTURES under OUT, one forked process group per world size."""
     _set_up_environment()
-    import torch.multiprocessing as mp
-
     _preimport()
-    for world_size in sorted({f.world_size for f in fixtures}):
-        names = [f.name for f in fixtures if f.world_size == world_size]
-        started = time.monotonic()
-        mp.start_processes(
-            _rank_main,
-            args=(world_size, _free_port(), names, str(out)),
-            nprocs=world_size,
-            start_method="fork",
-            join=True,
-        )
-        print(f"world size {world_size}: {len(names)} checkpoints in {time.monotonic() - started:.1f}s", flush=True)
+    names_by_world_size = {}
+    for f in fixtures:
+        names_by_world_size.setdefault(f.world_size, []).append(f.name)
+    run_ranks_per_world_size(_rank_main, names_by_world_size, out)
 
 
 def write_zero_to_fp32_reference(fixture_dir: Path) -> None:

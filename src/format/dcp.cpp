@@ -1,0 +1,361 @@
+// Reader for torch.distributed.checkpoint (DCP) folders: `.metadata` says which tensors
+// exist and which byte slices of the `__<rank>_<n>.distcp` files hold their chunks; each
+// slice is a small torch.save archive read in place (a FileWindow), and each chunk's
+// storage becomes a box of the full tensor. Non-tensor entries are torch.save'd objects,
+// decoded into metadata.json without running them.
+// Layout facts: doc/FORMATS.md, "DCP layout" and "DCP reader".
+#include <algorithm>
+#include <cerrno>
+#include <optional>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "format/dcp_metadata.hpp"
+#include "format/limit_hint.hpp"
+#include "format/readers.hpp"
+#include "format/torch_archive.hpp"
+#include "io/checked_math.hpp"
+
+namespace ckptfs {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kMetadataName = ".metadata";
+constexpr const char* kMegatronTracker = "latest_checkpointed_iteration.txt";
+
+bool HasMetadata(Env& env, const std::string& dir) {
+  PathType type;
+  return env.Stat(JoinPath(dir, kMetadataName), &type).ok() && type == PathType::kFile;
+}
+
+// The step number a folder name carries: its last run of digits ("step-200" -> 200,
+// "iter_0000200" -> 200); nullopt when it has none.
+std::optional<uint64_t> StepNumber(std::string_view name) {
+  size_t end = name.find_last_of("0123456789");
+  if (end == std::string_view::npos) return std::nullopt;
+  size_t begin = end;
+  while (begin > 0 && name[begin - 1] >= '0' && name[begin - 1] <= '9') --begin;
+  std::string_view digits = name.substr(begin, end + 1 - begin);
+  while (digits.size() > 1 && digits.front() == '0') digits.remove_prefix(1);
+  if (digits.size() > 18) return std::nullopt;
+  return std::stoull(std::string(digits));
+}
+
+std::string Trim(std::string s) {
+  const char* ws = " \t\r\n";
+  s.erase(s.find_last_not_of(ws) + 1);
+  s.erase(0, s.find_first_not_of(ws));
+  return s;
+}
+
+// The folder whose .metadata is served: `dir` itself, or its latest step folder.
+// `step` is the step folder's name ("" when `dir` is the checkpoint).
+Status ResolveStepFolder(Env& env, const std::string& dir, std::string* step) {
+  step->clear();
+  if (HasMetadata(env, dir)) return Status::OK();
+  std::vector<FolderEntry> entries;
+  CKPTFS_RETURN_IF_ERROR(env.ListFolder(dir, &entries));
+  std::vector<std::string> candidates;
+  for (const FolderEntry& e : entries)
+    if (e.type == PathType::kFolder && HasMetadata(env, JoinPath(dir, e.name))) candidates.push_back(e.name);
+  if (candidates.empty()) return Status::NotFound(dir, "no .metadata file in the folder or its step folders");
+
+  const std::string tracker = JoinPath(dir, kMegatronTracker);
+  PathType type;
+  CKPTFS_RETURN_IF_ERROR(env.Stat(tracker, &type));
+  if (type == PathType::kFile) {
+    // Megatron names the latest iteration (or "release") in this file.
+    std::string text;
+    CKPTFS_RETURN_IF_ERROR(env.ReadSmallFile(tracker, 4096, &text, "the iteration file"));
+    text = Trim(text);
+    const std::optional<uint64_t> wanted =
+        !text.empty() && text.find_first_not_of("0123456789") == std::string::npos ? StepNumber(text) : std::nullopt;
+    for (const std::string& c : candidates)
+      if (c == text || (wanted && StepNumber(c) == wanted)) {
+        *step = c;
+        return Status::OK();
+      }
+    return Status::NotFound(tracker, "names iteration '" + text + "' but no step folder with a .metadata matches it");
+  }
+  std::optional<uint64_t> best;
+  for (const std::string& c : candidates) {
+    std::optional<uint64_t> n = StepNumber(c);
+    if (n && (!best || *n >= *best)) {
+      best = n;
+      *step = c;
+    }
+  }
+  if (best) return Status::OK();
+  if (candidates.size() == 1) {
+    *step = candidates.front();
+    return Status::OK();
+  }
+  return Status::InvalidArgument(dir, "several step folders hold a .metadata and none is numbered; "
+                                      "give the one to serve");
+}
+
+// The same error with the entry it concerns named after it.
+Status Concerning(const Status& s, const std::string& fqn) {
+  const std::string what = "while reading '" + fqn + "'";
+  switch (s.code()) {
+    case Status::Code::kNotFound: return Status::NotFound(s.message(), what);
+    case Status::Code::kCorruption: return Status::Corruption(s.message(), what);
+    case Status::Code::kNotSupported: return Status::NotSupported(s.message(), what);
+    case Status::Code::kInvalidArgument: return Status::InvalidArgument(s.message(), what);
+    case Status::Code::kIOError: return Status::FromErrno(s.message(), what, s.sys_errno());
+    case Status::Code::kSourceChanged: return Status::SourceChanged(s.message(), what);
+    case Status::Code::kRefused: return Status::Refused(s.message(), what);
+    case Status::Code::kOk: break;
+  }
+  return s;
+}
+
+class DcpReader {
+ public:
+  DcpReader(std::string folder, const SourceOptions& options, Catalog* catalog)
+      : folder_(std::move(folder)), limits_(options.limits), catalog_(catalog) {}
+
+  Status Read(json* info);
+
+ private:
+  Status Window(const DcpItem& item, const DcpSlice& slice, FileWindow* window);
+  Status AddTensor(const DcpItem& item);
+  Status AddObject(const DcpItem& item);
+  Status PlaceObject(const DcpItem& item, json value);
+  Status AddSiblings();
+
+  std::string folder_;
+  std::string metadata_path_;
+  ReadLimits limits_;
+  Catalog* catalog_;
+  // Data files by relative path: opened once, whatever the number of chunks.
+  std::unordered_map<std::string, uint32_t> data_files_;
+  json objects_ = json::object();
+};
+
+Status DcpReader::Read(json* info) {
+  metadata_path_ = JoinPath(folder_, kMetadataName);
+  Env& env = catalog_->files->env();
+  std::string bytes;
+  CKPTFS_RETURN_IF_ERROR(env.ReadSmallFile(metadata_path_, limits_.pickle_bytes, &bytes, "the .metadata pickle",
+                                           LimitHint("max_pickle")));
+  DcpMetadata meta;
+  CKPTFS_RETURN_IF_ERROR(ParseDcpMetadata(bytes, metadata_path_, &meta, limits_));
+  bytes.clear();
+  bytes.shrink_to_fit();
+
+  uint64_t tensors = 0, objects = 0;
+  for (const DcpItem& item : meta.items) {
+    if (item.is_tensor) {
+      CKPTFS_RETURN_IF_ERROR(AddTensor(item));
+      ++tensors;
+    } else {
+      CKPTFS_RETURN_IF_ERROR(AddObject(item));
+      ++objects;
+    }
+  }
+  // Two entries whose keys collide (a tensor inside an object named like another) cannot
+  // both be served.
+  std::unordered_set<std::string_view> keys;
+  keys.reserve(catalog_->tensors.size());
+  for (const TensorEntry& t : catalog_->tensors)
+    if (!keys.insert(t.key).second)
+      return Status::NotSupported(metadata_path_, "two tensors have the same key '" + t.key + "'");
+
+  std::set<std::string> ranks;
+  for (const auto& [name, index] : data_files_) {
+    // __<rank>_<n>.distcp
+    if (name.size() > 2 && name.compare(0, 2, "__") == 0) {
+      size_t end = name.find('_', 2);
+      if (end != std::string::npos) ranks.insert(name.substr(2, end - 2));
+    }
+  }
+  (*info)["version"] = meta.version;
+  (*info)["data_files"] = data_files_.size();
+  (*info)["ranks"] = ranks.size();
+  (*info)["tensors"] = tensors;
+  (*info)["objects"] = objects;
+  if (!meta.storage_meta.is_null()) (*info)["storage_meta"] = meta.storage_meta;
+  catalog_->metadata = std::move(objects_);
+  return AddSiblings();
+}
+
+// The window of `slice`, its file opened once, checked to lie inside that file.
+Status DcpReader::Window(const DcpItem& item, const DcpSlice& slice, FileWindow* window) {
+  auto it = data_files_.find(slice.relative_path);
+  if (it == data_files_.end()) {
+    const std::string path = JoinPath(folder_, slice.relative_path);
+    PathType type;
+    CKPTFS_RETURN_IF_ERROR(catalog_->files->env().Stat(path, &type));
+    if (type != PathType::kFile)
+      return Status::NotFound(path, "data file of '" + item.fqn + "' (named by " + metadata_path_ + ") is missing");
+    uint32_t index;
+    CKPTFS_RETURN_IF_ERROR(catalog_->files->Add(path, &index));
+    it = data_files_.emplace(slice.relative_path, index).first;
+  }
+  const uint64_t size = catalog_->files->size(it->second);
+  uint64_t end;
+  if (!CheckedAdd(slice.offset, slice.length, &end) || end > size)
+    return Status::Corruption(catalog_->files->path(it->second),
+                              "'" + item.fqn + "': slice [" + std::to_string(slice.offset) + ", " +
+                                  std::to_string(slice.offset) + "+" + std::to_string(slice.length) +
+                                  ") lies outside the file (" + std::to_string(size) + " bytes)");
+  *window = FileWindow{it->second, slice.offset, slice.length};
+  return Status::OK();
+}
+
+Status DcpReader::AddTensor(const DcpItem& item) {
+  TensorEntry entry;
+  entry.key = item.fqn;
+  entry.path = item.path;
+  entry.dtype = item.dtype;
+  entry.shape = item.shape;
+  // Replicated chunks (one per rank holding a copy) share their offsets: serve one.
+  std::vector<const DcpChunk*> distinct;
+  {
+    std::set<std::vector<uint64_t>> seen;
+    for (const DcpChunk& chunk : item.chunks)
+      if (seen.insert(chunk.offsets).second) distinct.push_back(&chunk);
+  }
+  // The whole tensor in one archive (every world-size-1 save): its boxes are the tensor's
+  // as they are, whether a byte range or a strided view.
+  const bool single = distinct.size() == 1 && distinct.front()->sizes == item.shape;
+  for (const DcpChunk* chunk : distinct) {
+    FileWindow window;
+    CKPTFS_RETURN_IF_ERROR(Window(item, chunk->slice, &window));
+    TorchArchive archive;
+    Status s = archive.Open(*catalog_->files, window, limits_);
+    if (!s.ok()) return Concerning(s, item.fqn);
+    TensorEntry piece;
+    bool is_tensor = false;
+    s = archive.AsTensor(archive.root(), &piece, &is_tensor);
+    if (!s.ok()) return Concerning(s, item.fqn);
+    if (!is_tensor) return archive.Bad("'" + item.fqn + "': the chunk's archive does not hold a tensor");
+    if (piece.dtype != item.dtype)
+      return archive.Bad("'" + item.fqn + "': the chunk is " + std::string(Info(piece.dtype).torch_name) +
+                         " but .metadata says " + std::string(Info(item.dtype).torch_name));
+    if (piece.shape != chunk->sizes)
+      return archive.Bad("'" + item.fqn + "': the chunk's shape differs from its sizes in .metadata");
+    if (single) {
+      entry.boxes = std::move(piece.boxes);
+      entry.storage_id = std::move(piece.storage_id);
+      break;
+    }
+    // A block of the tensor: the chunk's box moves to the chunk's offsets with the chunk's
+    // strides (a contiguous chunk is a row-major block; a Box::Range would only describe
+    // it for one dimension).
+    for (Box& box : piece.boxes) {
+      Box placed;
+      placed.file = box.file;
+      placed.base_offset = box.base_offset;
+      placed.offset = chunk->offsets;
+      placed.extent = chunk->sizes;
+      if (box.rank() == chunk->sizes.size()) {
+        placed.strides = std::move(box.strides);
+      } else {
+        placed.strides.assign(chunk->sizes.size(), 1);
+        for (size_t d = chunk->sizes.size(); d-- > 1;)
+          if (!CheckedMul(placed.strides[d], std::max<uint64_t>(chunk->sizes[d], 1), &placed.strides[d - 1]))
+            return archive.Bad("'" + item.fqn + "': chunk size overflows");
+      }
+      entry.boxes.push_back(std::move(placed));
+    }
+  }
+  // Where the chunks lie comes from .metadata: a gap or an overlap between them is its
+  // fault, so the refusal names it (OpenCatalog's own check would name the folder).
+  if (!single) CKPTFS_RETURN_IF_ERROR(ValidateLayout(entry, *catalog_->files, metadata_path_));
+  if (catalog_->tensors.size() >= limits_.tensors)
+    return Status::Refused(metadata_path_, "more than " + std::to_string(limits_.tensors) + " tensors" +
+                                               LimitHint("max_tensors"));
+  catalog_->tensors.push_back(std::move(entry));
+  return Status::OK();
+}
+
+Status DcpReader::AddObject(const DcpItem& item) {
+  FileWindow window;
+  CKPTFS_RETURN_IF_ERROR(Window(item, item.object, &window));
+  // Decoded into a catalog of its own: tensors found inside the object are served under
+  // the object's key.
+  Catalog object;
+  object.files = catalog_->files;
+  json value;
+  Status s = ReadTorchZip(window, &object, &value, limits_);
+  if (!s.ok()) return Concerning(s, item.fqn);
+  for (TensorEntry& t : object.tensors) {
+    std::vector<PathElement> path = item.path;
+    path.insert(path.end(), t.path.begin(), t.path.end());
+    t.key = t.path.empty() ? item.fqn : item.fqn + "." + FlattenKey(t.path);
+    t.path = std::move(path);
+    if (catalog_->tensors.size() >= limits_.tensors)
+      return Status::Refused(metadata_path_, "more than " + std::to_string(limits_.tensors) + " tensors" +
+                                                 LimitHint("max_tensors"));
+    catalog_->tensors.push_back(std::move(t));
+  }
+  return PlaceObject(item, std::move(value));
+}
+
+// Puts an object's JSON at its planner_data path in metadata.json: every key, str or int,
+// becomes an object key (ints in decimal), so list positions read as "0", "1", ...
+Status DcpReader::PlaceObject(const DcpItem& item, json value) {
+  json* node = &objects_;
+  for (size_t i = 0; i < item.path.size(); ++i) {
+    const PathElement& e = item.path[i];
+    const std::string name = std::holds_alternative<std::string>(e) ? std::get<std::string>(e)
+                                                                    : std::to_string(std::get<int64_t>(e));
+    if (!node->is_object())
+      return Status::Corruption(metadata_path_, "'" + item.fqn + "': its planner_data path runs through a value");
+    node = &(*node)[name];
+    if (i + 1 < item.path.size() && node->is_null()) *node = json::object();
+  }
+  if (!node->is_null()) return Status::Corruption(metadata_path_, "'" + item.fqn + "': two objects share its path");
+  *node = std::move(value);
+  return Status::OK();
+}
+
+// Files beside .metadata that no chunk reads (Megatron's common.pt and metadata.json, a
+// README) are served as they are; .distcp files that nothing references are not.
+Status DcpReader::AddSiblings() {
+  std::vector<FolderEntry> entries;
+  CKPTFS_RETURN_IF_ERROR(catalog_->files->env().ListFolder(folder_, &entries));
+  for (const FolderEntry& e : entries) {
+    if (e.type != PathType::kFile || e.name.empty() || e.name.front() == '.' || data_files_.count(e.name)) continue;
+    if (e.name.size() > 7 && e.name.compare(e.name.size() - 7, 7, ".distcp") == 0) continue;
+    uint32_t index;
+    CKPTFS_RETURN_IF_ERROR(catalog_->files->Add(JoinPath(folder_, e.name), &index));
+    catalog_->sibling_files.push_back(index);
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+bool IsDcpFolder(Env& env, const std::string& dir) {
+  if (HasMetadata(env, dir)) return true;
+  std::vector<FolderEntry> entries;
+  if (!env.ListFolder(dir, &entries).ok()) return false;
+  for (const FolderEntry& e : entries)
+    if (e.type == PathType::kFolder && HasMetadata(env, JoinPath(dir, e.name))) return true;
+  return false;
+}
+
+Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog) {
+  catalog->format = "dcp";
+  Env& env = catalog->files->env();
+  std::string step;
+  CKPTFS_RETURN_IF_ERROR(ResolveStepFolder(env, dir, &step));
+  const std::string folder = step.empty() ? dir : JoinPath(dir, step);
+  json info = json::object();
+  if (!step.empty()) {
+    info["step_folder"] = step;
+    if (std::optional<uint64_t> n = StepNumber(step)) info["step"] = *n;
+  }
+  DcpReader reader(folder, options, catalog);
+  CKPTFS_RETURN_IF_ERROR(reader.Read(&info));
+  // The checkpoint's own objects keep their keys; the reader's summary goes beside them.
+  catalog->metadata[catalog->metadata.contains("dcp") ? "$dcp" : "dcp"] = std::move(info);
+  return Status::OK();
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,299 @@
+// Parser of DCP `.metadata` pickles. Classes are matched by name only: DCP moved them
+// between modules across torch releases, and nothing here imports or calls them.
+#include "format/dcp_metadata.hpp"
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "format/limit_hint.hpp"
+#include "format/pickle.hpp"
+#include "format/torch_archive.hpp"
+#include "io/checked_math.hpp"
+
+namespace ckptfs {
+namespace {
+
+using json = nlohmann::json;
+using Kind = PyValue::Kind;
+
+// The class an object was made from: NEWOBJ/REDUCE on the class itself, or the
+// protocol 0-1 forms that name the class as the first argument.
+std::string_view ClassName(const PyValue* v) {
+  if (!v || v->kind != Kind::kObject || !v->callable || v->callable->kind != Kind::kGlobal) return {};
+  const PyValue* cls = v->callable;
+  if (cls->name == "__newobj__" || cls->name == "_reconstructor") {
+    cls = Arg(v, 0);
+    if (!cls || cls->kind != Kind::kGlobal) return {};
+  }
+  return cls->name;
+}
+
+// Attribute `name` of a dataclass instance: its BUILD state is a dict (or, with slots, a
+// (dict, slots dict) pair).
+const PyValue* Field(const PyValue* obj, std::string_view name) {
+  if (!obj || !obj->state) return nullptr;
+  const PyValue* state = obj->state;
+  if (state->kind == Kind::kTuple && state->items.size() == 2) {
+    if (const PyValue* f = Find(AsMapping(state->items[0]), name)) return f;
+    return Find(AsMapping(state->items[1]), name);
+  }
+  return Find(AsMapping(state), name);
+}
+
+bool AsString(const PyValue* v, std::string* out) {
+  if (!v || v->kind != Kind::kStr) return false;
+  out->assign(v->s);
+  return true;
+}
+
+// How a MetadataIndex is looked up: its fqn and chunk offsets (the index hint is only a
+// hint; DCP compares fqn and offset alone).
+std::string IndexKey(std::string_view fqn, const std::vector<uint64_t>* offsets) {
+  std::string key(fqn);
+  key.push_back('\0');
+  if (!offsets) return key + "-";
+  for (uint64_t o : *offsets) key.append(std::to_string(o)).push_back(',');
+  return key;
+}
+
+// A relative path that names a file inside the folder: no absolute path, no "..", no empty
+// or "." component.
+bool StaysInFolder(std::string_view path) {
+  if (path.empty() || path.front() == '/' || path.find('\0') != std::string_view::npos) return false;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string_view::npos) end = path.size();
+    std::string_view part = path.substr(start, end - start);
+    if (part.empty() || part == "." || part == "..") return false;
+    start = end + 1;
+  }
+  return true;
+}
+
+// pathlib.PosixPath('a', 'b') and the like, as "a/b"; a str as is.
+bool AsPathText(const PyValue* v, std::string* out) {
+  if (AsString(v, out)) return true;
+  const std::string_view cls = ClassName(v);
+  if (cls != "PosixPath" && cls != "WindowsPath" && cls != "PurePosixPath" && cls != "Path") return false;
+  out->clear();
+  if (!v->args || v->args->kind != Kind::kTuple) return false;
+  for (const PyValue* part : v->args->items) {
+    if (part->kind != Kind::kStr) return false;
+    if (!out->empty() && out->back() != '/') out->push_back('/');
+    out->append(part->s);
+  }
+  return true;
+}
+
+class MetadataParser {
+ public:
+  MetadataParser(std::string_view where, DcpMetadata* out, const ReadLimits& limits)
+      : where_(where), out_(out), limits_(limits) {}
+
+  Status Parse(const PyValue* root);
+
+ private:
+  Status Bad(const std::string& what) const { return Status::Corruption(where_, what); }
+  Status BadItem(const std::string& fqn, const std::string& what) const {
+    return Status::Corruption(where_, "'" + fqn + "': " + what);
+  }
+  Status ReadStorageData(const PyValue* storage_data);
+  Status ReadItem(const std::string& fqn, const PyValue* value, DcpItem* item);
+  Status ReadProperties(const std::string& fqn, const PyValue* props, DType* dtype);
+  Status Slice(const std::string& fqn, const std::vector<uint64_t>* offsets, DcpSlice* slice) const;
+  void ReadStorageMeta(const PyValue* meta);
+
+  std::string where_;
+  DcpMetadata* out_;
+  ReadLimits limits_;
+  std::unordered_map<std::string, DcpSlice> slices_;
+};
+
+Status MetadataParser::Parse(const PyValue* root) {
+  if (ClassName(root) != "Metadata") return Bad("not a DCP .metadata file (the pickle is not a Metadata object)");
+  const PyValue* sdm = AsMapping(Field(root, "state_dict_metadata"));
+  if (!sdm) return Bad("Metadata has no state_dict_metadata dict");
+  if (const PyValue* version = Field(root, "version"); version && version->kind != Kind::kNone &&
+                                                       !AsString(version, &out_->version))
+    return Bad("Metadata.version is not a string");
+  ReadStorageMeta(Field(root, "storage_meta"));
+  CKPTFS_RETURN_IF_ERROR(ReadStorageData(Field(root, "storage_data")));
+
+  // planner_data: fqn -> the key path in the nested state dict (the default planner's).
+  std::unordered_map<std::string_view, const PyValue*> planner;
+  if (const PyValue* pd = AsMapping(Field(root, "planner_data")))
+    for (const auto& [k, v] : pd->entries)
+      if (k->kind == Kind::kStr) planner[k->s] = v;
+
+  if (sdm->entries.size() > limits_.tensors)
+    return Status::Refused(where_, std::to_string(sdm->entries.size()) + " state-dict entries, over the limit of " +
+                                       std::to_string(limits_.tensors) + LimitHint("max_tensors"));
+  std::unordered_set<std::string_view> seen;
+  out_->items.reserve(sdm->entries.size());
+  for (const auto& [k, v] : sdm->entries) {
+    if (k->kind != Kind::kStr) return Bad("a state_dict_metadata key is not a string");
+    if (!seen.insert(k->s).second) return BadItem(std::string(k->s), "listed twice in state_dict_metadata");
+    DcpItem item;
+    item.fqn.assign(k->s);
+    CKPTFS_RETURN_IF_ERROR(ReadItem(item.fqn, v, &item));
+    if (auto it = planner.find(k->s); it != planner.end()) {
+      const PyValue* path = it->second;
+      if (!path || (path->kind != Kind::kTuple && path->kind != Kind::kList))
+        return BadItem(item.fqn, "planner_data path is not a tuple");
+      for (const PyValue* part : path->items) {
+        if (part->kind == Kind::kStr) item.path.emplace_back(std::string(part->s));
+        else if (part->kind == Kind::kInt) item.path.emplace_back(part->i);
+        else return BadItem(item.fqn, "planner_data path holds something other than str and int keys");
+      }
+    }
+    if (item.path.empty()) item.path.emplace_back(item.fqn);
+    out_->items.push_back(std::move(item));
+  }
+  return Status::OK();
+}
+
+Status MetadataParser::ReadStorageData(const PyValue* storage_data) {
+  const PyValue* sd = AsMapping(storage_data);
+  if (!sd) return Bad("Metadata.storage_data is not a dict (a storage layout other than the file system writer's?)");
+  slices_.reserve(sd->entries.size());
+  for (const auto& [k, v] : sd->entries) {
+    std::string fqn;
+    if (ClassName(k) != "MetadataIndex" || !AsString(Field(k, "fqn"), &fqn))
+      return Bad("a storage_data key is not a MetadataIndex with an fqn");
+    const PyValue* offset = Field(k, "offset");
+    std::vector<uint64_t> offsets;
+    const bool is_chunk = offset && offset->kind != Kind::kNone;
+    if (is_chunk && !AsUintTuple(offset, &offsets)) return BadItem(fqn, "storage_data offset is not a tuple of ints");
+    if (ClassName(v) != "_StorageInfo") return BadItem(fqn, "storage_data value is not a _StorageInfo");
+    if (const PyValue* td = Field(v, "transform_descriptors");
+        td && td->kind != Kind::kNone && !((td->kind == Kind::kList || td->kind == Kind::kTuple) && td->items.empty())) {
+      std::string names;
+      if (td->kind == Kind::kList || td->kind == Kind::kTuple)
+        for (const PyValue* d : td->items) names += (names.empty() ? "" : ", ") + (d->kind == Kind::kStr ? std::string(d->s) : "?");
+      return Status::NotSupported(where_, "'" + fqn + "' is stored with transforms (" + names +
+                                              "); only untransformed torch.save slices can be served");
+    }
+    DcpSlice slice;
+    if (!AsPathText(Field(v, "relative_path"), &slice.relative_path) || !AsUint(Field(v, "offset"), &slice.offset) ||
+        !AsUint(Field(v, "length"), &slice.length))
+      return BadItem(fqn, "storage_data entry lacks relative_path, offset or length");
+    if (!StaysInFolder(slice.relative_path))
+      return BadItem(fqn, "storage path '" + slice.relative_path + "' leaves the checkpoint folder");
+    uint64_t end;
+    if (!CheckedAdd(slice.offset, slice.length, &end)) return BadItem(fqn, "storage offset + length overflows");
+    if (!slices_.emplace(IndexKey(fqn, is_chunk ? &offsets : nullptr), std::move(slice)).second)
+      return BadItem(fqn, "two storage_data entries for one chunk");
+  }
+  return Status::OK();
+}
+
+Status MetadataParser::Slice(const std::string& fqn, const std::vector<uint64_t>* offsets, DcpSlice* slice) const {
+  auto it = slices_.find(IndexKey(fqn, offsets));
+  if (it == slices_.end()) {
+    std::string at;
+    if (offsets) {
+      for (uint64_t o : *offsets) at += (at.empty() ? "" : ", ") + std::to_string(o);
+      at = " at offsets (" + at + ")";
+    }
+    return BadItem(fqn, "no storage_data entry for the " + std::string(offsets ? "chunk" : "object") + at);
+  }
+  *slice = it->second;
+  return Status::OK();
+}
+
+Status MetadataParser::ReadProperties(const std::string& fqn, const PyValue* props, DType* dtype) {
+  if (ClassName(props) != "TensorProperties") return BadItem(fqn, "tensor properties are not a TensorProperties");
+  // Saved as a tuple (dtype, layout, requires_grad, memory format, pin_memory[, strides])
+  // by TensorProperties.__getstate__, as a dict by releases without it.
+  const PyValue* state = props->state;
+  const PyValue* d = nullptr;
+  const PyValue* layout = nullptr;
+  if (state && state->kind == Kind::kTuple && state->items.size() >= 2) {
+    d = state->items[0];
+    layout = state->items[1];
+  } else {
+    d = Field(props, "dtype");
+    layout = Field(props, "layout");
+  }
+  std::optional<DType> parsed;
+  if (!d || d->kind != Kind::kGlobal || d->s != "torch" || !(parsed = DTypeFromTorchName(d->name)))
+    return Status::NotSupported(where_, "'" + fqn + "': unsupported dtype " +
+                                            (d && d->kind == Kind::kGlobal ? QualifiedName(d) : std::string("?")));
+  *dtype = *parsed;
+  // torch.serialization._get_layout("torch.strided"), or the layout GLOBAL itself.
+  if (layout && layout->kind != Kind::kNone) {
+    const PyValue* name = layout->kind == Kind::kObject ? Arg(layout, 0) : nullptr;
+    const bool strided = (name && name->kind == Kind::kStr && name->s == "torch.strided") ||
+                         IsGlobal(layout, "torch.strided");
+    if (!strided) return Status::NotSupported(where_, "'" + fqn + "': only strided (dense) tensors are supported");
+  }
+  return Status::OK();
+}
+
+Status MetadataParser::ReadItem(const std::string& fqn, const PyValue* value, DcpItem* item) {
+  const std::string_view cls = ClassName(value);
+  if (cls == "BytesStorageMetadata") {
+    item->is_tensor = false;
+    return Slice(fqn, nullptr, &item->object);
+  }
+  if (cls != "TensorStorageMetadata")
+    return BadItem(fqn, "entry is neither a TensorStorageMetadata nor a BytesStorageMetadata");
+  item->is_tensor = true;
+  CKPTFS_RETURN_IF_ERROR(ReadProperties(fqn, Field(value, "properties"), &item->dtype));
+  if (!AsUintTuple(Field(value, "size"), &item->shape)) return BadItem(fqn, "tensor size is not a tuple of ints");
+  uint64_t numel = 1;
+  for (uint64_t d : item->shape)
+    if (!CheckedMul(numel, d, &numel)) return BadItem(fqn, "tensor size overflows");
+  const PyValue* chunks = Field(value, "chunks");
+  if (!chunks || chunks->kind != Kind::kList) return BadItem(fqn, "tensor chunks are not a list");
+  item->chunks.reserve(chunks->items.size());
+  for (const PyValue* c : chunks->items) {
+    DcpChunk chunk;
+    if (ClassName(c) != "ChunkStorageMetadata" || !AsUintTuple(Field(c, "offsets"), &chunk.offsets) ||
+        !AsUintTuple(Field(c, "sizes"), &chunk.sizes))
+      return BadItem(fqn, "a chunk is not a ChunkStorageMetadata with offsets and sizes");
+    if (chunk.offsets.size() != item->shape.size() || chunk.sizes.size() != item->shape.size())
+      return BadItem(fqn, "a chunk's rank differs from the tensor's (" + std::to_string(item->shape.size()) + ")");
+    for (size_t d = 0; d < item->shape.size(); ++d) {
+      uint64_t end;
+      if (!CheckedAdd(chunk.offsets[d], chunk.sizes[d], &end) || end > item->shape[d])
+        return BadItem(fqn, "a chunk extends past the tensor along dimension " + std::to_string(d));
+    }
+    CKPTFS_RETURN_IF_ERROR(Slice(fqn, &chunk.offsets, &chunk.slice));
+    item->chunks.push_back(std::move(chunk));
+  }
+  return Status::OK();
+}
+
+void MetadataParser::ReadStorageMeta(const PyValue* meta) {
+  if (ClassName(meta) != "StorageMeta") return;
+  json info = json::object();
+  std::string text;
+  if (AsPathText(Field(meta, "checkpoint_id"), &text)) info["checkpoint_id"] = text;
+  if (AsString(Field(meta, "save_id"), &text)) info["save_id"] = text;
+  if (AsString(Field(meta, "load_id"), &text)) info["load_id"] = text;
+  if (const PyValue* modules = Field(meta, "modules"); modules && modules->kind == Kind::kList) {
+    json list = json::array();
+    for (const PyValue* m : modules->items)
+      if (m->kind == Kind::kStr) list.push_back(std::string(m->s));
+    info["modules"] = std::move(list);
+  }
+  out_->storage_meta = std::move(info);
+}
+
+}  // namespace
+
+Status ParseDcpMetadata(std::string_view bytes, std::string_view where, DcpMetadata* out, const ReadLimits& limits) {
+  if (bytes.size() > limits.pickle_bytes)
+    return Status::Refused(where, "the .metadata pickle is " + std::to_string(bytes.size()) +
+                                      " bytes, over the limit of " + std::to_string(limits.pickle_bytes) +
+                                      LimitHint("max_pickle"));
+  Pickle pickle;
+  CKPTFS_RETURN_IF_ERROR(ParsePickle(bytes, where, &pickle, limits.pickle_memory));
+  *out = DcpMetadata{};
+  MetadataParser parser(where, out, limits);
+  return parser.Parse(pickle.root);
+}
+
+}  // namespace ckptfs

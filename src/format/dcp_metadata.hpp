@@ -1,0 +1,64 @@
+// The `.metadata` file of a torch.distributed.checkpoint (DCP) folder, parsed without
+// executing anything into plain structures: which state-dict entries are tensors (dtype,
+// global shape, chunks) and which are pickled objects, where each chunk or object lies
+// (file, offset, length), and the nesting path each entry had in the saved state dict.
+// Layout facts: doc/FORMATS.md, "DCP layout".
+#ifndef CKPTFS_FORMAT_DCP_METADATA_HPP_
+#define CKPTFS_FORMAT_DCP_METADATA_HPP_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckptfs/catalog.hpp"
+#include "ckptfs/limits.hpp"
+#include "ckptfs/status.hpp"
+
+namespace ckptfs {
+
+// A byte range of one of the folder's data files (a `_StorageInfo`).
+struct DcpSlice {
+  std::string relative_path;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// One block of a tensor as saved: elements [offsets[d], offsets[d] + sizes[d]) along each
+// dimension, stored as a torch.save archive in `slice`.
+struct DcpChunk {
+  std::vector<uint64_t> offsets;
+  std::vector<uint64_t> sizes;
+  DcpSlice slice;
+};
+
+struct DcpItem {
+  std::string fqn;                // the flattened state-dict key
+  std::vector<PathElement> path;  // planner_data: where it sat in the nested state dict
+  bool is_tensor = false;
+  // Tensors only.
+  DType dtype = DType::kF32;
+  std::vector<uint64_t> shape;
+  std::vector<DcpChunk> chunks;
+  // Non-tensor items: a torch.save of the object.
+  DcpSlice object;
+};
+
+struct DcpMetadata {
+  std::vector<DcpItem> items;     // in state_dict_metadata order
+  std::string version;            // "" for checkpoints older than the version field
+  nlohmann::json storage_meta;    // checkpoint_id, save_id, ... (null when absent)
+};
+
+// Parses `bytes`, the content of a `.metadata` file; `where` names it in messages, which
+// also name the fqn concerned. Checks every chunk lies inside its tensor and has a
+// storage entry, every relative path stays inside the folder, and refuses storage entries
+// with transform descriptors (compressed or otherwise encoded slices).
+Status ParseDcpMetadata(std::string_view bytes, std::string_view where, DcpMetadata* out,
+                        const ReadLimits& limits = ReadLimits{});
+
+}  // namespace ckptfs
+
+#endif  // CKPTFS_FORMAT_DCP_METADATA_HPP_

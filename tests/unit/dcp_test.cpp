@@ -1,0 +1,239 @@
+// The torch.distributed.checkpoint reader on real folders (tests/data/make_dcp_sample.py:
+// dcp-sample/ written by dcp.save, dcp-sharded/ two rank files of torch.save chunks with a
+// .metadata pickled from DCP's own classes, dcp-variants/ broken .metadata files for it),
+// loaded into a MemoryEnv.
+#define BOOST_TEST_MODULE dcp_test
+#include <boost/test/unit_test.hpp>
+
+#include <cstring>
+#include <filesystem>
+
+#include "ckptfs/catalog.hpp"
+#include "format/dcp_metadata.hpp"
+#include "test_util.hpp"
+
+using ckptfs::Catalog;
+using ckptfs::DType;
+using ckptfs::ReadRoute;
+using ckptfs::Status;
+using ckptfs::TensorEntry;
+using namespace ckptfs_test;
+
+BOOST_TEST_DONT_PRINT_LOG_VALUE(ckptfs::DType)
+BOOST_TEST_DONT_PRINT_LOG_VALUE(ckptfs::ReadRoute)
+BOOST_TEST_DONT_PRINT_LOG_VALUE(ckptfs::Status::Code)
+
+namespace {
+
+const std::string kData = CKPTFS_TEST_DATA;
+
+// Copies folder `name` of tests/data into `source` under `dest`.
+void CopyFolder(MemorySource* source, const std::string& name, const std::string& dest) {
+  for (const auto& e : std::filesystem::directory_iterator(kData + "/" + name))
+    source->Write(dest + "/" + e.path().filename().string(), ReadFile(e.path().string()));
+}
+
+const TensorEntry& Tensor(const Catalog& c, const std::string& key) {
+  for (const TensorEntry& t : c.tensors)
+    if (t.key == key) return t;
+  BOOST_FAIL("no tensor " + key);
+  throw std::logic_error("unreachable");
+}
+
+// The stored bytes of a tensor served as extents.
+std::string ExtentBytes(const Catalog& c, const TensorEntry& t) {
+  std::string out;
+  for (const ckptfs::Extent& e : ckptfs::ExtentsOf(t)) {
+    std::string part(e.length, '\0');
+    BOOST_REQUIRE(c.files->ReadExact(e.file, e.offset, e.length, part.data()).ok());
+    out += part;
+  }
+  return out;
+}
+
+template <typename T>
+std::string Arange(size_t n) {
+  std::string out(n * sizeof(T), '\0');
+  for (size_t i = 0; i < n; ++i) {
+    T v = static_cast<T>(i);
+    std::memcpy(out.data() + i * sizeof(T), &v, sizeof(T));
+  }
+  return out;
+}
+
+Status OpenWithMetadata(const std::string& variant, std::shared_ptr<const Catalog>* out, MemorySource* source) {
+  CopyFolder(source, "dcp-sharded", "/ck");
+  source->Write("/ck/.metadata", ReadFile(kData + "/dcp-variants/" + variant));
+  return source->OpenCatalog("/ck", out);
+}
+
+// The catalog of tests/data/`name` served from memory; the test stops if it fails to open.
+std::shared_ptr<const Catalog> OpenSample(MemorySource* source, const std::string& name) {
+  CopyFolder(source, name, "/ck");
+  std::shared_ptr<const Catalog> c;
+  Status s = source->OpenCatalog("/ck", &c);
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  return c;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(world_size_one_save) {
+  MemorySource source;
+  std::shared_ptr<const Catalog> c = OpenSample(&source, "dcp-sample");
+  BOOST_TEST(c->format == "dcp");
+  BOOST_REQUIRE_EQUAL(c->tensors.size(), 4u);
+  BOOST_TEST(c->tensors[0].key == "model.layers.0.weight");
+  BOOST_TEST(c->tensors[1].key == "model.layers.0.bias");
+  BOOST_TEST(c->tensors[2].key == "model.head");
+  BOOST_TEST(c->tensors[3].key == "optim.state.model.layers.0.weight.step");
+
+  const TensorEntry& w = Tensor(*c, "model.layers.0.weight");
+  BOOST_TEST(w.dtype == DType::kF32);
+  BOOST_TEST(w.shape == (std::vector<uint64_t>{3, 4}));
+  BOOST_TEST(w.path.size() == 4u);
+  BOOST_REQUIRE(ckptfs::RouteOf(w) == ReadRoute::kExtents);
+  BOOST_TEST(ExtentBytes(*c, w) == Arange<float>(12));
+
+  const TensorEntry& b = Tensor(*c, "model.layers.0.bias");
+  BOOST_TEST(b.dtype == DType::kBF16);
+  BOOST_TEST(b.shape == (std::vector<uint64_t>{3}));
+
+  // A transposed view keeps its strides: one strided box over the whole shape.
+  const TensorEntry& head = Tensor(*c, "model.head");
+  BOOST_TEST(head.dtype == DType::kI64);
+  BOOST_TEST(head.shape == (std::vector<uint64_t>{3, 2}));
+  BOOST_REQUIRE_EQUAL(head.boxes.size(), 1u);
+  BOOST_TEST(head.boxes[0].strides == (std::vector<uint64_t>{1, 3}));
+  BOOST_TEST(ckptfs::RouteOf(head) == ReadRoute::kGather);
+
+  const TensorEntry& step = Tensor(*c, "optim.state.model.layers.0.weight.step");
+  BOOST_TEST(step.shape.empty());
+  BOOST_TEST(ExtentBytes(*c, step) == Arange<float>(8).substr(7 * 4));
+
+  // Non-tensor entries, nested by their planner_data paths (list positions as keys).
+  BOOST_TEST(c->metadata["step"] == 5);
+  BOOST_TEST(c->metadata["name"] == "sample");
+  BOOST_TEST(c->metadata["optim"]["param_groups"]["0"]["lr"] == 0.5);
+  BOOST_TEST(c->metadata["optim"]["param_groups"]["0"]["params"][0] == "model.layers.0.weight");
+  BOOST_TEST(c->metadata["dcp"]["version"] == "1.0.0");
+  BOOST_TEST(c->metadata["dcp"]["data_files"] == 1);
+  BOOST_TEST(!c->metadata["dcp"].contains("step_folder"));
+}
+
+BOOST_AUTO_TEST_CASE(sharded_chunks) {
+  MemorySource source;
+  std::shared_ptr<const Catalog> c = OpenSample(&source, "dcp-sharded");
+  BOOST_TEST(c->metadata["dcp"]["ranks"] == 2);
+
+  // Chunks tiling dim 0 are byte ranges of the two rank files, in order.
+  const TensorEntry& rows = Tensor(*c, "rows");
+  BOOST_REQUIRE_EQUAL(rows.boxes.size(), 2u);
+  BOOST_TEST(rows.boxes[0].file != rows.boxes[1].file);
+  BOOST_TEST(rows.boxes[1].offset == (std::vector<uint64_t>{5, 0}));
+  BOOST_REQUIRE(ckptfs::RouteOf(rows) == ReadRoute::kExtents);
+  BOOST_TEST(ExtentBytes(*c, rows) == Arange<float>(24));
+
+  // Chunks split along dim 1 are gathered.
+  const TensorEntry& cols = Tensor(*c, "cols");
+  BOOST_TEST(cols.dtype == DType::kI32);
+  BOOST_REQUIRE_EQUAL(cols.boxes.size(), 2u);
+  BOOST_TEST(cols.boxes[1].offset == (std::vector<uint64_t>{0, 4}));
+  BOOST_TEST(cols.boxes[1].extent == (std::vector<uint64_t>{2, 2}));
+  BOOST_TEST(cols.boxes[1].strides == (std::vector<uint64_t>{2, 1}));
+  BOOST_TEST(ckptfs::RouteOf(cols) == ReadRoute::kGather);
+
+  // A chunk replicated on both ranks is served once.
+  const TensorEntry& rep = Tensor(*c, "replicated");
+  BOOST_REQUIRE_EQUAL(rep.boxes.size(), 1u);
+  BOOST_TEST(ExtentBytes(*c, rep).size() == 10u);
+}
+
+BOOST_AUTO_TEST_CASE(latest_step_folder) {
+  MemorySource source;
+  CopyFolder(&source, "dcp-sample", "/run/step-5");
+  CopyFolder(&source, "dcp-sharded", "/run/step-10");
+  std::shared_ptr<const Catalog> c;
+  Status s = source.OpenCatalog("/run", &c);
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  BOOST_TEST(c->metadata["dcp"]["step_folder"] == "step-10");
+  BOOST_TEST(c->metadata["dcp"]["step"] == 10);
+  BOOST_TEST(c->tensors.size() == 3u);
+}
+
+BOOST_AUTO_TEST_CASE(megatron_iteration_file) {
+  MemorySource source;
+  CopyFolder(&source, "dcp-sample", "/run/iter_0000005");
+  CopyFolder(&source, "dcp-sharded", "/run/iter_0000010");
+  source.Write("/run/iter_0000005/common.pt", "not read");
+  source.Write("/run/latest_checkpointed_iteration.txt", "5\n");
+  std::shared_ptr<const Catalog> c;
+  Status s = source.OpenCatalog("/run", &c);
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  BOOST_TEST(c->metadata["dcp"]["step_folder"] == "iter_0000005");
+  BOOST_TEST(c->tensors.size() == 4u);
+  BOOST_REQUIRE_EQUAL(c->sibling_files.size(), 1u);
+  BOOST_TEST(c->files->path(c->sibling_files[0]) == "/run/iter_0000005/common.pt");
+
+  source.Write("/run/latest_checkpointed_iteration.txt", "7");
+  s = source.OpenCatalog("/run", &c);
+  BOOST_TEST(!s.ok());
+  BOOST_TEST(Contains(s.message(), "latest_checkpointed_iteration.txt"), s.message());
+}
+
+BOOST_AUTO_TEST_CASE(code_running_global_refused) {
+  MemorySource source;
+  CopyFolder(&source, "dcp-sharded", "/ck");
+  // pickle protocol 2: os.system("touch /tmp/x")
+  static const char kPickle[] = "\x80\x02" "cos\nsystem\n" "q\x00" "X\x0c\x00\x00\x00" "touch /tmp/x" "q\x01\x85q\x02Rq\x03.";
+  source.Write("/ck/.metadata", std::string(kPickle, sizeof(kPickle) - 1));
+  std::shared_ptr<const Catalog> c;
+  Status s = source.OpenCatalog("/ck", &c);
+  BOOST_TEST(s.code() == Status::Code::kRefused, s.message());
+  BOOST_TEST(Contains(s.message(), "os.system"), s.message());
+}
+
+BOOST_AUTO_TEST_CASE(broken_metadata_named) {
+  struct Case {
+    const char* variant;
+    Status::Code code;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"transformed.metadata", Status::Code::kNotSupported, "'rows' is stored with transforms (zstd)"},
+      {"escaping.metadata", Status::Code::kCorruption, "'rows': storage path '../__1_0.distcp' leaves"},
+      {"outside.metadata", Status::Code::kCorruption, "'rows': slice [0, 0+1048576) lies outside"},
+      {"no-storage.metadata", Status::Code::kCorruption, "'rows': no storage_data entry for the chunk at offsets (5, 0)"},
+      {"wrong-dtype.metadata", Status::Code::kCorruption, "'rows': the chunk is float32 but .metadata says float64"},
+      {"hole.metadata", Status::Code::kCorruption, "tensor 'cols'"},
+  };
+  for (const Case& k : cases) {
+    MemorySource source;
+    std::shared_ptr<const Catalog> c;
+    Status s = OpenWithMetadata(k.variant, &c, &source);
+    BOOST_TEST(s.code() == k.code, k.variant << ": " << s.message());
+    BOOST_TEST(Contains(s.message(), k.says), k.variant << ": " << s.message());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(missing_data_file_named) {
+  MemorySource source;
+  CopyFolder(&source, "dcp-sample", "/ck");
+  BOOST_REQUIRE(source.env()->RemoveFile("/ck/__0_0.distcp").ok());
+  std::shared_ptr<const Catalog> c;
+  Status s = source.OpenCatalog("/ck", &c);
+  BOOST_TEST(s.code() == Status::Code::kNotFound, s.message());
+  BOOST_TEST(Contains(s.message(), "/ck/__0_0.distcp"), s.message());
+  BOOST_TEST(Contains(s.message(), "'model.layers.0.weight'"), s.message());
+}
+
+BOOST_AUTO_TEST_CASE(metadata_parser_alone) {
+  ckptfs::DcpMetadata meta;
+  Status s = ckptfs::ParseDcpMetadata(ReadFile(kData + "/dcp-sharded/.metadata"), "x", &meta);
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  BOOST_REQUIRE_EQUAL(meta.items.size(), 3u);
+  BOOST_TEST(meta.items[2].chunks.size() == 2u);  // both replicas listed
+  BOOST_TEST(meta.items[0].chunks[1].slice.relative_path == "__1_0.distcp");
+  s = ckptfs::ParseDcpMetadata("", "x", &meta);
+  BOOST_TEST(!s.ok());
+}
