@@ -43,21 +43,28 @@ std::string ShapeText(const std::vector<uint64_t>& shape) {
   return s + "]";
 }
 
-// A short form of a metadata value: scalars and small records of scalars (e.g.
-// "deepspeed": stage, world size, version) as they are, bigger containers by size.
+// Whether `v` is a small record: at most 12 entries, each a scalar, a short array, or (up
+// to `depth` levels) a small record itself.
+bool IsSmallRecord(const json& v, int depth) {
+  if (!v.is_object() || v.size() > 12) return false;
+  for (const auto& item : v)
+    if (!(item.is_primitive() || (item.is_array() && item.size() <= 8) || (depth > 0 && IsSmallRecord(item, depth - 1))))
+      return false;
+  return true;
+}
+
+// A short form of a metadata value: scalars and small records (e.g. "deepspeed": stage,
+// world size, version; "dcp": the step served, ranks, the writer's storage_meta) as they
+// are, bigger containers by size.
 json Summarize(const json& v) {
   if (v.is_object()) {
-    bool flat = v.size() <= 12;
-    for (const auto& item : v) flat = flat && (item.is_primitive() || (item.is_array() && item.size() <= 8));
-    if (flat) return v;
+    if (IsSmallRecord(v, 1)) return v;
     return "{" + std::to_string(v.size()) + " keys}";
   }
   if (v.is_array()) return "[" + std::to_string(v.size()) + " items]";
   if (v.is_string() && v.get_ref<const std::string&>().size() > 60) return v.get<std::string>().substr(0, 57) + "...";
   return v;
 }
-
-
 
 }  // namespace
 
