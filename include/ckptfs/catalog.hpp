@@ -108,6 +108,9 @@ struct Catalog {
   nlohmann::json metadata = nlohmann::json::object();  // non-tensor values
   // Files beside a checkpoint in its folder (config.json, tokenizer...), served as is.
   std::vector<uint32_t> sibling_files;
+  // The file that says where tensors lie, when it is not `source` itself (a DCP folder's
+  // .metadata): layout errors (ValidateLayout) name it.
+  std::string layout_file;
 };
 
 // Joins a path into a flattened key: string elements as they are, ints in decimal,

@@ -137,6 +137,7 @@ class DcpReader {
 
 Status DcpReader::Read(json* info) {
   metadata_path_ = JoinPath(folder_, kMetadataName);
+  catalog_->layout_file = metadata_path_;
   Env& env = catalog_->files->env();
   std::string bytes;
   CKPTFS_RETURN_IF_ERROR(env.ReadSmallFile(metadata_path_, limits_.pickle_bytes, &bytes, "the .metadata pickle",
@@ -263,9 +264,6 @@ Status DcpReader::AddTensor(const DcpItem& item) {
       entry.boxes.push_back(std::move(placed));
     }
   }
-  // Where the chunks lie comes from .metadata: a gap or an overlap between them is its
-  // fault, so the refusal names it (OpenCatalog's own check would name the folder).
-  if (!single) CKPTFS_RETURN_IF_ERROR(ValidateLayout(entry, *catalog_->files, metadata_path_));
   if (catalog_->tensors.size() >= limits_.tensors)
     return Status::Refused(metadata_path_, "more than " + std::to_string(limits_.tensors) + " tensors" +
                                                LimitHint("max_tensors"));

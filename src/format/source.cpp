@@ -59,7 +59,8 @@ Status OpenCatalog(const std::string& source, const SourceOptions& options, std:
     return Status::Refused(source, std::to_string(catalog->tensors.size()) + " tensors, over the limit of " +
                                        std::to_string(options.limits.tensors) + LimitHint("max_tensors"));
   // Nothing reads a tensor whose boxes do not tile it exactly inside their files.
-  for (const TensorEntry& t : catalog->tensors) CKPTFS_RETURN_IF_ERROR(ValidateLayout(t, *catalog->files, source));
+  const std::string& layout_file = catalog->layout_file.empty() ? source : catalog->layout_file;
+  for (const TensorEntry& t : catalog->tensors) CKPTFS_RETURN_IF_ERROR(ValidateLayout(t, *catalog->files, layout_file));
   *out = std::move(catalog);
   return Status::OK();
 }

@@ -18,6 +18,7 @@ Status ApplyViewOptions(std::shared_ptr<const Catalog> catalog, const ViewOption
   view->source = catalog->source;
   view->files = catalog->files;
   view->sibling_files = catalog->sibling_files;
+  view->layout_file = catalog->layout_file;
   view->metadata = catalog->metadata;
   const std::string prefix = options.root.empty() ? "" : options.root + ".";
   for (const TensorEntry& t : catalog->tensors) {

@@ -89,7 +89,7 @@ Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* 
   const Segment* last = first + n.segment_count;
   const Segment* seg = std::upper_bound(first, last, offset, [](uint64_t off, const Segment& s) { return off < s.start; }) - 1;
   uint64_t pos = offset;
-  uint32_t checked_file = UINT32_MAX;
+  FileChecks checks(*catalog_->files);
   for (; pos < end && seg < last; ++seg) {
     const uint64_t in_seg = pos - seg->start;
     const uint64_t piece = std::min(seg->length - in_seg, end - pos);
@@ -99,12 +99,7 @@ Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* 
         std::memcpy(dst, literals_[seg->ref].data() + in_seg, piece);
         break;
       case Segment::Kind::kExtent:
-        // Refuse to serve bytes of a file that changed since it was indexed; once per
-        // file per read keeps the cost to a stat or two.
-        if (seg->ref != checked_file) {
-          CKPTFS_RETURN_IF_ERROR(catalog_->files->CheckUnchanged(seg->ref));
-          checked_file = seg->ref;
-        }
+        CKPTFS_RETURN_IF_ERROR(checks.Check(seg->ref));
         CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(seg->ref, seg->source_offset + in_seg, piece, dst));
         break;
       case Segment::Kind::kGather:
