@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "format/chunk_boxes.hpp"
 #include "format/dcp_metadata.hpp"
 #include "format/limit_hint.hpp"
 #include "format/readers.hpp"
@@ -338,25 +339,9 @@ Status DcpReader::AddTensor(const DcpItem& item) {
       entry.storage_id = std::move(piece.storage_id);
       break;
     }
-    // A block of the tensor: the chunk's box moves to the chunk's offsets with the chunk's
-    // strides (a contiguous chunk is a row-major block; a Box::Range would only describe
-    // it for one dimension).
-    for (Box& box : piece.boxes) {
-      Box placed;
-      placed.file = box.file;
-      placed.base_offset = box.base_offset;
-      placed.offset = chunk->offsets;
-      placed.extent = chunk->sizes;
-      if (box.rank() == chunk->sizes.size()) {
-        placed.strides = std::move(box.strides);
-      } else {
-        placed.strides.assign(chunk->sizes.size(), 1);
-        for (size_t d = chunk->sizes.size(); d-- > 1;)
-          if (!CheckedMul(placed.strides[d], std::max<uint64_t>(chunk->sizes[d], 1), &placed.strides[d - 1]))
-            return Status::Corruption(metadata_path_, "'" + item.fqn + "': chunk size overflows");
-      }
-      entry.boxes.push_back(std::move(placed));
-    }
+    // A block of the tensor: the chunk's boxes move to the chunk's offsets.
+    if (!PlaceChunkBoxes(std::move(piece.boxes), chunk->offsets, chunk->sizes, &entry.boxes))
+      return Status::Corruption(metadata_path_, "'" + item.fqn + "': chunk size overflows");
   }
   if (catalog_->tensors.size() >= limits_.tensors)
     return Status::Refused(metadata_path_, "more than " + std::to_string(limits_.tensors) + " tensors" +
