@@ -13,6 +13,7 @@ Benchmarks (ids for --only):
   ls        bench_ls_scaling.py        `ckptfs ls` by tensor count and size (its own checks)
   bf16      bench_bf16_load.py         fp32 .pt loaded as bf16 vs torch.load (its own checks)
   zero      bench_zero_consolidate.py  ZeRO-3 to safetensors vs zero_to_fp32 (its own checks)
+  dcp       bench_dcp_consolidate.py   FSDP2 DCP save to one file vs dcp_to_torch_save (its own checks)
 
 Every benchmark appends JSON lines to WORKDIR/results.jsonl; a rerun of one benchmark
 replaces its earlier lines, so `--only d` after a full run refreshes just that part, and the
@@ -51,8 +52,12 @@ BENCHES = {
              ["--vocab", "8000", "--hidden", "1024", "--ffn", "2816", "--layers", "4", "--repeats", "2"],
              ["--vocab", "1000", "--hidden", "256", "--ffn", "512", "--layers", "1", "--repeats", "1",
               "--no-train"], 900, 240),
+    # Full: the 2.1 GB-of-fp32-weights FSDP2 world-4 save (6.4 GB with Adam moments), ~2 min to
+    # generate; quick: a few MB.
+    "dcp": ("bench_dcp_consolidate.py", "dcp", [],
+            ["--vocab", "1000", "--hidden", "256", "--ffn", "512", "--layers", "1"], 1800, 300),
 }
-LEGACY = {"ls", "bf16", "zero"}  # report their own PASS/FAIL; no JSON of their own
+LEGACY = {"ls", "bf16", "zero", "dcp"}  # report their own PASS/FAIL; no JSON of their own
 
 
 def selected(only: str) -> list[str]:

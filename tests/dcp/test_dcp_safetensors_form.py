@@ -46,3 +46,27 @@ def test_tp_case_has_column_shards(dcp_case):
         metadata = pickle.load(f)
     offsets = sorted(tuple(c.offsets) for c in metadata.state_dict_metadata["model.2.weight"].chunks)
     assert len(offsets) == 2 and offsets[0] == (0, 0) and offsets[1][0] == 0 and offsets[1][1] > 0, offsets
+
+
+def test_length_lie_is_refused(dcp_case, run_ckptfs, tmp_path):
+    """A chunk whose .metadata length is not its tensor's byte count in the blob: refused with
+    one line naming the data file and the fqn."""
+    import dataclasses
+    import shutil
+
+    import torch.distributed.checkpoint.metadata as dcp_metadata
+
+    ckpt = tmp_path / "st"
+    shutil.copytree(dcp_case("st_fsdp2_ws2").checkpoint_dir, ckpt)
+    with open(ckpt / ".metadata", "rb") as f:
+        metadata = pickle.load(f)
+    fqn = "model.0.weight"
+    key = dcp_metadata.MetadataIndex(fqn, metadata.state_dict_metadata[fqn].chunks[0].offsets)
+    metadata.storage_data[key] = dataclasses.replace(metadata.storage_data[key],
+                                                     length=metadata.storage_data[key].length - 4)
+    with open(ckpt / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+    result = run_ckptfs("ls", ckpt, check=False)
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result
+    assert "__0_0.distcp" in lines[0] and fqn in lines[0] and "length" in lines[0], lines[0]
