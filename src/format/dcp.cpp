@@ -149,6 +149,8 @@ class DcpReader {
   // Data files by relative path: opened once, whatever the number of chunks.
   std::unordered_map<std::string, uint32_t> data_files_;
   std::map<std::pair<uint32_t, uint64_t>, SafetensorsBlob> blobs_;  // by (file, blob start)
+  // Per data file: where its safetensors blob starts, or nullopt for the torch_save form.
+  std::unordered_map<uint32_t, std::optional<uint64_t>> blob_start_;
   // Chunks read in each serialization, for `ckptfs info`.
   uint64_t torch_save_chunks_ = 0, safetensors_chunks_ = 0;
   json objects_ = json::object();
@@ -323,11 +325,21 @@ Status DcpReader::AddTensor(const DcpItem& item) {
     FileWindow window;
     CKPTFS_RETURN_IF_ERROR(Window(item, chunk->slice, &window));
     TensorEntry piece;
-    // The safetensors serialization records each tensor chunk at the start of the blob that
-    // holds it (torch writes the blob after the slices' offsets are taken); a torch.save
-    // slice starts with a zip local header instead.
-    const FileWindow blob{window.file, window.base, catalog_->files->size(window.file) - window.base};
-    if (LooksLikeSafetensors(*catalog_->files, blob)) {
+    // The safetensors serialization records every tensor chunk of a file at the start of the
+    // file's one safetensors blob (torch takes the offset before it writes the blob); a
+    // torch.save slice starts with a zip local header instead. torch writes a whole save in
+    // one form, so the form is told once per file, on its first tensor chunk.
+    const uint64_t file_size = catalog_->files->size(window.file);
+    auto [form, first] = blob_start_.try_emplace(window.file);
+    if (first && LooksLikeSafetensors(*catalog_->files, FileWindow{window.file, window.base, file_size - window.base}))
+      form->second = window.base;
+    if (form->second) {
+      if (*form->second != window.base)
+        return Status::Corruption(catalog_->files->path(window.file),
+                                  "'" + item.fqn + "': its chunk is at byte " + std::to_string(window.base) +
+                                      " but this file's chunks are in the safetensors blob at byte " +
+                                      std::to_string(*form->second));
+      const FileWindow blob{window.file, window.base, file_size - window.base};
       CKPTFS_RETURN_IF_ERROR(SafetensorsChunk(item, *chunk, blob, &piece));
       ++safetensors_chunks_;
     } else {

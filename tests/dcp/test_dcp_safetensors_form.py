@@ -70,3 +70,28 @@ def test_length_lie_is_refused(dcp_case, run_ckptfs, tmp_path):
     lines = result.stderr.decode().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result
     assert "__0_0.distcp" in lines[0] and fqn in lines[0] and "length" in lines[0], lines[0]
+
+
+def test_chunk_outside_the_blob_is_refused(dcp_case, run_ckptfs, tmp_path):
+    """Every tensor chunk of a safetensors-form file is at the file's one blob: a chunk pointed
+    elsewhere (here, at the file's first pickled object) is refused naming the file and fqn."""
+    import dataclasses
+    import shutil
+
+    import torch.distributed.checkpoint.metadata as dcp_metadata
+
+    ckpt = tmp_path / "st"
+    shutil.copytree(dcp_case("st_fsdp2_ws2").checkpoint_dir, ckpt)
+    with open(ckpt / ".metadata", "rb") as f:
+        metadata = pickle.load(f)
+    fqn = "optim.state.0.weight.exp_avg"  # read after model.0.weight, whose chunks tell each file's form
+    chunk = next(c for c in metadata.state_dict_metadata[fqn].chunks if c.offsets[0] > 0)
+    key = dcp_metadata.MetadataIndex(fqn, chunk.offsets)
+    assert metadata.storage_data[key].relative_path == "__1_0.distcp" and metadata.storage_data[key].offset > 0
+    metadata.storage_data[key] = dataclasses.replace(metadata.storage_data[key], offset=0)
+    with open(ckpt / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+    result = run_ckptfs("ls", ckpt, check=False)
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result
+    assert "__1_0.distcp" in lines[0] and fqn in lines[0] and "safetensors blob at byte" in lines[0], lines[0]
