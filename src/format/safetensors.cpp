@@ -66,12 +66,10 @@ Status ParseSafetensorsHeader(const SourceFiles& files, const FileWindow& window
   if (!duplicate.empty()) return bad("key '" + duplicate + "' appears twice in the header");
   if (doc.size() > limits.tensors + 1)  // + __metadata__
     return Status::Refused(where, "safetensors: header lists " + std::to_string(doc.size()) + " entries, over the limit of " +
-                                     std::to_string(limits.tensors) + " tensors" + LimitHint("max_tensors"));
+                                      std::to_string(limits.tensors) + " tensors" + LimitHint("max_tensors"));
 
   std::vector<SafetensorsTensor> tensors;
   tensors.reserve(doc.size());
-  std::vector<std::pair<uint64_t, uint64_t>> spans;  // [begin, end) in the data buffer, by tensor
-  spans.reserve(doc.size());
   out->metadata = json::object();
   for (auto& [key, value] : doc.items()) {
     if (key == "__metadata__") {
