@@ -4,6 +4,9 @@ set -euo pipefail
 packages=(g++ cmake ninja-build pkg-config libfuse3-dev fuse3 nlohmann-json3-dev libxxhash-dev
           libboost-test-dev python3-venv rsync attr xxhash clang libclang-rt-14-dev)
 packages+=(fuse-zip)  # tests/bench/bench_archive_peers.py: the archive-mount peer
+# tests/compat/test_torch_family.py: a legacy torch.save file written by a second, older torch
+# (Debian's 1.13, through /usr/bin/python3); nothing else uses it.
+packages+=(python3-torch)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

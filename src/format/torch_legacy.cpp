@@ -29,7 +29,7 @@ constexpr std::string_view kMagicNumber = "0x1950a86a20f9469cfc6c";
 constexpr int64_t kProtocolVersion = 1001;
 // Pickles are read from a window of the file that doubles until the pickle fits: the
 // object pickle of a large checkpoint is a few hundred KB, the others a few bytes.
-constexpr uint64_t kFirstWindow = 64 * 1024;
+constexpr uint64_t kFirstWindow = 4096;
 
 class LegacyReader : public StorageResolver {
  public:
@@ -54,7 +54,10 @@ class LegacyReader : public StorageResolver {
   };
   Status Bad(const std::string& what) const { return Status::Corruption(path_, what); }
   // Parses the pickle that starts at byte `offset`; *end receives the byte after its STOP.
-  Status ReadPickleAt(uint64_t offset, std::string_view what, Pickle* out, uint64_t* end) const;
+  Status ReadPickleAt(uint64_t offset, std::string_view what, Pickle* out, uint64_t* end);
+  // Bytes [offset, offset + length) of the file. The pickles lie back to back: each byte
+  // before the storages is read once, into head_.
+  Status Head(uint64_t offset, uint64_t length, std::string_view* out);
   Status CheckHeader(uint64_t* offset);
   // Every storage persistent id the object pickle holds, by key.
   Status CollectStorages(const PyValue* root);
@@ -66,18 +69,34 @@ class LegacyReader : public StorageResolver {
   std::string path_;
   ReadLimits limits_;
   uint64_t size_;
+  std::string head_;  // bytes [head_start_, head_start_ + head_.size()) of the file
+  uint64_t head_start_ = 0;
   Pickle object_;
   std::unordered_map<std::string_view, Storage> storages_;
 };
 
-Status LegacyReader::ReadPickleAt(uint64_t offset, std::string_view what, Pickle* out, uint64_t* end) const {
+Status LegacyReader::Head(uint64_t offset, uint64_t length, std::string_view* out) {
+  if (offset < head_start_ || offset > head_start_ + head_.size()) {
+    head_.clear();
+    head_start_ = offset;
+  }
+  const uint64_t have_end = head_start_ + head_.size();
+  if (offset + length > have_end) {  // callers keep offset + length <= size_
+    const uint64_t missing = offset + length - have_end;
+    head_.resize(head_.size() + missing);
+    CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(file_, have_end, missing, head_.data() + (have_end - head_start_)));
+  }
+  *out = std::string_view(head_).substr(offset - head_start_, length);
+  return Status::OK();
+}
+
+Status LegacyReader::ReadPickleAt(uint64_t offset, std::string_view what, Pickle* out, uint64_t* end) {
   const uint64_t available = size_ - offset;  // offset <= size_ always holds here
   const std::string where = path_ + ": " + std::string(what) + " (at byte " + std::to_string(offset) + ")";
   uint64_t window = std::min(kFirstWindow, available);
-  std::string bytes;
   for (;;) {
-    bytes.resize(window);
-    CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(file_, offset, window, bytes.data()));
+    std::string_view bytes;
+    CKPTFS_RETURN_IF_ERROR(Head(offset, window, &bytes));
     PickleEnd pickle_end;
     Status s = ParsePickle(bytes, where, out, limits_.pickle_memory, &pickle_end);
     if (s.ok()) {
@@ -229,6 +248,7 @@ Status LegacyReader::Read(json* metadata) {
   CKPTFS_RETURN_IF_ERROR(CollectStorages(object_.root));
   Pickle keys;
   CKPTFS_RETURN_IF_ERROR(ReadPickleAt(offset, "storage key list pickle", &keys, &offset));
+  head_ = std::string();  // the pickles are parsed (each keeps its own copy)
   CKPTFS_RETURN_IF_ERROR(LocateStorages(keys.root, offset));
   return FlattenTorchObject(object_.root, object_.value_count(), *this, catalog_, limits_, metadata);
 }
