@@ -2,11 +2,10 @@
 itself loads: legacy torch.save streams (_use_new_zipfile_serialization=False), TorchScript
 archives (torch.jit.save of scripted and traced modules) and torch.export.save packages."""
 
+import functools
 import json
 import os
-import shutil
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -87,7 +86,7 @@ def test_legacy_tied_views_and_transpose(tmp_path, verify_export):
     src = tmp_path / "views.pt"
     expected = legacy_save(state, src)
     assert expected["tail"].storage_offset() == 16
-    out, by_key = verify_export(src, expected)
+    out, _ = verify_export(src, expected)
     manifest = json.loads((out / "manifest.json").read_text())
     shared = {t["key"]: t.get("shared_storage") for t in manifest["tensors"]}
     group = {shared[k] for k in ("w", "tied", "tail", "col", "t")}
@@ -162,6 +161,7 @@ def test_legacy_ls_of_1gb_reads_a_few_hundred_kb(tmp_path, ckptfs_bin):
     src.unlink()
 
 
+@functools.cache
 def _system_torch_version():
     if not os.access(SYSTEM_PYTHON, os.X_OK):
         return None
@@ -192,6 +192,100 @@ torch.save({{"model": m.state_dict(), "optim": opt.state_dict(), "view": base[1:
     subprocess.run([SYSTEM_PYTHON, "-c", script], check=True, env={"PATH": "/usr/bin:/bin"})
     expected = torch.load(src, weights_only=True)
     verify_export(src, expected)
+
+
+def test_torchscript_written_by_debian_torch(tmp_path, ls_json, export_source):
+    """TorchScript archives of the older torch (scripted and traced), loaded by the venv's."""
+    if _system_torch_version() is None:
+        pytest.skip("Debian's python3-torch is not installed (scripts/install-deps.sh installs it)")
+    script = f"""
+import warnings
+warnings.simplefilter("ignore")
+import torch
+from torch import nn
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)).eval()
+torch.jit.script(m).save({str(tmp_path / "scripted.pt")!r})
+torch.jit.trace(m, torch.randn(1, 4)).save({str(tmp_path / "traced.pt")!r})
+"""
+    subprocess.run([SYSTEM_PYTHON, "-c", script], check=True, env={"PATH": "/usr/bin:/bin"})
+    for name in ("scripted.pt", "traced.pt"):
+        src = tmp_path / name
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = torch.jit.load(str(src)).state_dict()
+        assert {e["key"] for e in ls_json(src)} == set(state), name
+        out = export_source(src)
+        with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+            for key, tensor in state.items():
+                assert_bitwise_equal(f.get_tensor(key), tensor, f"{name}: {key}")
+
+
+# --- hostile pickles ----------------------------------------------------------------------
+
+
+class RunsCommand:
+    """Pickles as a call of os.system: unpickling it would run COMMAND."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def _replace_records(src: Path, dst: Path, replace: dict):
+    """DST: the zip SRC with the records named in REPLACE (without the archive folder) replaced."""
+    import zipfile
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for info in zin.infolist():
+            data = replace.get(info.filename.split("/", 1)[1], zin.read(info.filename))
+            zout.writestr(info.filename, data)
+
+
+def test_hostile_pickles_run_nothing(tmp_path, run_ckptfs):
+    """A pickle calling os.system in each container: one line, exit 1, nothing run."""
+    import pickle
+
+    marker = tmp_path / "pwned"
+    evil = RunsCommand(f"touch {marker}")
+    cases = {}
+    legacy = tmp_path / "legacy-evil.pt"
+    torch.save({"w": torch.ones(2), "x": evil}, legacy, _use_new_zipfile_serialization=False)
+    cases[legacy] = r"object pickle \(at byte \d+\): pickle references posix\.system"
+    scripted = tmp_path / "scripted.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.script(nn.Linear(2, 2)).save(str(scripted))
+    for record in ("data.pkl", "constants.pkl"):
+        bad = tmp_path / f"ts-evil-{record}.pt"
+        _replace_records(scripted, bad, {record: pickle.dumps(evil, protocol=2)})
+        cases[bad] = rf"{record.replace('.', '[.]')}: pickle references posix\.system"
+    program = tmp_path / "ep.pt2"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.export.save(torch.export.export(nn.Linear(2, 2), (torch.randn(1, 2),)), str(program))
+    import zipfile
+
+    with zipfile.ZipFile(program) as z:
+        config = json.loads(z.read("ep/data/weights/model_weights_config.json"))
+    config["config"]["weight"]["use_pickle"] = True
+    bad_program = tmp_path / "ep-evil.pt2"
+    _replace_records(program, bad_program, {
+        "data/weights/model_weights_config.json": json.dumps(config).encode(),
+        "data/weights/" + config["config"]["weight"]["path_name"]: pickle.dumps(evil, protocol=2),
+    })
+    cases[bad_program] = r"\(weight\) is a pickled object"
+    import re
+
+    for src, pattern in cases.items():
+        res = run_ckptfs("ls", src, check=False)
+        err = res.stderr.decode()
+        assert res.returncode == 1, (src, err)
+        assert err.count("\n") == 1 and err.startswith(f"ckptfs: {src}"), err
+        assert re.search(pattern, err), (pattern, err)
+    assert not marker.exists(), "a pickle ran a command"
 
 
 # --- TorchScript archives -----------------------------------------------------------------
@@ -259,16 +353,14 @@ def test_torchscript(tmp_path, verify_export, run_ckptfs, kind, which):
     entries = {e["key"]: e for e in json.loads(run_ckptfs("ls", "--json", src).stdout)}
     constants = {k for k in entries if k.startswith("CONSTANTS.")}
     assert set(entries) - constants == set(state)
-    served_constants = [k for k in sorted(constants)]
     # verify_export wants the exact key set: the module tree plus the constants table.
     expected = nested(dict(state))
-    out = None
     if constants:
         # Each served constant is one of the code's tensor constants (same dtype, shape, bytes).
         reference = _graph_tensor_constants(loaded)
         export_dir = tmp_path / "constants-export"
         run_ckptfs("export", src, export_dir)
-        for key in served_constants:
+        for key in sorted(constants):
             with safe_open(str(export_dir / "model.safetensors"), framework="pt") as f:
                 got = f.get_tensor(key)
             assert any(
@@ -276,7 +368,7 @@ def test_torchscript(tmp_path, verify_export, run_ckptfs, kind, which):
                 for r in reference
             ), f"{key} is none of the code's tensor constants"
             expected.setdefault("CONSTANTS", {})[key.split(".", 1)[1]] = got
-    out, by_key = verify_export(src, expected)
+    out, _ = verify_export(src, expected)
     meta = json.loads((out / "metadata.json").read_text())
     code = meta["torchscript"]["code_files"]
     assert code and all(name.startswith("code/") for name in code)
@@ -330,7 +422,7 @@ def test_torch_export(tmp_path, verify_export, run_ckptfs, mounts):
     constants = {k: v for k, v in loaded.constants.items() if isinstance(v, torch.Tensor)}
     assert set(constants) == {"table", "nonpersistent"}
     expected.update(constants)
-    out, by_key = verify_export(src, expected)
+    out, _ = verify_export(src, expected)
     manifest = json.loads((out / "manifest.json").read_text())
     shared = {t["key"]: t.get("shared_storage") for t in manifest["tensors"]}
     assert shared["l2.weight"] is not None and shared["l2.weight"] == shared["l3.weight"]
