@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "format/limit_hint.hpp"
 #include "format/readers.hpp"
@@ -93,7 +92,7 @@ Status LegacyReader::Head(uint64_t offset, uint64_t length, std::string_view* ou
 Status LegacyReader::ReadPickleAt(uint64_t offset, std::string_view what, Pickle* out, uint64_t* end) {
   const uint64_t available = size_ - offset;  // offset <= size_ always holds here
   const std::string where = path_ + ": " + std::string(what) + " (at byte " + std::to_string(offset) + ")";
-  uint64_t window = std::min(kFirstWindow, available);
+  uint64_t window = std::min({kFirstWindow, available, limits_.pickle_bytes});
   for (;;) {
     std::string_view bytes;
     CKPTFS_RETURN_IF_ERROR(Head(offset, window, &bytes));
@@ -132,13 +131,19 @@ Status LegacyReader::CheckHeader(uint64_t* offset) {
 }
 
 Status LegacyReader::CollectStorages(const PyValue* root) {
-  // The pickle's values form a DAG (memo references): visit each once, iteratively.
-  std::unordered_set<const PyValue*> seen;
+  // The pickle's values form a DAG (memo references), possibly with cycles. A set of visited
+  // values would cost ~50 bytes per value; the walk is bounded by the visit budget the
+  // flattening itself is held to instead, and needs only its stack.
+  const uint64_t budget = 4 * static_cast<uint64_t>(object_.value_count()) + 1'000'000;
+  uint64_t visits = 0;
   std::vector<const PyValue*> stack = {root};
   while (!stack.empty()) {
     const PyValue* v = stack.back();
     stack.pop_back();
-    if (!v || !seen.insert(v).second) continue;
+    if (!v) continue;
+    if (++visits > budget)
+      return Status::Refused(path_, "the pickled objects reference each other so often that finding their "
+                                    "storages would visit more than " + std::to_string(budget) + " nodes");
     if (v->kind == Kind::kPersistent) {
       const PyValue* pid = v->args;
       // ('module', <class>, source file, source): torch.save(model) records the source of
@@ -157,6 +162,10 @@ Status LegacyReader::CollectStorages(const PyValue* root) {
       }
       continue;
     }
+    // Scalars, strings and globals hold nothing.
+    if (v->kind != Kind::kTuple && v->kind != Kind::kList && v->kind != Kind::kSet && v->kind != Kind::kDict &&
+        v->kind != Kind::kObject)
+      continue;
     for (const PyValue* item : v->items) stack.push_back(item);
     for (const auto& [k, val] : v->entries) {
       stack.push_back(k);
