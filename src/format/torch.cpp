@@ -1,6 +1,8 @@
 // Reader for plain torch.save checkpoints (torch >= 1.6): the pickled object is walked,
 // tensors become catalog tensors, containers are flattened to dotted keys, and every other
 // value becomes JSON metadata.
+// The flattening (FlattenTorchObject) is shared with the readers of legacy streams and
+// TorchScript archives, which resolve storages their own way.
 #include <algorithm>
 #include <cmath>
 #include <optional>
