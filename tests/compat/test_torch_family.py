@@ -133,6 +133,25 @@ def test_legacy_mount_serves_torch_load_bytes(tmp_path, mounts):
         assert_bitwise_equal(got[key], tensor, key)
 
 
+def test_legacy_bin_in_a_model_folder(tmp_path, verify_export, run_ckptfs):
+    """Hugging Face folders of the pre-1.6 era: a legacy pytorch_model.bin beside its config,
+    sharded with an index."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    torch.manual_seed(7)
+    shards = [{"embed.weight": torch.randn(10, 4)}, {"head.weight": torch.randn(3, 4), "head.bias": torch.randn(3)}]
+    weight_map = {}
+    expected = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"pytorch_model-0000{i}-of-00002.bin"
+        expected.update(legacy_save(shard, folder / name))
+        weight_map.update({k: name for k in shard})
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (folder / "config.json").write_text('{"model_type": "demo"}')
+    out, _ = verify_export(folder, expected)
+    assert (out / "config.json").read_text() == '{"model_type": "demo"}'
+
+
 def rchar_of_run(argv) -> int:
     """Runs ARGV and returns how many bytes it read through read()/pread() (rchar of
     /proc/<pid>/io, taken while the exited child is still a zombie)."""
