@@ -202,6 +202,23 @@ def make_torch_legacy():
         (out / f"{name}.pt").write_bytes(buf.getvalue())
 
 
+def make_torch_family_zips():
+    """torch/: a TorchScript archive and a torch.export package, read by their own readers
+    behind the same PK magic."""
+    import warnings
+
+    import torch
+
+    out = SEEDS / "torch"
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.trace(model, torch.randn(1, 3), check_trace=False).save(str(out / "torchscript.pt"))
+        torch.export.save(torch.export.export(model, (torch.randn(1, 3),)), str(out / "export.pt2"))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--zero-template", action="store_true", help="regenerate data/zero/ with DeepSpeed")
@@ -213,6 +230,7 @@ def main():
     make_torch_zip_pickle_view(rng)
     make_safetensors(rng)
     make_torch_legacy()
+    make_torch_family_zips()
     if args.zero_template or not ZERO_TEMPLATE.exists():
         make_zero_template()
     make_zero()
