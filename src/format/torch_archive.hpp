@@ -1,7 +1,9 @@
 // An opened torch.save zip archive: its parsed data.pkl and the resolution of tensor
 // rebuild calls to byte ranges of its data/<key> records. Shared by the readers that
-// interpret torch pickles (plain checkpoints, DeepSpeed ZeRO shards).
-// Layout facts: doc/FORMATS.md, "torch.save archives".
+// interpret torch pickles (plain checkpoints, DeepSpeed ZeRO shards, DCP chunks, TorchScript
+// archives). The rebuild calls and the flattening of a torch pickle's object are declared
+// here too, for every container of torch pickles (legacy streams resolve storages their own
+// way). Layout facts: doc/FORMATS.md, "torch.save archives".
 #ifndef CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
 #define CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
 
@@ -99,13 +101,7 @@ class TorchArchive : public StorageResolver {
   // Values in the parsed pickle (walkers bound their work by it).
   size_t value_count() const { return pickle_.value_count(); }
 
-  // Places tensor *t (its dtype and shape set) in storage `rec`: `offset` and `stride` in
-// elements. Checks with checked arithmetic that every element lies inside the storage, then
-// adds one box: a byte range when the layout is contiguous, else a strided view.
-Status PlaceStridedTensor(const StorageBytes& rec, uint64_t offset, std::vector<uint64_t> stride,
-                          const std::string& where, TensorEntry* t);
-
-// When `v` is a tensor rebuild call (_rebuild_tensor[_v2|_v3], _rebuild_parameter,
+  // When `v` is a tensor rebuild call (_rebuild_tensor[_v2|_v3], _rebuild_parameter,
   // _rebuild_from_type_v2), sets *is_tensor and fills dtype, shape, extents or strided
   // layout and storage_id of *t, after checking every element lies inside its storage.
   // Storage ids ("<file>:<base>:<key>") name the file, the window and the record, so two
