@@ -85,7 +85,8 @@ class TorchArchive : public StorageResolver {
   // Opens file `path` (adding it to `files`) as a whole-file archive.
   Status Open(const std::string& path, SourceFiles* files, const ReadLimits& limits = ReadLimits{});
   // Opens the archive in `window` of a file already in `files`, checks it is a torch.save
-  // archive and parses its data.pkl without executing anything.
+  // archive and parses its object pickle (`records.pickle`, data.pkl unless said; none when
+  // empty) without executing anything; its storages are `records.storage_dir` records.
   Status Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits = ReadLimits{},
               const ArchiveRecords& records = ArchiveRecords{});
 
