@@ -4,9 +4,6 @@ set -euo pipefail
 packages=(g++ cmake ninja-build pkg-config libfuse3-dev fuse3 nlohmann-json3-dev libxxhash-dev
           libboost-test-dev python3-venv rsync attr xxhash clang libclang-rt-14-dev)
 packages+=(fuse-zip)  # tests/bench/bench_archive_peers.py: the archive-mount peer
-# tests/compat/test_torch_family.py: a legacy torch.save file written by a second, older torch
-# (Debian's 1.13, through /usr/bin/python3); nothing else uses it.
-packages+=(python3-torch)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -16,4 +13,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: apt-get install ${missing[*]}" >&2
   "${sudo_cmd[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >&2
+fi
+# tests/compat/test_torch_family.py: files written by a second, older torch (Debian's 1.13,
+# through /usr/bin/python3); nothing else uses it. Without its recommends (libtorch-dev and
+# a compiler toolchain: hundreds of packages the test does not need).
+if ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install ok installed"; then
+  sudo_cmd=(); [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  echo "install-deps: apt-get install --no-install-recommends python3-torch" >&2
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-torch >&2
 fi
