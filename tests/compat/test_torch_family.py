@@ -44,6 +44,19 @@ def read_mounted_model(mnt: Path) -> dict:
         return {k: f.get_tensor(k) for k in f.keys()}
 
 
+def check_mount(mnt: Path, expected: dict) -> None:
+    """The mount's model.safetensors and each per-tensor file hold EXPECTED, key for key."""
+    got = read_mounted_model(mnt)
+    assert set(got) == set(expected)
+    files = {t["key"]: t["file"] for t in json.loads((mnt / "manifest.json").read_text())["tensors"]}
+    for key, tensor in expected.items():
+        want = served_form(tensor.detach())
+        assert_bitwise_equal(got[key], want, key)
+        with safe_open(str(mnt / files[key]), framework="pt") as f:
+            assert list(f.keys()) == [key]
+            assert_bitwise_equal(f.get_tensor(key), want, f"{files[key]}: {key}")
+
+
 # --- legacy torch.save streams ------------------------------------------------------------
 
 
@@ -126,11 +139,7 @@ def test_legacy_mount_serves_torch_load_bytes(tmp_path, mounts):
     base = torch.randn(16, 4)
     src = tmp_path / "m.pt"
     expected = legacy_save({"a": base, "b": base.t(), "c": torch.randn(7).double()}, src)
-    mnt = mounts.mount(src)
-    got = read_mounted_model(mnt)
-    assert set(got) == set(expected)
-    for key, tensor in expected.items():
-        assert_bitwise_equal(got[key], tensor, key)
+    check_mount(mounts.mount(src), expected)
 
 
 def test_legacy_bin_in_a_model_folder(tmp_path, verify_export, run_ckptfs):
@@ -394,21 +403,14 @@ def test_torchscript(tmp_path, verify_export, run_ckptfs, kind, which):
     assert "format:       torchscript" in run_ckptfs("info", src).stdout.decode()
 
 
-def test_torchscript_mount(tmp_path, mounts):
-    src = tmp_path / "seq.pt"
+@pytest.mark.parametrize("which", ["sequential", "block"])
+def test_torchscript_mount(tmp_path, mounts, which):
+    src = tmp_path / f"{which}.pt"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.jit.script(_sequential()).save(str(src))
+        torch.jit.script(_sequential() if which == "sequential" else _block()).save(str(src))
         state = torch.jit.load(str(src)).state_dict()
-    mnt = mounts.mount(src)
-    got = read_mounted_model(mnt)
-    assert set(got) == set(state)
-    for key, tensor in state.items():
-        assert_bitwise_equal(got[key], served_form(tensor), key)
-        per_tensor = json.loads((mnt / "manifest.json").read_text())
-        entry = next(t for t in per_tensor["tensors"] if t["key"] == key)
-        with safe_open(str(mnt / entry["file"]), framework="pt") as f:
-            assert_bitwise_equal(f.get_tensor(key), served_form(tensor), key)
+    check_mount(mounts.mount(src), state)
 
 
 # --- torch.export packages ----------------------------------------------------------------
@@ -447,8 +449,4 @@ def test_torch_export(tmp_path, verify_export, run_ckptfs, mounts):
     assert shared["l2.weight"] is not None and shared["l2.weight"] == shared["l3.weight"]
     assert "format:       torch-export" in run_ckptfs("info", src).stdout.decode()
 
-    mnt = mounts.mount(src)
-    got = read_mounted_model(mnt)
-    assert set(got) == set(expected)
-    for key, tensor in expected.items():
-        assert_bitwise_equal(got[key], tensor.detach(), key)
+    check_mount(mounts.mount(src), expected)
