@@ -23,7 +23,6 @@
 
 #include "ckptfs/options.hpp"
 #include "fuse/filesystem.hpp"
-#include "fuse/push_ahead.hpp"
 #include "fuse/source_watcher.hpp"
 
 namespace ckptfs::fuse {
@@ -229,15 +228,6 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
       // mount already exists: the command returns with the mount ready.
       if (fuse_daemonize(fopts.foreground) == 0) {
         RaiseReadahead(mountpoint.get());
-        // Experiment knob (tests/bench/README.md): CKPTFS_PUSH_AHEAD_MIB=N pushes N MiB ahead
-        // of sequential readers.
-        const char* push_mib = std::getenv("CKPTFS_PUSH_AHEAD_MIB");
-        const uint64_t push_window = push_mib ? std::strtoull(push_mib, nullptr, 10) << 20 : 0;
-        PushAhead push_ahead(push_window, kMaxRequestBytes);
-        if (push_window > 0) {
-          push_ahead.Start(se, &fs);
-          fs.push_ahead = &push_ahead;
-        }
         SourceWatcher watcher;
         if (!watcher.Start(se, &fs))
           fuse_log(FUSE_LOG_WARNING, "ckptfs: cannot watch the source files; changes are caught on read only\n");
@@ -250,9 +240,6 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
           status = fuse_session_loop_mt(se, config);
           fuse_loop_cfg_destroy(config);
         }
-        watcher.Stop();
-        fs.push_ahead = nullptr;
-        push_ahead.Stop();
       }
       fuse_session_unmount(se);
     }

@@ -1,5 +1,4 @@
 #include "fuse/filesystem.hpp"
-#include "fuse/push_ahead.hpp"
 
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -175,14 +174,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file
       return (void)fuse_reply_err(req, s.ToErrno());
     }
     fuse_reply_buf(req, buf.data(), n);
-    if (fs.push_ahead) fs.push_ahead->OnRead(ino, static_cast<uint64_t>(offset), n);
   });
-}
-
-void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
-  Filesystem& fs = Fs(req);
-  if (fs.push_ahead) fs.push_ahead->Forget(ino);
-  fuse_reply_err(req, 0);
 }
 
 void OpStatfs(fuse_req_t req, fuse_ino_t) {
@@ -291,7 +283,6 @@ fuse_lowlevel_ops MakeOperations() {
   ops.readdir = OpReaddir;
   ops.open = OpOpen;
   ops.read = OpRead;
-  ops.release = OpRelease;
   ops.statfs = OpStatfs;
   ops.getxattr = OpGetxattr;
   ops.listxattr = OpListxattr;

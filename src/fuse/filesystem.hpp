@@ -21,11 +21,8 @@ namespace ckptfs::fuse {
 // Largest read the kernel is asked to send in one request (max_pages = 256).
 constexpr unsigned kMaxRequestBytes = 1u << 20;
 
-class PushAhead;
-
 struct Filesystem {
   std::unique_ptr<View> view;
-  PushAhead* push_ahead = nullptr;  // set while the session runs, if pushing is on
   uid_t uid = 0;
   gid_t gid = 0;
   uint64_t total_bytes = 0;  // sum of file sizes, for statfs
