@@ -213,7 +213,7 @@ def main() -> int:
             if "a" in only:
                 f_bps = size / median(first)
                 res.add("a.first" + tag, f"seq read {size // MiB} MiB tensor, first read (source cached)",
-                        f_bps / GB, src_bps / GB, "GB/s", "≥ 0.6", f_bps / src_bps >= 0.6,
+                        f_bps / GB, src_bps / GB, "GB/s", "≥ 0.3", f_bps / src_bps >= 0.3,
                         alt_name="dd source", detail={**detail, "ckptfs_s": first, "dd_s": dd_first})
                 rr = size / median([r[0] for r in reread])
                 rs = size / median([r[1] for r in reread])
