@@ -108,7 +108,7 @@ Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const Read
   std::vector<std::string> names;
   Env& env = catalog->files->env();
   if (Status listed = ListFiles(env, dir, &names); !listed.ok()) {
-    if (listed.code() != Status::Code::kNotSupported) return listed;
+    if (!IsFolderNotListable(listed)) return listed;
     names.clear();
     CKPTFS_RETURN_IF_ERROR(ProbeConventionalFiles(env, dir, index_name, &names));
   }

@@ -5,6 +5,8 @@
 #include "remote/remote_envs.hpp"
 
 #include <cerrno>
+#include <map>
+#include <mutex>
 
 #include "remote/remote_file.hpp"
 
@@ -21,7 +23,7 @@ class HttpEnv final : public Env {
     RemoteObject object;
     object.display = path;
     object.request_url = path;
-    CKPTFS_RETURN_IF_ERROR(HeadObject(*context_, &object));
+    if (!TakeStatted(path, &object)) CKPTFS_RETURN_IF_ERROR(HeadObject(*context_, &object));
     return RemoteFile::Open(context_, std::move(object), out);
   }
 
@@ -40,15 +42,30 @@ class HttpEnv final : public Env {
     }
     CKPTFS_RETURN_IF_ERROR(s);
     *type = PathType::kFile;
+    std::lock_guard<std::mutex> lock(mu_);
+    statted_[path] = object.identity;
     return Status::OK();
   }
 
   Status ListFolder(const std::string& path, std::vector<FolderEntry>* out) override {
-    return Status::NotSupported(path, "an HTTP server gives no folder listing");
+    return FolderNotListable(path);
   }
 
  private:
+  // A reader stats a file and then opens it: the open takes the identity the stat's HEAD
+  // found instead of sending a second one (once; a later open asks the server again).
+  bool TakeStatted(const std::string& path, RemoteObject* object) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = statted_.find(path);
+    if (it == statted_.end()) return false;
+    object->identity = it->second;
+    statted_.erase(it);
+    return true;
+  }
+
   std::shared_ptr<RemoteContext> context_;
+  std::mutex mu_;
+  std::map<std::string, FileIdentity> statted_;
 };
 
 }  // namespace

@@ -12,17 +12,19 @@
 namespace ckptfs {
 namespace {
 
-// The cache's unit. Small enough that building a catalog (a zip directory, a pickle, a
-// header: a few scattered small reads) fetches little; sequential reads fetch many blocks
-// per request.
-constexpr uint64_t kBlockBytes = 256 << 10;
+// The cache's unit. Small enough that building a catalog (a zip directory, a pickle, and
+// one local header per tensor record of a torch zip: scattered small reads) fetches little;
+// sequential reads fetch many blocks per request, so the unit costs no requests there.
+constexpr uint64_t kBlockBytes = 64 << 10;
 // One readahead request: large enough to keep a connection busy, small enough that several
 // run side by side.
 constexpr uint64_t kReadaheadRequestBytes = 4 << 20;
 // The largest request a reader's own miss sends.
 constexpr uint64_t kMaxRequestBytes = 16 << 20;
-// The first readahead after two contiguous reads; it doubles with each further one.
-constexpr uint64_t kFirstWindowBytes = 1 << 20;
+// Readahead starts once a reader has read this much contiguously (parsing a pickle or a
+// header never gets there) and then fetches twice what it has read so far, up to the
+// readahead option.
+constexpr uint64_t kReadaheadAfterBytes = 1 << 20;
 
 // Readahead requests in flight per source.
 constexpr int kReadaheadThreads = 4;
@@ -76,7 +78,7 @@ struct RemoteFile::State {
 
   std::mutex readahead_mu;
   uint64_t next_expected = UINT64_MAX;  // where a sequential reader reads next
-  uint64_t window = 0;
+  uint64_t run_start = 0;               // where its contiguous reads began
   uint64_t prefetched_until = 0;
 
   uint64_t size() const { return object.identity.size; }
@@ -169,13 +171,15 @@ struct RemoteFile::State {
       const bool sequential = next_expected != UINT64_MAX && offset + kReadaheadRequestBytes >= next_expected &&
                               offset <= next_expected + kReadaheadRequestBytes;
       if (!sequential) {
-        window = 0;
+        run_start = offset;
         prefetched_until = end;
-      } else {
-        window = std::min(max_window, std::max(kFirstWindowBytes, window * 2));
+        next_expected = end;
+        return;
       }
-      next_expected = std::max(end, sequential ? next_expected : 0);
-      if (window == 0 || max_window < kBlockBytes) return;
+      next_expected = std::max(end, next_expected);
+      const uint64_t run = next_expected - std::min(run_start, next_expected);
+      if (run < kReadaheadAfterBytes || max_window < kBlockBytes) return;
+      const uint64_t window = std::min(max_window, 2 * run);
       start = std::max(prefetched_until, end);
       stop = std::min(size(), end + window);
       if (stop <= start) return;
