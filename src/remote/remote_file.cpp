@@ -78,7 +78,7 @@ struct RemoteFile::State {
 
   std::mutex readahead_mu;
   uint64_t next_expected = UINT64_MAX;  // where a sequential reader reads next
-  uint64_t run_start = 0;               // where its contiguous reads began
+  uint64_t run_bytes = 0;               // what it has read in order so far
   uint64_t prefetched_until = 0;
 
   uint64_t size() const { return object.identity.size; }
@@ -167,17 +167,21 @@ struct RemoteFile::State {
     {
       std::lock_guard<std::mutex> lock(readahead_mu);
       // The kernel's readahead and a multi-threaded daemon deliver a sequential reader's
-      // requests slightly out of order: close enough counts.
-      const bool sequential = next_expected != UINT64_MAX && offset + kReadaheadRequestBytes >= next_expected &&
-                              offset <= next_expected + kReadaheadRequestBytes;
+      // requests slightly out of order (by up to one request of at most 1 MiB): close
+      // enough counts. Scattered small reads (a torch zip's local headers, megabytes apart)
+      // never add up to kReadaheadAfterBytes.
+      constexpr uint64_t kReorder = 1 << 20;
+      const bool sequential = next_expected != UINT64_MAX && offset + kReorder >= next_expected &&
+                              offset <= next_expected + kReorder;
       if (!sequential) {
-        run_start = offset;
+        run_bytes = length;
         prefetched_until = end;
         next_expected = end;
         return;
       }
+      run_bytes += length;
       next_expected = std::max(end, next_expected);
-      const uint64_t run = next_expected - std::min(run_start, next_expected);
+      const uint64_t run = run_bytes;
       if (run < kReadaheadAfterBytes || max_window < kBlockBytes) return;
       const uint64_t window = std::min(max_window, 2 * run);
       start = std::max(prefetched_until, end);
