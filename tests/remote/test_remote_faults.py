@@ -96,7 +96,7 @@ def test_stalled_server_times_out(big_pt, proxy, mounts):
 
 @pytest.mark.timeout(120)
 def test_server_stopped_mid_read(big_pt, proxy, mounts):
-    root = mounts.mount(proxy.url(big_pt.name), None, "-o", "remote_timeout=2,remote_retries=2")
+    root = mounts.mount(proxy.url(big_pt.name), None, "-o", "remote_timeout=2,remote_retries=2,readahead=1MiB")
     with open(root / "model.safetensors", "rb") as f:
         assert len(f.read(256 << 10)) == 256 << 10
         proxy.down = True
@@ -113,7 +113,8 @@ def test_object_replaced_mid_read_is_eio_never_mixed(big_pt, www, nginx, mounts)
     shutil.copy2(big_pt, path)
     local_root = mounts.mount(big_pt)
     old = (local_root / "model.safetensors").read_bytes()
-    root = mounts.mount(nginx.url("replaced.pt"))
+    # A short readahead, so the first read's prefetch stays megabytes short of the second.
+    root = mounts.mount(nginx.url("replaced.pt"), None, "-o", "readahead=1MiB")
     size = len(old)
     with open(root / "model.safetensors", "rb") as f:
         f.seek(size // 8)

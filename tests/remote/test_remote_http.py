@@ -103,7 +103,8 @@ def test_ls_of_a_remote_pt_fetches_a_few_percent(www, nginx, run_ckptfs):
     fetched = nginx.bytes_since(mark, "/big-ls.pt")
     assert 0 < fetched <= 0.03 * size, f"ls fetched {fetched} of {size} bytes"
     requests = nginx.requests_since(mark)
-    assert len(requests) <= 8, requests
+    # HEAD, the first bytes, the zip directory, and one local header per tensor record.
+    assert len(requests) <= 3 + 8, requests
 
 
 @pytest.mark.timeout(60)
