@@ -18,7 +18,7 @@ namespace {
 constexpr uint64_t kBlockBytes = 64 << 10;
 // One readahead request: large enough to keep a connection busy, small enough that several
 // run side by side.
-constexpr uint64_t kReadaheadRequestBytes = 4 << 20;
+constexpr uint64_t kReadaheadRequestBytes = 8 << 20;
 // The largest request a reader's own miss sends.
 constexpr uint64_t kMaxRequestBytes = 16 << 20;
 // Readahead starts once a reader has read this much contiguously (parsing a pickle or a
