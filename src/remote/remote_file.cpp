@@ -167,12 +167,14 @@ struct RemoteFile::State {
     {
       std::lock_guard<std::mutex> lock(readahead_mu);
       // The kernel's readahead and a multi-threaded daemon deliver a sequential reader's
-      // requests slightly out of order (by up to one request of at most 1 MiB): close
-      // enough counts. Scattered small reads (a torch zip's local headers, megabytes apart)
-      // never add up to kReadaheadAfterBytes.
-      constexpr uint64_t kReorder = 1 << 20;
-      const bool sequential = next_expected != UINT64_MAX && offset + kReorder >= next_expected &&
-                              offset <= next_expected + kReorder;
+      // requests out of order (several 1 MiB requests in flight at once): a read anywhere
+      // from a little behind where the reader got to, up to just past what was prefetched,
+      // continues the stream. Scattered small reads (a torch zip's local headers, megabytes
+      // apart) never add up to kReadaheadAfterBytes.
+      constexpr uint64_t kBehind = 16 << 20;
+      constexpr uint64_t kAhead = 1 << 20;
+      const bool sequential = next_expected != UINT64_MAX && offset + kBehind >= next_expected &&
+                              offset <= std::max(next_expected, prefetched_until) + kAhead;
       if (!sequential) {
         run_bytes = length;
         prefetched_until = end;
@@ -181,22 +183,40 @@ struct RemoteFile::State {
       }
       run_bytes += length;
       next_expected = std::max(end, next_expected);
-      const uint64_t run = run_bytes;
-      if (run < kReadaheadAfterBytes || max_window < kBlockBytes) return;
-      const uint64_t window = std::min(max_window, 2 * run);
-      start = std::max(prefetched_until, end);
-      stop = std::min(size(), end + window);
-      if (stop <= start) return;
+      if (run_bytes < kReadaheadAfterBytes || max_window < kBlockBytes) return;
+      const uint64_t window = std::min(max_window, 2 * run_bytes);
+      start = std::max(prefetched_until, next_expected);
+      stop = std::min(size(), next_expected + window);
+      // Top up in whole requests, not a sliver after every read.
+      if (stop <= start || (stop - start < kReadaheadRequestBytes && stop != size())) return;
       prefetched_until = stop;
     }
+    // The blocks are claimed now, so a reader that gets there before the request does waits
+    // for it instead of fetching the same bytes again.
     std::weak_ptr<State> weak = self;
+    BlockCache* cache = &context->cache;  // outlives every job: the Env stops the pool first
+    const uint64_t object_id = id;
     for (uint64_t chunk = start; chunk < stop; chunk += kReadaheadRequestBytes) {
       const uint64_t first = chunk / kBlockBytes;
       const uint64_t last = (std::min(stop, chunk + kReadaheadRequestBytes) - 1) / kBlockBytes;
-      context->pool.Submit([weak, first, last](bool run) {
-        if (!run) return;
-        if (auto state = weak.lock()) (void)state->FetchAbsent(first, last, kReadaheadRequestBytes);
-      });
+      uint64_t b = first;
+      while (b <= last) {
+        BlockCache::Block unused;
+        if (cache->Find(id, b, /*claim=*/true, &unused) != BlockCache::Lookup::kClaimed) {
+          ++b;
+          continue;
+        }
+        uint64_t run_last = b;
+        while (run_last + 1 <= last &&
+               cache->Find(id, run_last + 1, /*claim=*/true, &unused) == BlockCache::Lookup::kClaimed)
+          ++run_last;
+        context->pool.Submit([weak, cache, object_id, run_first = b, run_last](bool run) {
+          auto state = run ? weak.lock() : nullptr;
+          if (state) return (void)state->FetchRun(run_first, run_last);
+          for (uint64_t k = run_first; k <= run_last; ++k) cache->Fail(object_id, k);
+        });
+        b = run_last + 1;
+      }
     }
   }
 };
