@@ -93,6 +93,10 @@ size_t OnBody(char* data, size_t size, size_t count, void* user) {
   return n;
 }
 
+int OnProgress(void* aborted, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  return static_cast<const std::atomic<bool>*>(aborted)->load() ? 1 : 0;
+}
+
 }  // namespace
 
 HttpClient::HttpClient(const RemoteOptions& options) : options_(options) { InitCurlOnce(); }
@@ -163,6 +167,9 @@ Status HttpClient::TryOnce(const HttpRequest& req, HttpResponse* resp, bool* tra
   curl_easy_setopt(h, CURLOPT_USERAGENT, "ckptfs/0.1");
   // Fewer, larger writes into the block buffers on fast links.
   curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);
+  curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, &OnProgress);
+  curl_easy_setopt(h, CURLOPT_XFERINFODATA, &aborted_);
   if (req.head) curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
   std::string range;
   if (req.ranged) {
@@ -194,7 +201,7 @@ Status HttpClient::TryOnce(const HttpRequest& req, HttpResponse* resp, bool* tra
   if (rc != CURLE_OK && !(rc == CURLE_WRITE_ERROR && a.overflow)) {
     // Leave a handle whose connection may be broken out of the pool.
     curl_easy_cleanup(h);
-    *transient = rc != CURLE_UNSUPPORTED_PROTOCOL && rc != CURLE_URL_MALFORMAT && rc != CURLE_COULDNT_RESOLVE_HOST &&
+    *transient = rc != CURLE_ABORTED_BY_CALLBACK && rc != CURLE_UNSUPPORTED_PROTOCOL && rc != CURLE_URL_MALFORMAT && rc != CURLE_COULDNT_RESOLVE_HOST &&
                  rc != CURLE_SSL_CACERT && rc != CURLE_PEER_FAILED_VERIFICATION && rc != CURLE_TOO_MANY_REDIRECTS;
     return fail(error[0] ? std::string(error) : std::string(curl_easy_strerror(rc)));
   }
@@ -244,6 +251,7 @@ Status HttpClient::Send(const HttpRequest& request, HttpResponse* response) {
   Status last;
   std::string reason;
   for (int attempt = 0; attempt < tries; ++attempt) {
+    if (aborted_.load()) return Status::FromErrno(request.display, "the source is closing", EIO);
     if (attempt > 0) {
       CountRetry();
       // 100 ms, 200 ms, 400 ms ... at most 2 s between tries.

@@ -7,6 +7,7 @@
 #ifndef CKPTFS_REMOTE_HTTP_CLIENT_HPP_
 #define CKPTFS_REMOTE_HTTP_CLIENT_HPP_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -62,12 +63,17 @@ class HttpClient {
   // ranged GETs, which succeed only with the exact bytes asked for.
   Status Send(const HttpRequest& request, HttpResponse* response);
 
+  // Ends every transfer in flight and fails every later request at once: the source is
+  // going away (unmount), and nothing may wait out a timeout for it.
+  void Abort() { aborted_.store(true); }
+
  private:
   void* Acquire();
   void Release(void* handle);
   Status TryOnce(const HttpRequest& request, HttpResponse* response, bool* transient, std::string* reason);
 
   RemoteOptions options_;
+  std::atomic<bool> aborted_{false};
   std::mutex mu_;
   std::vector<void*> idle_;  // CURL* handles with live connections
 };

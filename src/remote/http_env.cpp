@@ -17,7 +17,10 @@ class HttpEnv final : public Env {
  public:
   explicit HttpEnv(const RemoteOptions& options) : context_(std::make_shared<RemoteContext>(options)) {}
 
-  ~HttpEnv() override { context_->pool.Stop(); }
+  ~HttpEnv() override {
+    context_->client.Abort();
+    context_->pool.Stop();
+  }
 
   Status Open(const std::string& path, std::unique_ptr<SourceFile>* out) override {
     RemoteObject object;

@@ -23,7 +23,10 @@ class S3Env final : public Env {
   S3Env(const RemoteOptions& options, const S3Settings& settings)
       : context_(std::make_shared<RemoteContext>(options)), settings_(settings) {}
 
-  ~S3Env() override { context_->pool.Stop(); }
+  ~S3Env() override {
+    context_->client.Abort();
+    context_->pool.Stop();
+  }
 
   Status Open(const std::string& path, std::unique_ptr<SourceFile>* out) override {
     RemoteObject object;
