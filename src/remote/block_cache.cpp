@@ -41,7 +41,24 @@ void BlockCache::Fill(uint64_t object, uint64_t index, Block block) {
     e.block = std::move(block);
     lru_.push_front(key);
     e.lru = lru_.begin();
-    EvictLocked();
+    EvictLocked(1);
+  }
+  done_.notify_all();
+}
+
+void BlockCache::FillRun(uint64_t object, uint64_t first, std::vector<Block> blocks) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const Key key{object, first + i};
+      Entry& e = entries_[key];
+      e.pending = false;
+      ready_bytes_ += blocks[i].length;
+      e.block = std::move(blocks[i]);
+      lru_.push_front(key);
+      e.lru = lru_.begin();
+    }
+    EvictLocked(blocks.size());
   }
   done_.notify_all();
 }
@@ -54,10 +71,10 @@ void BlockCache::Fail(uint64_t object, uint64_t index) {
   done_.notify_all();
 }
 
-void BlockCache::EvictLocked() {
-  // The block just filled is at the front and is never evicted by its own Fill, so a cache
-  // smaller than one request still serves that request.
-  while (ready_bytes_ > capacity_ && lru_.size() > 1) {
+void BlockCache::EvictLocked(size_t keep) {
+  // The blocks just filled are at the front and are never evicted by their own Fill, so a
+  // cache smaller than one request still serves that request.
+  while (ready_bytes_ > capacity_ && lru_.size() > keep) {
     const Key key = lru_.back();
     lru_.pop_back();
     auto it = entries_.find(key);

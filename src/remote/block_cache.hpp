@@ -43,6 +43,9 @@ class BlockCache {
 
   // Completes a claimed block.
   void Fill(uint64_t object, uint64_t index, Block block);
+  // Completes claimed blocks first, first+1, ... at once (one request's blocks): one lock
+  // and one wake-up for the readers waiting on any of them.
+  void FillRun(uint64_t object, uint64_t first, std::vector<Block> blocks);
   // Abandons a claimed block (its fetch failed): waiters see it absent and try themselves.
   void Fail(uint64_t object, uint64_t index);
 
@@ -55,7 +58,7 @@ class BlockCache {
     Block block;
     std::list<Key>::iterator lru;  // valid when !pending
   };
-  void EvictLocked();
+  void EvictLocked(size_t keep);
 
   const uint64_t capacity_;
   std::mutex mu_;

@@ -32,7 +32,11 @@ constexpr int kReadaheadThreads = 4;
 }  // namespace
 
 RemoteContext::RemoteContext(const RemoteOptions& o)
-    : options(o), client(o), cache(o.cache_bytes), pool(kReadaheadThreads) {}
+    : options(o),
+      client(o),
+      buffers(std::make_shared<BufferPool>(kReadaheadRequestBytes, 2 * kReadaheadThreads)),
+      cache(o.cache_bytes),
+      pool(kReadaheadThreads) {}
 
 int64_t ParseHttpDate(const std::string& text) {
   struct tm tm {};
@@ -89,7 +93,8 @@ struct RemoteFile::State {
   Status FetchRun(uint64_t first, uint64_t last) {
     const uint64_t offset = first * kBlockBytes;
     const uint64_t end = std::min(size(), (last + 1) * kBlockBytes);
-    auto buffer = std::make_shared<std::vector<char>>(end - offset);
+    // Written here, then shared read-only by the blocks that slice it.
+    std::shared_ptr<std::vector<char>> buffer = context->buffers->Get(end - offset);
     Status s;
     if (changed.load()) {
       s = change;
@@ -119,15 +124,18 @@ struct RemoteFile::State {
       }
       if (s.ok() && disk) disk->Write(offset, buffer->size(), buffer->data(), first, last);
     }
+    if (!s.ok()) {
+      for (uint64_t b = first; b <= last; ++b) context->cache.Fail(id, b);
+      return s;
+    }
+    std::vector<BlockCache::Block> blocks;
+    blocks.reserve(last - first + 1);
     for (uint64_t b = first; b <= last; ++b) {
-      if (!s.ok()) {
-        context->cache.Fail(id, b);
-        continue;
-      }
       const uint64_t block_offset = b * kBlockBytes - offset;
       const uint64_t block_end = std::min<uint64_t>(buffer->size(), block_offset + kBlockBytes);
-      context->cache.Fill(id, b, BlockCache::Block{buffer, block_offset, block_end - block_offset});
+      blocks.push_back(BlockCache::Block{buffer, block_offset, block_end - block_offset});
     }
+    context->cache.FillRun(id, first, std::move(blocks));
     return s;
   }
 

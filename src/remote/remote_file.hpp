@@ -15,6 +15,7 @@
 #include "ckptfs/remote.hpp"
 #include "remote/aws_credentials.hpp"
 #include "remote/block_cache.hpp"
+#include "remote/buffer_pool.hpp"
 #include "remote/disk_cache.hpp"
 #include "remote/fetch_pool.hpp"
 #include "remote/http_client.hpp"
@@ -27,6 +28,7 @@ struct RemoteContext {
   explicit RemoteContext(const RemoteOptions& o);
   RemoteOptions options;
   HttpClient client;
+  std::shared_ptr<BufferPool> buffers;  // before the cache: its blocks return buffers here
   BlockCache cache;
   std::atomic<uint64_t> next_object_id{1};
   FetchPool pool;
