@@ -103,6 +103,11 @@ def test_ls_of_a_remote_pt_fetches_a_few_percent(www, nginx, run_ckptfs):
     fetched = nginx.bytes_since(mark, "/big-ls.pt")
     assert 0 < fetched <= 0.03 * size, f"ls fetched {fetched} of {size} bytes"
     requests = nginx.requests_since(mark)
+    # ckptfs info counts what it fetched: the same requests and bytes the server logged.
+    mark_info = nginx.log_mark()
+    counted = json.loads(run_ckptfs("info", "--json", nginx.url("big-ls.pt")).stdout)["fetched"]
+    assert counted["bytes"] == nginx.bytes_since(mark_info) == fetched
+    assert counted["requests"] == len(nginx.requests_since(mark_info)) and counted["retries"] == 0
     # HEAD, the first bytes, the zip directory, and one local header per tensor record.
     assert len(requests) <= 3 + 8, requests
 
