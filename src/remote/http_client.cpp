@@ -215,8 +215,15 @@ Status HttpClient::TryOnce(const HttpRequest& req, HttpResponse* resp, bool* tra
 
   // A ranged GET: the object must be the one that was opened, and the bytes exactly the range.
   if (status == 412) return Status::SourceChanged(req.display, "object changed since it was indexed (ETag differs)");
+  if (status == 404 || status == 410)
+    return Status::SourceChanged(req.display, "object was removed since it was indexed");
   if (status == 200 && !req.if_match.empty() && !resp->etag.empty() && resp->etag != req.if_match)
     return Status::SourceChanged(req.display, "object changed since it was indexed (ETag differs)");
+  // A server that ignores Range answers 200 with the whole object: that is the range
+  // asked for when the range is the whole object (a small file).
+  if (status == 200 && req.offset == 0 && req.length == req.object_size && !a.overflow &&
+      a.received == req.length && (resp->content_length < 0 || static_cast<uint64_t>(resp->content_length) == req.length))
+    return Status::OK();
   if (status != 206) {
     if (status == 200) {
       *transient = true;
