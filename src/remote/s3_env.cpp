@@ -4,6 +4,8 @@
 // of AWS_ENDPOINT_URL (S3-compatible stores), or virtual-hosted to AWS itself.
 #include <algorithm>
 #include <cerrno>
+#include <map>
+#include <mutex>
 #include <set>
 
 #include "remote/remote_envs.hpp"
@@ -31,7 +33,7 @@ class S3Env final : public Env {
   Status Open(const std::string& path, std::unique_ptr<SourceFile>* out) override {
     RemoteObject object;
     CKPTFS_RETURN_IF_ERROR(ObjectOf(path, &object));
-    CKPTFS_RETURN_IF_ERROR(HeadObject(*context_, &object));
+    if (!TakeKnown(path, &object.identity)) CKPTFS_RETURN_IF_ERROR(HeadObject(*context_, &object));
     return RemoteFile::Open(context_, std::move(object), out);
   }
 
@@ -41,9 +43,17 @@ class S3Env final : public Env {
     if (!key.empty()) {
       RemoteObject object;
       CKPTFS_RETURN_IF_ERROR(ObjectOf(path, &object));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (known_.count(path)) {
+          *type = PathType::kFile;
+          return Status::OK();
+        }
+      }
       Status s = HeadObject(*context_, &object);
       if (s.ok()) {
         *type = PathType::kFile;
+        Remember(path, object.identity);
         return Status::OK();
       }
       if (s.code() != Status::Code::kNotFound) return s;
@@ -51,7 +61,7 @@ class S3Env final : public Env {
     // A "folder" is a prefix under which some key exists.
     S3ListingPage page;
     CKPTFS_RETURN_IF_ERROR(ListPage(path, bucket, key.empty() ? "" : key + "/", "", 1, &page));
-    *type = page.keys.empty() && page.prefixes.empty() ? PathType::kMissing : PathType::kFolder;
+    *type = page.objects.empty() && page.prefixes.empty() ? PathType::kMissing : PathType::kFolder;
     return Status::OK();
   }
 
@@ -67,8 +77,18 @@ class S3Env final : public Env {
         return Status::Refused(path, "folder has more than " + std::to_string(kMaxListingPages) + " pages of keys");
       S3ListingPage page;
       CKPTFS_RETURN_IF_ERROR(ListPage(path, bucket, prefix, token, 1000, &page));
-      for (const std::string& k : page.keys)
-        if (k.size() > prefix.size() && StartsWith(k, prefix)) files.insert(k.substr(prefix.size()));
+      for (const S3Object& o : page.objects) {
+        if (o.key.size() <= prefix.size() || !StartsWith(o.key, prefix)) continue;
+        const std::string name = o.key.substr(prefix.size());
+        if (name.find('/') != std::string::npos) continue;
+        files.insert(name);
+        // The listing says what a HEAD would: opening the file needs no request of its own.
+        FileIdentity identity;
+        identity.size = o.size;
+        identity.mtime_ns = o.last_modified * 1000000000;
+        identity.version = o.etag;
+        Remember(JoinPath(path, name), identity);
+      }
       for (const std::string& p : page.prefixes) {
         if (p.size() <= prefix.size() + 1 || !StartsWith(p, prefix)) continue;
         folders.insert(p.substr(prefix.size(), p.size() - prefix.size() - 1));
@@ -84,6 +104,21 @@ class S3Env final : public Env {
   }
 
  private:
+  // What a HEAD or a listing found for a file, taken by the Open that follows (once: a
+  // later open asks again), so a file costs one request at mount, not two.
+  void Remember(const std::string& path, const FileIdentity& identity) {
+    std::lock_guard<std::mutex> lock(mu_);
+    known_[path] = identity;
+  }
+  bool TakeKnown(const std::string& path, FileIdentity* identity) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = known_.find(path);
+    if (it == known_.end()) return false;
+    *identity = it->second;
+    known_.erase(it);
+    return true;
+  }
+
   // The URL of the bucket itself (no trailing slash).
   std::string BucketUrl(const std::string& bucket) const {
     if (!settings_.endpoint.empty()) return settings_.endpoint + "/" + PercentEncode(bucket, false);
@@ -132,6 +167,8 @@ class S3Env final : public Env {
 
   std::shared_ptr<RemoteContext> context_;
   S3Settings settings_;
+  std::mutex mu_;
+  std::map<std::string, FileIdentity> known_;
 };
 
 }  // namespace

@@ -3,13 +3,21 @@
 #define CKPTFS_REMOTE_S3_LISTING_HPP_
 
 #include <string>
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
 namespace ckptfs {
 
+struct S3Object {
+  std::string key;            // <Key>
+  uint64_t size = 0;          // <Size>
+  std::string etag;           // <ETag>, quotes included as a GET answers it
+  int64_t last_modified = 0;  // <LastModified>, seconds since the epoch (0 when unreadable)
+};
+
 struct S3ListingPage {
-  std::vector<std::string> keys;      // <Contents><Key>
+  std::vector<S3Object> objects;      // <Contents>
   std::vector<std::string> prefixes;  // <CommonPrefixes><Prefix>
   bool truncated = false;
   std::string next_token;  // <NextContinuationToken>

@@ -21,13 +21,21 @@ using namespace ckptfs;
 BOOST_AUTO_TEST_CASE(s3_listing_page) {
   const std::string xml =
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult><Name>b</Name><Prefix>run/</Prefix>"
-      "<Contents><Key>run/latest</Key><Size>5</Size></Contents>"
-      "<Contents><Key>run/a&amp;b.pt</Key><Size>9</Size></Contents>"
+      "<Contents><Key>run/latest</Key><LastModified>1994-11-06T08:49:37.000Z</LastModified>"
+      "<ETag>&quot;abc&quot;</ETag><Size>5</Size></Contents>"
+      "<Contents><Key>run/a&amp;b.pt</Key><ETag>&#34;d&#x22;</ETag><Size>9</Size></Contents>"
       "<CommonPrefixes><Prefix>run/global_step2/</Prefix></CommonPrefixes>"
       "<IsTruncated>true</IsTruncated><NextContinuationToken>tok&lt;1</NextContinuationToken></ListBucketResult>";
   S3ListingPage page;
   BOOST_REQUIRE(ParseListObjectsV2(xml, &page));
-  BOOST_TEST(page.keys == (std::vector<std::string>{"run/latest", "run/a&b.pt"}), boost::test_tools::per_element());
+  BOOST_REQUIRE(page.objects.size() == 2u);
+  BOOST_TEST(page.objects[0].key == "run/latest");
+  BOOST_TEST(page.objects[0].size == 5u);
+  BOOST_TEST(page.objects[0].etag == "\"abc\"");
+  BOOST_TEST(page.objects[0].last_modified == 784111777);
+  BOOST_TEST(page.objects[1].key == "run/a&b.pt");
+  BOOST_TEST(page.objects[1].size == 9u);
+  BOOST_TEST(page.objects[1].etag == "\"d\"");
   BOOST_TEST(page.prefixes == std::vector<std::string>{"run/global_step2/"}, boost::test_tools::per_element());
   BOOST_TEST(page.truncated);
   BOOST_TEST(page.next_token == "tok<1");
