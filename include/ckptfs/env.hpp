@@ -86,7 +86,13 @@ class Env {
                        std::string_view what = "file", std::string_view hint = {});
 };
 
-// `folder` + "/" + `name` ("name" alone when folder is empty).
+// What ListFolder returns where the Env has no folder listing (a plain HTTP server); readers
+// then find a folder's files by the names they expect (an index, the Hugging Face layout).
+Status FolderNotListable(std::string_view path);
+bool IsFolderNotListable(const Status& status);
+
+// `folder` + "/" + `name` ("name" alone when folder is empty; no second '/' when folder
+// ends with one, as a folder URL does).
 std::string JoinPath(std::string_view folder, std::string_view name);
 
 // A local file's descriptor for direct reads (the device loader's O_DIRECT and cuFile

@@ -11,6 +11,7 @@
 #include "ckptfs/catalog.hpp"
 #include "ckptfs/env.hpp"
 #include "ckptfs/limits.hpp"
+#include "ckptfs/remote.hpp"
 #include "ckptfs/status.hpp"
 
 namespace ckptfs {
@@ -22,8 +23,11 @@ struct SourceOptions {
   // "exp_avg.<name>" and "exp_avg_sq.<name>" after the weights.
   bool zero_moments = false;
   ReadLimits limits;
-  // Where the source lives; null means the local file system (Env::Local()).
+  // Where the source lives; null means the Env EnvForSource picks for the SOURCE string
+  // (a remote Env for http(s):// and s3:// URLs, else the local file system).
   std::shared_ptr<Env> env;
+  // How remote sources are fetched and cached.
+  RemoteOptions remote;
 };
 
 // Detects the format of `source` (a file or a folder) and reads its catalog.

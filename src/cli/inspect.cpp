@@ -7,6 +7,7 @@
 
 #include "ckptfs/catalog.hpp"
 #include "ckptfs/names.hpp"
+#include "ckptfs/remote.hpp"
 #include "ckptfs/view.hpp"
 #include "cli/commands.hpp"
 #include "io/json_text.hpp"
@@ -28,9 +29,10 @@ constexpr char kInfoUsage[] =
     "usage: ckptfs info [--json] [OPTIONS] SOURCE\n"
     "\n"
     "Prints the format (torch-zip, torch-legacy, torchscript, torch-export, safetensors,\n"
-    "torch-zip-folder, safetensors-folder, deepspeed-zero, deepspeed-pipeline, dcp), source\n"
-    "files, tensor count, total tensor bytes, bytes per dtype and a summary of the\n"
-    "non-tensor metadata of SOURCE.\n"
+    "torch-zip-folder, safetensors-folder, deepspeed-zero, deepspeed-pipeline, dcp,\n"
+    "dcp-hf-shards), source files, tensor count, total tensor bytes, bytes per dtype and a summary of the\n"
+    "non-tensor metadata of SOURCE; for a remote SOURCE, the requests and bytes\n"
+    "building the catalog fetched.\n"
     "  --json            print the same as one JSON object\n";
 constexpr CommandLine kInfo = {kInfoUsage, true, kReadCommandGroups, 1, "info takes one SOURCE"};
 
@@ -150,6 +152,11 @@ int RunInfo(const Args& args) {
   info["metadata"] = json::object();
   if (catalog->metadata.is_object())
     for (auto& [k, v] : catalog->metadata.items()) info["metadata"][k] = Summarize(v);
+  // What building the catalog fetched from a remote source.
+  const RemoteCounters fetched = RemoteCountersNow();
+  if (IsRemoteSource(catalog->source))
+    info["fetched"] = {{"requests", fetched.requests}, {"bytes", fetched.bytes}, {"retries", fetched.retries},
+                       {"disk_cache_bytes", fetched.disk_cache_bytes}};
 
   if (options.json) {
     WriteAll(info.dump(1, ' ', false, json::error_handler_t::replace) + "\n");
@@ -171,6 +178,10 @@ int RunInfo(const Args& args) {
     for (auto& [k, v] : info["metadata"].items())
       text += "  " + k + ": " + (v.is_string() ? v.get<std::string>() : v.dump(-1, ' ', false, json::error_handler_t::replace)) + "\n";
   }
+  if (info.contains("fetched"))
+    text += "fetched:      " + std::to_string(fetched.requests) + " requests, " + std::to_string(fetched.bytes) +
+            " bytes (" + std::to_string(fetched.retries) + " retries, " + std::to_string(fetched.disk_cache_bytes) +
+            " bytes from the disk cache)\n";
   WriteAll(text);
   return 0;
 }

@@ -56,6 +56,46 @@ Status ReadIndex(Env& env, const std::string& path, const ReadLimits& limits, st
   return Status::OK();
 }
 
+// Files a Hugging Face model folder holds besides its weights, passed through when present.
+constexpr std::string_view kConventionalSiblings[] = {
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model", "preprocessor_config.json",
+    "chat_template.jinja", "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"};
+// The weight files of that layout, in the order transformers looks for them.
+constexpr std::string_view kConventionalWeights[] = {"model.safetensors.index.json", "model.safetensors",
+                                                     "pytorch_model.bin.index.json", "pytorch_model.bin"};
+
+// For a folder the Env cannot list (a plain HTTP server): the files the Hugging Face layout
+// names that exist, found by asking for each. `index_name`, when given, is the weights' index.
+Status ProbeConventionalFiles(Env& env, const std::string& dir, const std::string& index_name,
+                              std::vector<std::string>* names) {
+  auto exists = [&](std::string_view name, bool* found) {
+    PathType type;
+    CKPTFS_RETURN_IF_ERROR(env.Stat(JoinPath(dir, name), &type));
+    *found = type == PathType::kFile;
+    return Status::OK();
+  };
+  if (!index_name.empty()) {
+    names->push_back(index_name);
+  } else {
+    for (std::string_view w : kConventionalWeights) {
+      bool found = false;
+      CKPTFS_RETURN_IF_ERROR(exists(w, &found));
+      if (found) {
+        names->emplace_back(w);
+        break;
+      }
+    }
+  }
+  for (std::string_view sibling : kConventionalSiblings) {
+    bool found = false;
+    CKPTFS_RETURN_IF_ERROR(exists(sibling, &found));
+    if (found) names->emplace_back(sibling);
+  }
+  std::sort(names->begin(), names->end());
+  return Status::OK();
+}
+
 void MergeInto(json* into, const json& from) {
   if (!from.is_object()) return;
   for (auto& [k, v] : from.items()) (*into)[k] = v;
@@ -74,13 +114,22 @@ Status ReadTorchWeights(const std::string& path, Catalog* catalog, json* meta, c
 
 }  // namespace
 
-Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const ReadLimits& limits) {
+Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const ReadLimits& limits,
+                            const std::string& index_name) {
   std::vector<std::string> names;
   Env& env = catalog->files->env();
-  CKPTFS_RETURN_IF_ERROR(ListFiles(env, dir, &names));
+  if (Status listed = ListFiles(env, dir, &names); !listed.ok()) {
+    if (!IsFolderNotListable(listed)) return listed;
+    names.clear();
+    CKPTFS_RETURN_IF_ERROR(ProbeConventionalFiles(env, dir, index_name, &names));
+  }
   std::vector<std::string> indexes;
-  for (const auto& n : names)
-    if (IsIndex(n)) indexes.push_back(n);
+  if (!index_name.empty()) {
+    indexes.push_back(index_name);
+  } else {
+    for (const auto& n : names)
+      if (IsIndex(n)) indexes.push_back(n);
+  }
   // Prefer safetensors when a folder holds both formats, as transformers does.
   std::sort(indexes.begin(), indexes.end(), [](const std::string& a, const std::string& b) {
     return EndsWith(a, ".safetensors.index.json") > EndsWith(b, ".safetensors.index.json");

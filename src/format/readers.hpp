@@ -51,7 +51,11 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, nlohmann::
 // Reads the checkpoint in folder `dir` (through the Env of catalog->files): sharded safetensors with an index, a folder of
 // .safetensors files, or torch .bin/.pt files (with or without pytorch_model.bin.index.json).
 // Other regular files in the folder become sibling files, served unchanged.
-Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const ReadLimits& limits = ReadLimits{});
+// `index_name`, when given, is the index file of `dir` to read the weights from (the SOURCE
+// was that index); a folder the Env cannot list is read from the names the index and the
+// Hugging Face layout give.
+Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const ReadLimits& limits = ReadLimits{},
+                            const std::string& index_name = {});
 
 // True when `dir` is a DeepSpeed save folder (it has `latest`) or tag folder (it holds
 // ZeRO rank files or pipeline layer files).

@@ -17,12 +17,21 @@ Status Sniff(const std::string& path, SourceFiles* files, std::string* head) {
   return files->ReadExact(file, 0, head->size(), head->data());
 }
 
+bool IsWeightIndexName(std::string_view path) {
+  auto ends_with = [&](std::string_view suffix) {
+    return path.size() > suffix.size() && path.substr(path.size() - suffix.size()) == suffix;
+  };
+  return ends_with(".safetensors.index.json") || ends_with(".bin.index.json");
+}
+
 }  // namespace
 
 Status OpenCatalog(const std::string& source, const SourceOptions& options, std::shared_ptr<const Catalog>* out) {
   auto catalog = std::make_shared<Catalog>();
   catalog->source = source;
-  catalog->files = std::make_shared<SourceFiles>(options.env ? options.env : Env::Local());
+  std::shared_ptr<Env> source_env = options.env;
+  if (!source_env) CKPTFS_RETURN_IF_ERROR(EnvForSource(source, options.remote, &source_env));
+  catalog->files = std::make_shared<SourceFiles>(std::move(source_env));
   Env& env = catalog->files->env();
   PathType type;
   CKPTFS_RETURN_IF_ERROR(env.Stat(source, &type));
@@ -36,6 +45,13 @@ Status OpenCatalog(const std::string& source, const SourceOptions& options, std:
       CKPTFS_RETURN_IF_ERROR(ReadDcpHfShards(source, options, catalog.get()));
     else
       CKPTFS_RETURN_IF_ERROR(ReadCheckpointFolder(source, catalog.get(), options.limits));
+  } else if (type == PathType::kFile && IsWeightIndexName(source)) {
+    // An index names its shards relative to its own folder, which is read as a checkpoint
+    // folder with that index (over HTTP the index is how the shards are found at all).
+    const size_t slash = source.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : source.substr(0, slash);
+    const std::string index_name = slash == std::string::npos ? source : source.substr(slash + 1);
+    CKPTFS_RETURN_IF_ERROR(ReadCheckpointFolder(dir, catalog.get(), options.limits, index_name));
   } else if (type == PathType::kFile) {
     std::string head;
     CKPTFS_RETURN_IF_ERROR(Sniff(source, catalog->files.get(), &head));

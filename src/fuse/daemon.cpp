@@ -173,7 +173,8 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
   }
 
   char resolved[PATH_MAX];
-  std::string source = ::realpath(cl.source.c_str(), resolved) ? std::string(resolved) : cl.source;
+  std::string source = !IsRemoteSource(cl.source) && ::realpath(cl.source.c_str(), resolved) ? std::string(resolved)
+                                                                                             : cl.source;
   std::vector<std::string> fuse_argv = {"ckptfs", cl.mountpoint};
   for (auto& f : cl.flags) fuse_argv.push_back(f);
   std::string opts = "ro,default_permissions,subtype=ckptfs,fsname=" + EscapeOptionValue(source);
@@ -242,6 +243,12 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
         }
       }
       fuse_session_unmount(se);
+      if (IsRemoteSource(source)) {
+        const RemoteCounters c = RemoteCountersNow();
+        fuse_log(FUSE_LOG_INFO, "ckptfs: unmounted %s: fetched %llu bytes in %llu requests (%llu retries)\n",
+                 source.c_str(), static_cast<unsigned long long>(c.bytes), static_cast<unsigned long long>(c.requests),
+                 static_cast<unsigned long long>(c.retries));
+      }
     }
     fuse_remove_signal_handlers(se);
   }

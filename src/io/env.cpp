@@ -1,6 +1,8 @@
 // The parts of Env and SourceFile that every kind of source shares.
 #include "ckptfs/env.hpp"
 
+#include <cerrno>
+
 namespace ckptfs {
 
 const std::string& SourceFile::local_path() const {
@@ -20,10 +22,21 @@ Status Env::ReadSmallFile(const std::string& path, uint64_t max_bytes, std::stri
   return file->Read(0, size, out->data());
 }
 
+Status FolderNotListable(std::string_view path) {
+  return Status::FromErrno(path, "the source gives no folder listing", EOPNOTSUPP);
+}
+
+bool IsFolderNotListable(const Status& status) {
+  return status.code() == Status::Code::kIOError && status.ToErrno() == EOPNOTSUPP;
+}
+
 std::string JoinPath(std::string_view folder, std::string_view name) {
   std::string path;
   path.reserve(folder.size() + 1 + name.size());
-  if (!folder.empty()) path.append(folder).push_back('/');
+  if (!folder.empty()) {
+    path.append(folder);
+    if (folder.back() != '/') path.push_back('/');
+  }
   path.append(name);
   return path;
 }

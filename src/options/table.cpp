@@ -84,6 +84,27 @@ Status ParseMaxTensors(std::string_view where, std::string_view value, OptionVal
   return Status::OK();
 }
 
+Status ParseCacheDir(std::string_view where, std::string_view value, OptionValues* out) {
+  if (value.empty() || value.front() != '/')
+    return Status::InvalidArgument(where, "needs an absolute folder path (a mount runs from /)");
+  out->source.remote.cache_dir.assign(value);
+  return Status::OK();
+}
+
+Status ParseRemoteTimeout(std::string_view where, std::string_view value, OptionValues* out) {
+  uint64_t n = 0;
+  if (!ParseInteger(value, 1, 3600, &n)) return Status::InvalidArgument(where, "not a number of seconds from 1 to 3600");
+  out->source.remote.timeout_seconds = static_cast<int>(n);
+  return Status::OK();
+}
+
+Status ParseRemoteRetries(std::string_view where, std::string_view value, OptionValues* out) {
+  uint64_t n = 0;
+  if (!ParseInteger(value, 0, 20, &n)) return Status::InvalidArgument(where, "not a count from 0 to 20");
+  out->source.remote.retries = static_cast<int>(n);
+  return Status::OK();
+}
+
 Status ParseBackend(std::string_view where, std::string_view value, OptionValues* out) {
   if (value != "host" && value != "cuda" && value != "cufile" && value != "auto")
     return Status::InvalidArgument(where, "the back end must be host, cuda, cufile or auto");
@@ -174,6 +195,23 @@ const OptionSpec kTable[] = {
      "--shard-size), tensors (tensors/, one file per tensor), files (manifest.json, metadata.json, the "
      "source folder's other files), all (default: model,files)",
      ParseExportParts},
+    // Remote sources (http://, https://, s3://).
+    {"cache_size", kValue, kSourceGroup, "SIZE",
+     "remote sources: memory for fetched blocks, shared by all files (default 256MiB)",
+     ParseSizeInto<&OptionValues::source, &SourceOptions::remote, &RemoteOptions::cache_bytes>},
+    {"cache_dir", kValue, kSourceGroup, "DIR",
+     "remote sources: also keep fetched blocks in folder DIR, keyed by URL and ETag, so a remount fetches "
+     "nothing twice (default: none)",
+     ParseCacheDir},
+    {"readahead", kValue, kSourceGroup, "SIZE",
+     "remote sources: how far ahead of a sequential reader to fetch, in parallel requests (default 64MiB)",
+     ParseSizeInto<&OptionValues::source, &SourceOptions::remote, &RemoteOptions::readahead_bytes>},
+    {"remote_timeout", kValue, kSourceGroup, "SECONDS",
+     "remote sources: abandon a request that moves no byte for this long, then retry (default 30)",
+     ParseRemoteTimeout},
+    {"remote_retries", kValue, kSourceGroup, "N",
+     "remote sources: retries of a request after a timeout, reset, 5xx or bad answer before EIO (default 4)",
+     ParseRemoteRetries},
     // What `ckptfs load` loads, and where.
     {"backend", kValue, kLoadTargetGroup, "B",
      "host, cuda, cufile or auto (default: auto = cufile, else cuda; a machine without a GPU is an error, "

@@ -1,0 +1,56 @@
+// Remote sources: checkpoints on an HTTP(S) server or in an S3-compatible object store.
+//
+// A remote source is one more Env (include/ckptfs/env.hpp): its paths are URLs
+// ("https://host/dir/model.pt", "s3://bucket/prefix/step_100"), JoinPath appends names to
+// them, and its SourceFiles fetch byte ranges on demand through a bounded block cache. The
+// format readers and the View never know which Env they read. EnvForSource is the one place
+// that picks the Env for a SOURCE argument; OpenCatalog calls it for every front end.
+#ifndef CKPTFS_REMOTE_HPP_
+#define CKPTFS_REMOTE_HPP_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ckptfs/env.hpp"
+#include "ckptfs/status.hpp"
+
+namespace ckptfs {
+
+// How remote objects are fetched and cached (the source options cache_size, cache_dir,
+// remote_timeout, remote_retries, readahead).
+struct RemoteOptions {
+  // Bytes of fetched blocks kept in memory, shared by all files of the source.
+  uint64_t cache_bytes = uint64_t{256} << 20;
+  // A folder for fetched blocks on disk, keyed by URL, ETag and size; empty: none.
+  std::string cache_dir;
+  // A request that moves no byte for this long (or cannot connect) is abandoned and retried.
+  int timeout_seconds = 30;
+  // Further tries of a request that failed transiently (timeouts, resets, 5xx, short or
+  // mislabelled bodies) before the read fails with EIO.
+  int retries = 4;
+  // How far ahead of a sequential reader blocks are fetched, in parallel requests.
+  uint64_t readahead_bytes = uint64_t{64} << 20;
+};
+
+// What this process fetched from remote sources so far (all Envs together).
+struct RemoteCounters {
+  uint64_t requests = 0;   // HTTP requests sent, retries included
+  uint64_t bytes = 0;      // body bytes received
+  uint64_t retries = 0;    // requests that were tries after a transient failure
+  uint64_t disk_cache_bytes = 0;  // bytes served from the on-disk cache instead of the network
+};
+RemoteCounters RemoteCountersNow();
+
+// Whether `source` names a remote source (http://, https:// or s3://).
+bool IsRemoteSource(std::string_view source);
+
+// The Env that reads `source`: a remote Env for URLs, the local file system otherwise.
+// A URL with credentials or a query string in it is refused (they would show in
+// /proc/mounts, logs and the manifest).
+Status EnvForSource(const std::string& source, const RemoteOptions& options, std::shared_ptr<Env>* out);
+
+}  // namespace ckptfs
+
+#endif  // CKPTFS_REMOTE_HPP_

@@ -1,0 +1,171 @@
+"""Remote sources (issue 15), side by side with what a user would do instead, in one run:
+
+  ls     time to the first `ckptfs ls` of a remote 1 GiB torch.save .pt (nginx on loopback)
+         and of a DeepSpeed ZeRO folder in an S3 bucket (moto's server on loopback), and the
+         bytes fetched for it (nginx's access log / ckptfs info's counters), against the
+         size of the source (what downloading it first would fetch);
+  read   sequential read of the mounted model.safetensors vs `curl -o /dev/null` of the
+         same .pt from the same server (goal: >= 0.8x curl's throughput), and vs the same file
+         mounted from local disk (what FUSE allows on the machine);
+  cache  a second mount with -o cache_dir: bytes the server sends for a full read (goal: 0).
+
+Run as a script: `python tests/bench/bench_remote.py [--size-mib 1024] [--repeats 3]`
+(build/ckptfs or CKPTFS_BIN; nginx from scripts/install-deps.sh, moto from the test venv)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import benchlib
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS))
+from remote_servers import MotoS3, Nginx  # noqa: E402
+
+MiB = 1 << 20
+
+
+def ckptfs_bin() -> Path:
+    return Path(os.environ.get("CKPTFS_BIN", TESTS.parent / "build" / "ckptfs")).resolve()
+
+
+def timed(argv, env=None, timeout=600) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    res = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=env, timeout=timeout)
+    if res.returncode != 0:
+        raise RuntimeError(f"{argv}: exit {res.returncode}: {res.stderr.strip()}")
+    return time.perf_counter() - t0, res.stdout
+
+
+def mount(binary, source, mnt: Path, *options, env=None):
+    mnt.mkdir(parents=True, exist_ok=True)
+    argv = [binary, source, mnt] + (["-o", ",".join(options)] if options else [])
+    timed(argv, env=env, timeout=120)
+
+
+def read_file(path: Path) -> float:
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while f.read(4 * MiB):
+            pass
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "ckptfs-bench-remote")
+    args = ap.parse_args()
+    binary = ckptfs_bin()
+    work = args.workdir
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "www").mkdir(parents=True)
+    import torch
+
+    pt = work / "www" / "big.pt"
+    g = torch.Generator().manual_seed(0)
+    n = max(1, args.size_mib // 64)
+    torch.save({f"layer{i}.weight": torch.randn(16 * MiB, generator=g) for i in range(n)}, pt)
+    size = pt.stat().st_size
+    nginx = Nginx(work / "www", work / "nginx")
+    s3 = None
+    results = {}
+    try:
+        url = nginx.url("big.pt")
+        # --- ls ---------------------------------------------------------------------------
+        mark = nginx.log_mark()
+        secs, _ = timed([binary, "ls", url])
+        fetched = nginx.bytes_since(mark)
+        results["ls_pt"] = {"seconds": round(secs, 3), "bytes_fetched": fetched, "source_bytes": size,
+                            "fraction": fetched / size, "requests": len(nginx.requests_since(mark))}
+        print(f"ls of a remote {size / MiB:.0f} MiB .pt: {secs:.3f} s, fetched {fetched} bytes "
+              f"({100 * fetched / size:.2f}% of the file) in {results['ls_pt']['requests']} requests")
+
+        zero_root = None
+        try:
+            from ckptfs_fixture_cache import ZERO_CHECKPOINTS, cached_fixtures
+
+            zero_root = cached_fixtures(ZERO_CHECKPOINTS) / "w12-s3-bf16-sg8" / "checkpoint"
+        except Exception as error:  # the fixture generator needs DeepSpeed
+            print(f"ZeRO folder: skipped ({error})")
+        if zero_root is not None:
+            s3 = MotoS3(work / "moto")
+            s3.client().create_bucket(Bucket="bench")
+            s3.upload_folder("bench", "zero", zero_root)
+            zero_bytes = sum(p.stat().st_size for p in zero_root.rglob("*") if p.is_file())
+            secs, out = timed([binary, "info", "--json", "s3://bench/zero"], env=s3.env())
+            counted = json.loads(out)["fetched"]
+            results["ls_zero_s3"] = {"seconds": round(secs, 3), "bytes_fetched": counted["bytes"],
+                                     "requests": counted["requests"], "source_bytes": zero_bytes}
+            print(f"info of a ZeRO folder in S3 ({zero_bytes} bytes, 12 ranks): {secs:.3f} s, fetched "
+                  f"{counted['bytes']} bytes in {counted['requests']} requests")
+
+        # --- sequential read vs curl -------------------------------------------------------
+        mnt = work / "mnt"
+        curl_s, mount_s, local_s = [], [], []
+        for _ in range(args.repeats):
+            secs, _ = timed(["curl", "-sf", "-o", "/dev/null", url])
+            curl_s.append(secs)
+            mount(binary, url, mnt)
+            try:
+                mount_s.append(read_file(mnt / "model.safetensors"))
+            finally:
+                benchlib.unmount(mnt)
+            # The same file mounted from the local disk (in the page cache, as nginx serves
+            # it): what FUSE itself allows on this machine.
+            mount(binary, pt, mnt)
+            try:
+                local_s.append(read_file(mnt / "model.safetensors"))
+            finally:
+                benchlib.unmount(mnt)
+        served = size  # model.safetensors holds the same tensor bytes (plus a header)
+        curl_rate = served / statistics.median(curl_s) / MiB
+        mount_rate = served / statistics.median(mount_s) / MiB
+        local_rate = served / statistics.median(local_s) / MiB
+        results["read"] = {"curl_mib_s": round(curl_rate, 1), "mount_mib_s": round(mount_rate, 1),
+                           "local_mount_mib_s": round(local_rate, 1),
+                           "ratio": round(mount_rate / curl_rate, 3), "goal": 0.8,
+                           "ratio_to_local_mount": round(mount_rate / local_rate, 3),
+                           "curl_samples_s": curl_s, "mount_samples_s": mount_s, "local_samples_s": local_s}
+        print(f"sequential read: mount {mount_rate:.0f} MiB/s vs curl {curl_rate:.0f} MiB/s "
+              f"= {mount_rate / curl_rate:.2f}x (goal >= 0.8x; median of {args.repeats}); the same file "
+              f"mounted from local disk: {local_rate:.0f} MiB/s (remote = {mount_rate / local_rate:.2f}x local)")
+
+        # --- disk cache ----------------------------------------------------------------------
+        cache = work / "cache"
+        mount(binary, url, mnt, f"cache_dir={cache}")
+        try:
+            read_file(mnt / "model.safetensors")
+        finally:
+            benchlib.unmount(mnt)
+        mark = nginx.log_mark()
+        mount(binary, url, mnt, f"cache_dir={cache}")
+        try:
+            secs = read_file(mnt / "model.safetensors")
+        finally:
+            benchlib.unmount(mnt)
+        second = nginx.bytes_since(mark)
+        results["disk_cache"] = {"bytes_fetched_second_mount": second, "read_seconds": round(secs, 3), "goal": 0}
+        print(f"second mount with the disk cache: the server sent {second} bytes "
+              f"({len(nginx.requests_since(mark))} requests, HEAD only); full read {secs:.2f} s")
+    finally:
+        nginx.stop()
+        if s3:
+            s3.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps({"bench": "remote", "machine": "loaded (other jobs running)", **results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Fixtures for the remote-source suite: real servers on loopback (nginx from Debian, moto's
+S3 server from PyPI), started once per session and stopped at its end, serving checkpoints
+written by the real torch.save, safetensors and transformers. Every mount has a timeout and
+is unmounted in teardown (tests/ckptfs_mounts.py)."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from ckptfs_testlib import ckptfs_bin  # noqa: E402,F401
+from fusetools import MOUNT_TIMEOUT_S, run_bounded  # noqa: E402
+from minilm import NON_WEIGHT_FILES, minilm_dir  # noqa: E402,F401
+from remote_servers import MotoS3, Nginx  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def www(tmp_path_factory) -> Path:
+    """The folder nginx serves; tests put (or link) what they serve under it."""
+    return tmp_path_factory.mktemp("www")
+
+
+@pytest.fixture(scope="session")
+def nginx(www, tmp_path_factory):
+    server = Nginx(www, tmp_path_factory.mktemp("nginx"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    server = MotoS3(tmp_path_factory.mktemp("moto"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def run_ckptfs(ckptfs_bin):
+    """run_ckptfs(*args, check=True, env=None) -> fusetools.Bounded."""
+
+    def run(*args, check: bool = True, timeout: float = MOUNT_TIMEOUT_S, env=None):
+        kwargs = {} if env is None else {"env": env}
+        res = run_bounded([ckptfs_bin, *map(str, args)], timeout, **kwargs)
+        if check and res.returncode != 0:
+            pytest.fail(res.describe(), pytrace=False)
+        return res
+
+    return run
+
+
+def save_training_pt(path: Path, seed: int = 0, scale: int = 1) -> None:
+    """A nested checkpoint by the real torch.save: several dtypes, a transposed
+    (non-contiguous) tensor, a view at a storage offset, a tied pair and scalars."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(24 * scale, 40, generator=g)
+    flat = torch.randn(1000, generator=g)
+    shared = torch.randn(64, 16, generator=g)
+    state = {
+        "model": {
+            "embed.weight": shared,
+            "head.weight": shared,
+            "proj.weight": torch.randn(128 * scale, 64, generator=g),
+            "proj.bias": torch.randn(128 * scale, generator=g),
+            "norm.weight": torch.randn(64, generator=g).to(torch.bfloat16),
+            "half": torch.randn(33, 17, generator=g).to(torch.float16),
+            "transposed": base.t(),
+            "window": flat[10:50].view(5, 8),
+            "ids": torch.arange(-30, 30, dtype=torch.int64).reshape(6, 10),
+            "mask": torch.rand(10, 6, generator=g) > 0.5,
+        },
+        "epoch": 3,
+        "note": "remote",
+    }
+    torch.save(state, path)
+
+
+@pytest.fixture(scope="session")
+def training_pt(www) -> Path:
+    path = www / "training.pt"
+    save_training_pt(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_sharded(minilm_dir, www) -> Path:
+    """all-MiniLM-L6-v2 saved again by transformers' save_pretrained in 5 MB safetensors shards
+    with a model.safetensors.index.json, plus its tokenizer files."""
+    from transformers import AutoModel
+
+    folder = www / "minilm-sharded"
+    model = AutoModel.from_pretrained(minilm_dir)
+    model.save_pretrained(folder, max_shard_size="5MB", safe_serialization=True)
+    for name in NON_WEIGHT_FILES:
+        shutil.copy2(minilm_dir / name, folder / name)
+    assert (folder / "model.safetensors.index.json").is_file()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def minilm_bin(minilm_dir, www) -> Path:
+    """all-MiniLM-L6-v2 as a torch.save'd pytorch_model.bin and its tokenizer files."""
+    import torch
+    from transformers import AutoModel
+
+    folder = www / "minilm-bin"
+    folder.mkdir()
+    torch.save(AutoModel.from_pretrained(minilm_dir).state_dict(), folder / "pytorch_model.bin")
+    for name in NON_WEIGHT_FILES:
+        shutil.copy2(minilm_dir / name, folder / name)
+    return folder
