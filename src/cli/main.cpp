@@ -97,7 +97,8 @@ constexpr char kUsage[] =
     "  hash SOURCE      XXH3-64 of every tensor file, as xxhsum -H3 prints them\n"
     "  load SOURCE      stream every tensor into GPU memory (pinned buffers or cuFile)\n"
     "\n"
-    "Run 'ckptfs COMMAND --help' for the options of a command.\n";
+    "Run 'ckptfs COMMAND --help' for the options of a command; 'ckptfs --version' prints\n"
+    "the version.\n";
 
 }  // namespace
 
@@ -114,6 +115,10 @@ int main(int argc, char** argv) {
   Args args(argv + 2, argv + argc);
   if (command == "--help" || command == "-h" || command == "help") {
     std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (command == "--version" || command == "-V") {
+    std::printf("ckptfs %s\n", CKPTFS_VERSION);
     return 0;
   }
   if (command == "ls") return RunLs(args);
