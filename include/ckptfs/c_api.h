@@ -62,8 +62,8 @@ const char* ckptfs_metadata(ckptfs_handle* handle);
  * safetensors header): range i is [OFFSETS[i], OFFSETS[i] + LENGTHS[i]), written to OUT one
  * after the other. Only the source bytes those ranges need are read (for a converted tensor,
  * the stored elements they convert from), so a slice costs its own size. Every range must
- * lie within the tensor's nbytes. Returns 0, or -1 (OUT then holds partial data). Since API
- * version 3. */
+ * lie within the tensor's nbytes. Returns 0, or -1 (OUT then holds partial data). Unlike the
+ * other calls, it may run on one handle from several threads at once. Since API version 3. */
 int ckptfs_read_tensor(ckptfs_handle* handle, uint64_t index, size_t count, const uint64_t* offsets,
                        const uint64_t* lengths, void* out);
 

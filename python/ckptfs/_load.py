@@ -49,6 +49,8 @@ def load(source: str | os.PathLike, device: str | int = "cuda:0", dtype=None, se
             Keys or globs of the tensors to load (`"model.*"`).
         backend (`str`, defaults to `"auto"`):
             For CUDA devices: `"auto"` (cuFile, else pinned buffers), `"cuda"` or `"cufile"`.
+            On the CPU, `"auto"` reads each tensor straight into place, `"host"` streams them
+            through the ring of buffers that GPU loads use (so do its tuning options).
         root (`str`, *optional*), moments (`bool`):
             View options, as `safe_open` takes them.
         buffer_size, buffers, io_threads, direct_io:
@@ -84,6 +86,10 @@ def load(source: str | os.PathLike, device: str | int = "cuda:0", dtype=None, se
     load_options = {"verify": bool(verify), "buffer_size": buffer_size, "buffers": buffers,
                     "io_threads": io_threads, "direct_io": None if direct_io is None else bool(direct_io)}
     map_stored = dev.type == "cpu" and mmap and not verify
+    # On the CPU the pipeline (a ring of buffers, worker copies, O_DIRECT) only adds a copy:
+    # tensors are read straight into place unless it is asked for by its options.
+    pipeline = dev.type == "cuda" or backend == "host" or verify or any(
+        v is not None for v in (buffer_size, buffers, io_threads, direct_io))
 
     with Source(source, view_options(dtype, root, moments=moments)) as opened:
         out, filled, tensors = {}, [], []
@@ -95,12 +101,35 @@ def load(source: str | os.PathLike, device: str | int = "cuda:0", dtype=None, se
             out[entry["key"]] = tensor
             filled.append(entry)
             tensors.append(tensor)
+        if not pipeline:
+            _read_into(opened, filled, tensors)
+            return out
         # torch.empty's memory may still be in use by kernels queued on the current stream
         # (the caching allocator reuses blocks in stream order): the load waits for them. It
         # returns with every write completed, so later work on that stream sees the data.
         stream = torch.cuda.current_stream(index).cuda_stream if dev.type == "cuda" else None
         load_into_device(opened, filled, tensors, backend_name, index, stream, load_options)
         return out
+
+
+# Threads reading tensors into CPU memory at once: each ckptfs_read_tensor call preads (and
+# converts) outside the GIL, so two keep two cores busy with conversions.
+_READ_THREADS = 2
+
+
+def _read_into(opened: Source, entries: list, tensors: list) -> None:
+    """Fills CPU TENSORS with ENTRIES' bytes as served: buffered preads straight into each
+    tensor (conversions through the library's small per-thread scratch), largest first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    order = sorted(range(len(entries)), key=lambda i: -entries[i]["nbytes"])
+    if len(order) < 2:
+        for i in order:
+            opened.read_whole(entries[i], tensors[i].data_ptr())
+        return
+    with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
+        for done in [pool.submit(opened.read_whole, entries[i], tensors[i].data_ptr()) for i in order]:
+            done.result()
 
 
 def load_file(filename: str | os.PathLike, device: str | int = "cpu", *, dtype=None, root: str | None = None,
