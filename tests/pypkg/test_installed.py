@@ -12,7 +12,9 @@ from pathlib import Path
 import ckptfs
 from ckptfs_testlib import REPO_ROOT
 
-FORMATS = ("torch", "safetensors", "DeepSpeed ZeRO", "torch.distributed.checkpoint")
+# Every format ckptfs reads, as --help names it.
+FORMATS = ("torch .pt/.bin", "legacy torch.save", "TorchScript", "torch.export", "safetensors", "DeepSpeed ZeRO",
+           "torch.distributed.checkpoint")
 
 
 def project_version() -> str:
