@@ -66,9 +66,10 @@ cd "$build"
 rc=0
 # fuzz.smoke is left to the normal pass: it builds and runs its own clang ASan+libFuzzer
 # targets (scripts/fuzz.sh into build-fuzz/), independent of this build; running it twice
-# would only cost two more minutes.
+# would only cost two more minutes. So is pypkg: it tests the wheel, which pip builds with its
+# own uninstrumented CMake build, not this one.
 PYTEST_ADDOPTS="$passes_addopts -m 'not loads_libckptfs'" \
-  ctest --output-on-failure --timeout 1500 -E '^(device|fuzz\.smoke)$' "$@" || rc=$?
+  ctest --output-on-failure --timeout 1500 -E '^(device|fuzz\.smoke|pypkg)$' "$@" || rc=$?
 # The device suite and the option table's tests load the instrumented libckptfs.so into
 # Python through ctypes (ckptfs.load, ckptfs_open). The ASan runtime must then be the first
 # library of the process, or it aborts at load ("ASan runtime does not come first"): preload

@@ -12,12 +12,16 @@
 extern "C" {
 #endif
 
-#define CKPTFS_C_API_VERSION 2
+#define CKPTFS_C_API_VERSION 3
 
 typedef struct ckptfs_handle ckptfs_handle;
 
 /* The ABI version this library implements (CKPTFS_C_API_VERSION). */
 int ckptfs_api_version(void);
+
+/* The ckptfs release this library was built as ("0.1.0": the CMake project's VERSION, which
+ * the ckptfs binary, the .deb and the Python wheel also carry). Static. Since API version 3. */
+const char* ckptfs_version(void);
 
 /* Options are JSON objects whose keys are the names of ckptfs's option table (the mount's
  * -o names: ckptfs_options() lists them): a value option takes a string or a number
@@ -36,8 +40,32 @@ size_t ckptfs_tensor_count(const ckptfs_handle* handle);
 
 /* A JSON array, one object per tensor in catalog order: {"index", "key", "dtype" (the
  * safetensors name as served), "shape" (as served: complex128/complex32 get their real
- * view's trailing 2), "nbytes"}. Owned by the handle, valid until ckptfs_close. */
+ * view's trailing 2), "nbytes"}. Since API version 3, a tensor whose served bytes are one
+ * byte range of a local source file, as stored (no conversion, no gather), also has
+ * "extent": {"file" (an index into ckptfs_source_files), "offset"}: a caller may map that
+ * range instead of reading it. Owned by the handle, valid until ckptfs_close. */
 const char* ckptfs_tensor_info(ckptfs_handle* handle);
+
+/* A JSON array, one object per source file of the view, in the order "extent" refers to:
+ * {"name" (as messages name it), "local_path" ("" when the file has none), "size", "dev",
+ * "ino", "mtime_ns", "ctime_ns"}: the file as it was when the handle was opened, so that a
+ * caller mapping it can check it reaches the same file. Owned by the handle, valid until
+ * ckptfs_close. Since API version 3. */
+const char* ckptfs_source_files(ckptfs_handle* handle);
+
+/* The checkpoint's non-tensor values as a JSON object, as metadata.json serves them (for a
+ * safetensors file: its __metadata__). Owned by the handle, valid until ckptfs_close. Since
+ * API version 3. */
+const char* ckptfs_metadata(ckptfs_handle* handle);
+
+/* Reads COUNT byte ranges of tensor INDEX's data as served (converted, gathered; no
+ * safetensors header): range i is [OFFSETS[i], OFFSETS[i] + LENGTHS[i]), written to OUT one
+ * after the other. Only the source bytes those ranges need are read (for a converted tensor,
+ * the stored elements they convert from), so a slice costs its own size. Every range must
+ * lie within the tensor's nbytes. Returns 0, or -1 (OUT then holds partial data). Unlike the
+ * other calls, it may run on one handle from several threads at once. Since API version 3. */
+int ckptfs_read_tensor(ckptfs_handle* handle, uint64_t index, size_t count, const uint64_t* offsets,
+                       const uint64_t* lengths, void* out);
 
 /* Loads COUNT tensors: tensor INDICES[i] into PTRS[i], which holds NBYTES[i] bytes (the
  * tensor's served size). BACKEND is "host" (PTRS are host memory), "cuda", "cufile" or

@@ -2,7 +2,9 @@
 #include "ckptfs/c_api.h"
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -14,7 +16,9 @@
 
 struct ckptfs_handle {
   std::unique_ptr<ckptfs::View> view;
-  std::string info;
+  std::string info;          // ckptfs_tensor_info
+  std::string source_files;  // ckptfs_source_files
+  std::string metadata;      // ckptfs_metadata
 };
 
 namespace {
@@ -37,9 +41,46 @@ Status ParseOptionsText(const char* text, unsigned groups, OptionValues* out) {
   return ParseJsonOptions(options, groups, out);
 }
 
+// Where tensor `t`'s served bytes lie when they are one byte range of a local file, as
+// stored: what a caller may map instead of reading (ckptfs_tensor_info's "extent").
+std::optional<ckptfs::Extent> MappableExtent(const ckptfs::TensorEntry& t, const ckptfs::SourceFiles& files) {
+  if (ckptfs::RouteOf(t) != ckptfs::ReadRoute::kExtents) return std::nullopt;
+  const std::vector<ckptfs::Extent> extents = ckptfs::ExtentsOf(t);
+  if (extents.size() != 1 || files.file(extents[0].file).local_path().empty()) return std::nullopt;
+  return extents[0];
+}
+
+nlohmann::json TensorInfo(const ckptfs::View& view) {
+  nlohmann::json info = nlohmann::json::array();
+  const auto& tensors = view.catalog().tensors;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    std::string_view dtype;
+    std::vector<uint64_t> shape;
+    ckptfs::ServedDTypeAndShape(tensors[i], &dtype, &shape);
+    nlohmann::json entry = {{"index", i}, {"key", tensors[i].key}, {"dtype", std::string(dtype)},
+                            {"shape", shape}, {"nbytes", tensors[i].served_nbytes()}};
+    if (auto extent = MappableExtent(tensors[i], *view.catalog().files))
+      entry["extent"] = {{"file", extent->file}, {"offset", extent->offset}};
+    info.push_back(std::move(entry));
+  }
+  return info;
+}
+
+nlohmann::json SourceFilesInfo(const ckptfs::SourceFiles& files) {
+  nlohmann::json out = nlohmann::json::array();
+  for (uint32_t i = 0; i < files.count(); ++i) {
+    const ckptfs::FileIdentity& id = files.identity(i);
+    out.push_back({{"name", files.path(i)}, {"local_path", files.file(i).local_path()}, {"size", id.size},
+                   {"dev", id.dev}, {"ino", id.ino}, {"mtime_ns", id.mtime_ns}, {"ctime_ns", id.ctime_ns}});
+  }
+  return out;
+}
+
 }  // namespace
 
 CKPTFS_EXPORT int ckptfs_api_version(void) { return CKPTFS_C_API_VERSION; }
+
+CKPTFS_EXPORT const char* ckptfs_version(void) { return CKPTFS_VERSION; }
 
 CKPTFS_EXPORT ckptfs_handle* ckptfs_open(const char* source, const char* options_json) {
   using namespace ckptfs;
@@ -57,16 +98,10 @@ CKPTFS_EXPORT ckptfs_handle* ckptfs_open(const char* source, const char* options
       SetError(s.message());
       return nullptr;
     }
-    nlohmann::json info = nlohmann::json::array();
-    const auto& tensors = handle->view->catalog().tensors;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      std::string_view dtype;
-      std::vector<uint64_t> shape;
-      ServedDTypeAndShape(tensors[i], &dtype, &shape);
-      info.push_back({{"index", i}, {"key", tensors[i].key}, {"dtype", std::string(dtype)}, {"shape", shape},
-                      {"nbytes", tensors[i].served_nbytes()}});
-    }
-    handle->info = info.dump();
+    const Catalog& presented = handle->view->catalog();
+    handle->info = TensorInfo(*handle->view).dump();
+    handle->source_files = SourceFilesInfo(*presented.files).dump();
+    handle->metadata = presented.metadata.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     return handle.release();
   } catch (const std::exception& e) {
     SetError(std::string("ckptfs_open: ") + e.what());
@@ -81,6 +116,31 @@ CKPTFS_EXPORT size_t ckptfs_tensor_count(const ckptfs_handle* handle) {
 }
 
 CKPTFS_EXPORT const char* ckptfs_tensor_info(ckptfs_handle* handle) { return handle ? handle->info.c_str() : "[]"; }
+
+CKPTFS_EXPORT const char* ckptfs_source_files(ckptfs_handle* handle) {
+  return handle ? handle->source_files.c_str() : "[]";
+}
+
+CKPTFS_EXPORT const char* ckptfs_metadata(ckptfs_handle* handle) { return handle ? handle->metadata.c_str() : "{}"; }
+
+CKPTFS_EXPORT int ckptfs_read_tensor(ckptfs_handle* handle, uint64_t index, size_t count, const uint64_t* offsets,
+                                     const uint64_t* lengths, void* out) {
+  using namespace ckptfs;
+  try {
+    if (!handle) return SetError("ckptfs_read_tensor: null handle"), -1;
+    char* dst = static_cast<char*>(out);
+    for (size_t i = 0; i < count; ++i) {
+      // ReadTensorData checks each range against the tensor's size.
+      Status s = handle->view->ReadTensorData(static_cast<size_t>(index), offsets[i], static_cast<size_t>(lengths[i]), dst);
+      if (!s.ok()) return SetError(s.message()), -1;
+      dst += lengths[i];
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    SetError(std::string("ckptfs_read_tensor: ") + e.what());
+    return -1;
+  }
+}
 
 namespace {
 

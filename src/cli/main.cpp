@@ -82,9 +82,10 @@ constexpr char kUsage[] =
     "usage: ckptfs SOURCE MOUNTPOINT [-o OPTION,...] [-f] [-d] [-s]\n"
     "       ckptfs COMMAND [OPTIONS] ...\n"
     "\n"
-    "Presents a machine-learning checkpoint (torch .pt/.bin, safetensors file or folder,\n"
-    "DeepSpeed ZeRO folder, torch.distributed.checkpoint folder)\n"
-    "as safetensors files, reading tensor bytes lazily from the source.\n"
+    "Presents a machine-learning checkpoint (torch .pt/.bin, legacy torch.save stream,\n"
+    "TorchScript archive, torch.export package, safetensors file or folder, DeepSpeed ZeRO\n"
+    "folder, torch.distributed.checkpoint folder) as safetensors files, reading tensor bytes\n"
+    "lazily from the source.\n"
     "\n"
     "commands:\n"
     "  mount SOURCE MOUNTPOINT\n"
@@ -98,7 +99,8 @@ constexpr char kUsage[] =
     "  hash SOURCE      XXH3-64 of every tensor file, as xxhsum -H3 prints them\n"
     "  load SOURCE      stream every tensor into GPU memory (pinned buffers or cuFile)\n"
     "\n"
-    "Run 'ckptfs COMMAND --help' for the options of a command.\n";
+    "Run 'ckptfs COMMAND --help' for the options of a command; 'ckptfs --version' prints\n"
+    "the version.\n";
 
 }  // namespace
 
@@ -115,6 +117,10 @@ int main(int argc, char** argv) {
   Args args(argv + 2, argv + argc);
   if (command == "--help" || command == "-h" || command == "help") {
     std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (command == "--version" || command == "-V") {
+    std::printf("ckptfs %s\n", CKPTFS_VERSION);
     return 0;
   }
   if (command == "ls") return RunLs(args);

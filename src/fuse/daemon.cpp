@@ -32,8 +32,10 @@ constexpr char kUsageHead[] =
     "usage: ckptfs SOURCE MOUNTPOINT [-o OPTION,...] [-f] [-d] [-s]\n"
     "       ckptfs mount SOURCE MOUNTPOINT [...]\n"
     "\n"
-    "Mounts the checkpoint SOURCE (torch .pt/.bin, safetensors file, or a model folder)\n"
-    "read-only at MOUNTPOINT: model.safetensors, tensors/<key>.safetensors, manifest.json,\n"
+    "Mounts the checkpoint SOURCE (torch .pt/.bin, legacy torch.save stream, TorchScript\n"
+    "archive, torch.export package, safetensors file or folder, DeepSpeed ZeRO folder,\n"
+    "torch.distributed.checkpoint folder, or a model folder of these) read-only at\n"
+    "MOUNTPOINT: model.safetensors, tensors/<key>.safetensors, manifest.json,\n"
     "metadata.json and the folder's other files. Returns once the mount is ready;\n"
     "unmount with 'fusermount3 -u MOUNTPOINT'.\n"
     "\n"
@@ -187,7 +189,7 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
   if (fuse_parse_cmdline(&args.args, &fopts) != 0) return 2;
   std::unique_ptr<char, decltype(&std::free)> mountpoint(fopts.mountpoint, &std::free);
   if (fopts.show_version) {
-    std::printf("ckptfs %s\n", "0.1.0");
+    std::printf("ckptfs %s\n", CKPTFS_VERSION);
     fuse_lowlevel_version();
     return 0;
   }

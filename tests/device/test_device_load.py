@@ -55,7 +55,9 @@ def test_cli_host_backend_verifies(run_ckptfs, sources, name, dtype):
 @pytest.mark.parametrize("name", SOURCES)
 def test_python_load_equals_view(sources, view_tensors, name, dtype):
     want = view_tensors(name, dtype)
-    got = ckptfs.load(sources[name][0], device="cpu", dtype=dtype, buffer_size=4096, buffers=2, io_threads=2)
+    # mmap=False: every tensor goes through the pipeline, none is mapped.
+    got = ckptfs.load(sources[name][0], device="cpu", dtype=dtype, buffer_size=4096, buffers=2, io_threads=2,
+                      mmap=False)
     assert set(got) == set(want), "keys differ from the view"
     for key, tensor in want.items():
         assert got[key].device.type == "cpu"
@@ -83,9 +85,39 @@ def test_zero_tensors_span_rank_files(run_ckptfs, sources, view_tensors, name):
     assert "rank" in info.lower() or "optim" in info.lower(), info
     want = view_tensors(name, None)
     for size in (4096, 12288, 1 << 20):
-        got = ckptfs.load(source, device="cpu", buffer_size=size, buffers=1)
+        got = ckptfs.load(source, device="cpu", buffer_size=size, buffers=1, mmap=False)
         for key, tensor in want.items():
             assert_bitwise_equal(got[key], tensor, f"{name}[{key}] buffer {size}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", SOURCES)
+def test_safe_open_equals_view(sources, view_tensors, name, dtype):
+    """ckptfs.safe_open: whole tensors (maps of the file where stored as served, else the C
+    API's ckptfs_read_tensor) and slices (byte ranges) are the View's bytes. tests/pypkg checks
+    the same against each format's own library; this suite also runs under ASan."""
+    want = view_tensors(name, dtype)
+    with ckptfs.safe_open(sources[name][0], dtype=dtype) as f:
+        assert f.keys() == sorted(want)
+        for key, tensor in want.items():
+            assert_bitwise_equal(f.get_tensor(key), tensor, f"{name}[{key}] dtype={dtype}")
+            if tensor.dim():
+                part = (slice(tensor.shape[0] // 3, None),) + (slice(None, None, 2),) * (tensor.dim() - 1)
+                assert_bitwise_equal(f.get_slice(key)[part], tensor[part].contiguous(), f"{name}[{key}][{part}]")
+
+
+def test_read_tensor_refuses_ranges_past_the_end(sources):
+    import ctypes
+
+    with ckptfs.safe_open(sources["pt"][0]) as f:
+        source = f._source
+        entry = source.tensors[0]
+        out = ctypes.create_string_buffer(16)
+        offsets, lengths = (ctypes.c_uint64 * 1)(entry["nbytes"] - 4), (ctypes.c_uint64 * 1)(8)
+        assert source.lib.ckptfs_read_tensor(source.ptr, entry["index"], 1, offsets, lengths, out) == -1
+        assert "past the tensor" in source.lib.ckptfs_last_error().decode()
+        bad_index = (ctypes.c_uint64 * 1)(0)
+        assert source.lib.ckptfs_read_tensor(source.ptr, 10**9, 1, bad_index, bad_index, out) == -1
 
 
 def test_select(sources, view_tensors):

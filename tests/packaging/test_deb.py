@@ -2,6 +2,7 @@
 mount.ckptfs helper link, and depends on fuse3."""
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -59,3 +60,14 @@ def test_man_page_renders(deb, tmp_path):
     text = " ".join(text.split())  # man justifies and wraps lines
     assert "mount machine-learning checkpoints" in text
     assert "fuse.ckptfs" in text
+
+
+def test_one_version(deb, tmp_path):
+    """The .deb, the binary it holds and the CMake project carry one version number."""
+    project = re.search(r"project\(ckptfs\s+VERSION\s+([0-9.]+)", (REPO / "CMakeLists.txt").read_text()).group(1)
+    assert field(deb, "Version") == project
+    root = tmp_path / "root"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True, timeout=60)
+    out = subprocess.run([str(root / "usr/bin/ckptfs"), "--version"], check=True, capture_output=True, text=True,
+                         timeout=60).stdout
+    assert out == f"ckptfs {project}\n"

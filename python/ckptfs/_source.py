@@ -1,0 +1,156 @@
+"""An opened checkpoint (one libckptfs handle): its tensors, metadata and source files, byte
+reads of one tensor, and memory maps of the source files for tensors stored as served."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import stat
+
+from ._dtypes import dtype_option, itemsize
+from ._lib import CkptfsError, _library, last_error
+
+
+def options_json(options: dict) -> bytes:
+    """The JSON object of a libckptfs call's options. Values JSON cannot hold (a numpy
+    integer) go as their text, which the library parses like the command line's."""
+    return json.dumps(options, default=str).encode()
+
+
+def view_options(dtype=None, root=None, **options) -> dict:
+    """The open options: the view's dtype and root, plus any other option of ckptfs's table
+    (moments, max_pickle, ...). Unset options are null, which the library reads as "not
+    given"."""
+    return {"dtype": dtype_option(dtype), "root": root or None, **options}
+
+
+class Source:
+    """The view of one checkpoint, as `ckptfs ls` lists it: libckptfs's handle, closed by
+    close() or the with block."""
+
+    def __init__(self, source, options: dict):
+        self.lib = _library()
+        self.name = os.fspath(source)
+        self.ptr = self.lib.ckptfs_open(os.fsencode(self.name), options_json(options))
+        if not self.ptr:
+            raise last_error()
+        self.tensors: list[dict] = json.loads(self.lib.ckptfs_tensor_info(self.ptr))
+        self.by_key = {t["key"]: t for t in self.tensors}
+        self._files: list[dict] | None = None
+        self._maps: dict = {}  # (file index, framework) -> a private mapping of the whole file
+
+    def close(self) -> None:
+        if self.ptr:
+            self.lib.ckptfs_close(self.ptr)
+            self.ptr = None
+        # Tensors already handed out keep their own reference to the mapping.
+        self._maps.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _handle(self):
+        if not self.ptr:
+            raise CkptfsError(f"{self.name}: closed")
+        return self.ptr
+
+    def entry(self, key: str) -> dict:
+        if key not in self.by_key:
+            raise KeyError(f"{self.name}: no tensor {key!r}")
+        return self.by_key[key]
+
+    def metadata(self) -> dict:
+        return json.loads(self.lib.ckptfs_metadata(self._handle()))
+
+    def read(self, index: int, offsets, lengths, out_address: int) -> None:
+        """Reads byte ranges (numpy uint64 arrays OFFSETS, LENGTHS) of tensor INDEX as served
+        into the memory at OUT_ADDRESS, one after the other."""
+        count = len(offsets)
+        u64p = ctypes.POINTER(ctypes.c_uint64)
+        rc = self.lib.ckptfs_read_tensor(self._handle(), index, count, offsets.ctypes.data_as(u64p),
+                                         lengths.ctypes.data_as(u64p), out_address)
+        if rc != 0:
+            raise last_error()
+
+    def read_whole(self, entry: dict, out_address: int) -> None:
+        import numpy as np
+
+        if entry["nbytes"]:
+            self.read(entry["index"], np.array([0], np.uint64), np.array([entry["nbytes"]], np.uint64), out_address)
+
+    # --- memory maps ----------------------------------------------------------------------
+
+    def mappable(self, entry: dict) -> bool:
+        """True when ENTRY's bytes are one range of a local file as stored, and aligned for its
+        element type, so that a tensor can be a view of the file's pages."""
+        extent = entry.get("extent")
+        return bool(entry["nbytes"]) and extent is not None and extent["offset"] % itemsize(entry["dtype"]) == 0
+
+    def _file_descriptor(self, file_index: int) -> int:
+        """A descriptor of source file FILE_INDEX, checked to be the file libckptfs indexed:
+        a file replaced or rewritten since is an error, never other bytes."""
+        if self._files is None:
+            self._files = json.loads(self.lib.ckptfs_source_files(self._handle()))
+        info = self._files[file_index]
+        fd = os.open(info["local_path"], os.O_RDONLY | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        now = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        then = (info["dev"], info["ino"], info["size"], info["mtime_ns"], info["ctime_ns"])
+        if now != then or not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise CkptfsError(f"{info['name']}: source file changed since it was opened")
+        return fd
+
+    def _mapping(self, file_index: int, framework: str):
+        """A private (copy-on-write) mapping of the whole source file, opened read-only: the
+        file is never written, and only the pages a tensor touches are read. For torch an
+        UntypedStorage (as torch.load(mmap=True) maps), for numpy an mmap object."""
+        key = (file_index, framework)
+        if key not in self._maps:
+            fd = self._file_descriptor(file_index)
+            try:
+                size = os.fstat(fd).st_size
+                if framework == "pt":
+                    import torch
+
+                    # /proc/self/fd/N reaches the inode checked above, whatever the path is now.
+                    self._maps[key] = torch.UntypedStorage.from_file(f"/proc/self/fd/{fd}", shared=False, nbytes=size)
+                else:
+                    import mmap
+
+                    self._maps[key] = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+            finally:
+                os.close(fd)
+        return self._maps[key]
+
+    def mapped_torch(self, entry: dict):
+        """ENTRY as a torch tensor over the source file's pages (no copy)."""
+        import torch
+
+        from ._dtypes import torch_dtype
+
+        storage = self._mapping(entry["extent"]["file"], "pt")
+        dtype = torch_dtype(entry["dtype"])
+        shape = entry["shape"]
+        strides, step = [], 1
+        for dim in reversed(shape):
+            strides.append(step)
+            step *= dim
+        tensor = torch.empty(0, dtype=dtype)
+        tensor.set_(storage, entry["extent"]["offset"] // itemsize(entry["dtype"]), shape, list(reversed(strides)))
+        return tensor
+
+    def mapped_numpy(self, entry: dict):
+        """ENTRY as a numpy array over the source file's pages (no copy)."""
+        import numpy as np
+
+        from ._dtypes import numpy_dtype
+
+        dtype = numpy_dtype(entry["dtype"])
+        count = entry["nbytes"] // dtype.itemsize
+        array = np.frombuffer(self._mapping(entry["extent"]["file"], "numpy"), dtype, count, entry["extent"]["offset"])
+        return array.reshape(entry["shape"])

@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Benchmark: ckptfs.load(device="cpu") from Python vs torch.load(mmap=True) and vs
+safetensors.torch.load_file of the same tensors as a real safetensors file.
+
+Sources (generated once, cached under --workdir):
+  pt           a torch.save file of float32 tensors (default 32 x 4096x2048: 1.07 GB)
+  pt.st        the same tensors written by safetensors' save_file (the reference copy)
+  zero         a DeepSpeed ZeRO-3 save dir (--zero DIR; tests/bench/bench_zero_consolidate.py
+               --generate-only makes one), whose fp32 master weights ckptfs consolidates
+  zero.st      `ckptfs export` of it: model.safetensors, a real safetensors file holding what
+               zero_to_fp32 gives (tests/zero checks that bit for bit)
+
+Methods, each in a fresh process (this file with a hidden mode), --repeats times, medians:
+  ckptfs.load             ckptfs.load(SOURCE, device="cpu"): tensors stored as served are views
+                          of a private map of their file, others are filled by libckptfs
+  ckptfs.load bf16        ckptfs.load(SOURCE, device="cpu", dtype="bf16"): converted by the
+                          library through bounded buffers into the bf16 tensors
+  torch.load mmap         torch.load(SOURCE, mmap=True, weights_only=True)     (.pt only)
+  load_file               safetensors.torch.load_file(COPY.safetensors)         the reference
+  load_file + clone       the same, each tensor cloned: what any loader that copies (a tensor
+                          split over rank files cannot be a map) costs at least  (information)
+  ckptfs.load of the copy ckptfs.load(COPY.safetensors, device="cpu")
+
+Times: `call` is the load call; `+touch` adds reading one byte of every 4 KiB page of every
+tensor, which makes lazily mapped tensors resident, so it is the time until all bytes are in
+memory whatever the method (the fair comparison: a map costs nothing until touched). Each
+child imports torch, safetensors and ckptfs and loads libckptfs.so before the clock. Medians
+of --repeats runs decide the goals; the best run is printed too (the machine may be loaded). Peak RSS
+is VmHWM of the loading process after the touch, and net of the floor (the VmHWM of a process
+that only imported torch, safetensors and ckptfs), which every loader pays.
+
+Goals (printed; exit status 1 when one fails):
+  ckptfs.load call+touch time <= 1.1 x load_file's of the safetensors copy, for every source
+  ckptfs.load bf16 from fp32: peak RSS net of the floor <= 1.1 x the bf16 size
+
+The page cache is warm (every source file read once before each run): the figures compare
+the loaders' own work, not the disk. Run by hand from the repo root with the interpreter whose
+ckptfs is to be measured (the installed wheel's, or the test venv with PYTHONPATH=python):
+
+    python tests/bench/bench_python_load.py --zero /tmp/ckptfs-bench-pyload/zero/ckpt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MiB = 1 << 20
+TIME_GOAL = 1.1
+RSS_GOAL = 1.1
+
+
+# --- child modes (torch is imported only here) ---------------------------------------------
+
+
+def vm_status() -> dict:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
+                out[key] = int(rest.split()[0])
+    return out
+
+
+def child_load(mode: str, source: str) -> None:
+    import safetensors.torch
+    import torch
+
+    import ckptfs
+
+    ckptfs.option_table()  # loads libckptfs.so before the clock, as importing safetensors loads its own
+    t0 = time.perf_counter()
+    if mode == "ckptfs":
+        out = ckptfs.load(source, device="cpu")
+    elif mode == "ckptfs-bf16":
+        out = ckptfs.load(source, device="cpu", dtype="bf16")
+    elif mode == "torch-mmap":
+        out = torch.load(source, mmap=True, weights_only=True)
+    elif mode == "load_file":
+        out = safetensors.torch.load_file(source)
+    elif mode == "load_file-clone":
+        out = {key: tensor.clone() for key, tensor in safetensors.torch.load_file(source).items()}
+    elif mode == "floor":
+        out = {}
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    t1 = time.perf_counter()
+    touched = 0
+    for tensor in out.values():
+        flat = tensor.reshape(-1).view(torch.uint8)
+        if flat.numel():
+            touched += int(flat[::4096].sum(dtype=torch.int64)) + int(flat[-1])
+    t2 = time.perf_counter()
+    print(json.dumps({"call_s": t1 - t0, "touch_s": t2 - t1, "tensors": len(out),
+                      "bytes": sum(t.numel() * t.element_size() for t in out.values()), **vm_status()}))
+
+
+def child_generate_pt(out: str, tensors: int, rows: int, cols: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(16)
+    state = {f"model.layers.{i}.weight": torch.randn(rows, cols, generator=g) for i in range(tensors)}
+    torch.save(state, out)
+    save_file(state, out + ".safetensors")
+
+
+# --- the measuring process -------------------------------------------------------------------
+
+
+def run_child(args: list[str], timeout: float) -> dict:
+    result = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def warm(path: Path) -> None:
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    buf = bytearray(8 * MiB)
+    for p in files:
+        with open(p, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+
+def measure(mode: str, source: Path, warm_path: Path, repeats: int, timeout: float) -> dict:
+    runs = []
+    for _ in range(repeats):
+        warm(warm_path)
+        runs.append(run_child(["--_load", mode, str(source)], timeout))
+    med = {key: statistics.median(r[key] for r in runs) for key in ("call_s", "touch_s", "VmHWM")}
+    med["total_s"] = statistics.median(r["call_s"] + r["touch_s"] for r in runs)
+    med["best_s"] = min(r["call_s"] + r["touch_s"] for r in runs)
+    med["bytes"] = runs[0]["bytes"]
+    med["tensors"] = runs[0]["tensors"]
+    return med
+
+
+def ckptfs_binary() -> Path:
+    import ckptfs
+
+    return ckptfs.executable_path()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", default="/tmp/ckptfs-bench-pyload")
+    ap.add_argument("--zero", default="", help="a DeepSpeed ZeRO save dir (bench_zero_consolidate.py --generate-only)")
+    ap.add_argument("--tensors", type=int, default=32)
+    ap.add_argument("--rows", type=int, default=4096)
+    ap.add_argument("--cols", type=int, default=2048)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--_load", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--_generate", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args._load:
+        child_load(*args._load)
+        return 0
+    if args._generate:
+        out, *dims = args._generate
+        child_generate_pt(out, *map(int, dims))
+        return 0
+
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec = f"{args.tensors}x{args.rows}x{args.cols}"
+    pt = workdir / f"fp32-{spec}.pt"
+    if not Path(str(pt) + ".safetensors").is_file():
+        print(f"generating {pt} and its safetensors copy ...", flush=True)
+        subprocess.run([sys.executable, __file__, "--_generate", str(pt), str(args.tensors), str(args.rows),
+                        str(args.cols)], check=True, timeout=args.timeout)
+    sources = {"pt": (pt, Path(str(pt) + ".safetensors"))}
+    if args.zero:
+        zero = Path(args.zero)
+        copy = workdir / "zero-export"
+        if not (copy / "model.safetensors").is_file():
+            print(f"exporting {zero} to {copy} (the safetensors copy) ...", flush=True)
+            subprocess.run([str(ckptfs_binary()), "export", str(zero), str(copy)], check=True, timeout=args.timeout)
+        sources["zero"] = (zero, copy / "model.safetensors")
+
+    floor = measure("floor", pt, pt, args.repeats, args.timeout)["VmHWM"]
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; page cache warm; "
+          f"floor (torch + safetensors + ckptfs imported) {floor / 1024:.0f} MiB; medians of {args.repeats}\n")
+    header = f"{'source':8} {'method':28} {'GB':>6} {'call s':>8} {'+touch s':>9} {'peak MiB':>9} {'net MiB':>8}  ratio"
+    print(header)
+    failed = []
+    for name, (source, copy) in sources.items():
+        rows = {"ckptfs.load": measure("ckptfs", source, source, args.repeats, args.timeout),
+                "ckptfs.load bf16": measure("ckptfs-bf16", source, source, args.repeats, args.timeout)}
+        if name == "pt":
+            rows["torch.load mmap"] = measure("torch-mmap", source, source, args.repeats, args.timeout)
+        rows["load_file (safetensors copy)"] = measure("load_file", copy, copy, args.repeats, args.timeout)
+        rows["load_file + clone (copy floor)"] = measure("load_file-clone", copy, copy, args.repeats, args.timeout)
+        rows["ckptfs.load of the copy"] = measure("ckptfs", copy, copy, args.repeats, args.timeout)
+        reference = rows["load_file (safetensors copy)"]["total_s"]
+        reference_best = rows["load_file (safetensors copy)"]["best_s"]
+        for method, m in rows.items():
+            net = (m["VmHWM"] - floor) / 1024
+            ratio = m["total_s"] / reference
+            if method == "ckptfs.load bf16":
+                ratio_text = f"net RSS {net * MiB / m['bytes']:.2f}x bf16 size (goal <= {RSS_GOAL})"
+                if net * MiB > RSS_GOAL * m["bytes"]:
+                    failed.append(f"{name}: {ratio_text}")
+            else:
+                ratio_text = f"{ratio:.2f}x load_file (call+touch; best of {args.repeats}: " \
+                             f"{m['best_s']:.3f} s, {m['best_s'] / reference_best:.2f}x)"
+                if method.startswith("ckptfs.load") and ratio > TIME_GOAL:
+                    failed.append(f"{name} {method}: {ratio_text}, goal <= {TIME_GOAL}")
+            print(f"{name:8} {method:28} {m['bytes'] / 1e9:6.2f} {m['call_s']:8.3f} {m['total_s']:9.3f} "
+                  f"{m['VmHWM'] / 1024:9.0f} {net:8.0f}  {ratio_text}", flush=True)
+    print("\ngoals: " + ("all met" if not failed else "NOT met: " + "; ".join(failed)))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
