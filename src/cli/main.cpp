@@ -85,7 +85,7 @@ constexpr char kUsage[] =
     "Presents a machine-learning checkpoint (torch .pt/.bin, legacy torch.save stream,\n"
     "TorchScript archive, torch.export package, safetensors file or folder, DeepSpeed ZeRO\n"
     "folder, torch.distributed.checkpoint folder) as safetensors files, reading tensor bytes\n"
-    "lazily from the source.\n"
+    "lazily from the source. SOURCE is a local path, an http(s):// URL or s3://BUCKET/KEY.\n"
     "\n"
     "commands:\n"
     "  mount SOURCE MOUNTPOINT\n"
