@@ -589,6 +589,22 @@ Status ZeroReader::Read() {
   return Status::OK();
 }
 
+// A save folder written by the Hugging Face Trainer (checkpoint-N/) holds config.json, the
+// tokenizer and the generation config beside `latest` and the tag folder: served next to
+// model.safetensors, they make the mount a model folder that from_pretrained opens as it is.
+// `latest` only names the tag; sub-folders (the tag folders) are not served.
+Status AddSaveFolderFiles(Env& env, const std::string& dir, Catalog* catalog) {
+  std::vector<FolderEntry> entries;
+  CKPTFS_RETURN_IF_ERROR(env.ListFolder(dir, &entries));
+  for (const FolderEntry& e : entries) {
+    if (e.type != PathType::kFile || e.name.empty() || e.name.front() == '.' || e.name == "latest") continue;
+    uint32_t index;
+    CKPTFS_RETURN_IF_ERROR(catalog->files->Add(JoinPath(dir, e.name), &index));
+    catalog->sibling_files.push_back(index);
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 bool IsDeepSpeedFolder(Env& env, const std::string& dir) {
@@ -618,7 +634,8 @@ Status ReadDeepSpeedCheckpoint(const std::string& dir, const SourceOptions& opti
       return Status::NotFound(tag_dir, "the tag named by 'latest' does not exist");
   }
   ZeroReader reader(tag_dir, tag, options, catalog);
-  return reader.Read();
+  CKPTFS_RETURN_IF_ERROR(reader.Read());
+  return tag_dir == dir ? Status::OK() : AddSaveFolderFiles(env, dir, catalog);
 }
 
 }  // namespace ckptfs

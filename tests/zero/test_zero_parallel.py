@@ -164,8 +164,11 @@ def test_mp_metadata(ckptfs_bin, parallel_ckpts, case):
     assert info["format"] == "deepspeed-zero"
     ds = info["metadata"]["deepspeed"]
     assert (ds["mp_world_size"], ds["world_size"], ds["stage"], ds["tag"]) == (2, 2, int(case[-1]), TAG)
-    # Every rank file of both mp ranks is a source file.
-    want = {str(p) for p in tag_dir(parallel_ckpts / case).iterdir()}
+    # Every rank file of both mp ranks is a source file, and so is every file of the save
+    # folder but `latest` (served beside the model: zero_to_fp32.py, a Trainer's config.json).
+    save_dir = parallel_ckpts / case
+    want = {str(p) for p in tag_dir(save_dir).iterdir()}
+    want |= {str(p) for p in save_dir.iterdir() if p.is_file() and p.name != "latest"}
     assert {f["path"] for f in info["source_files"]} == want
 
 
@@ -264,7 +267,9 @@ def test_pipeline_tag_folder_contents(ckptfs_bin, parallel_ckpts):
                 assert states["module"] is None, f"{case}/{name}: module is not None"
                 assert states["param_shapes"], f"{case}/{name}: no param_shapes"
         info = json.loads(run(ckptfs_bin, "info", "--json", parallel_ckpts / case).stdout)
-        assert {Path(f["path"]).name for f in info["source_files"]} == layers, case
+        # The layer files, plus the save folder's own files (not `latest`) served beside them.
+        save_files = {p.name for p in (parallel_ckpts / case).iterdir() if p.is_file() and p.name != "latest"}
+        assert {Path(f["path"]).name for f in info["source_files"]} == layers | save_files, case
     # Stage 0 of `pipe` owns the tied module and layer 2; the fp32 masters are in the optimizer files.
     shapes = load(tag_dir(parallel_ckpts / "pipe") / "mp_rank_00_model_states.pt", weights_only=False)["param_shapes"]
     assert [list(g) for g in shapes] == [["tied_modules.embed.lin.weight", "tied_modules.embed.lin.bias",
