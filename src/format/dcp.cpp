@@ -132,6 +132,8 @@ class DcpReader {
   Catalog* catalog_;
   // Data files by relative path: opened once, whatever the number of chunks.
   std::unordered_map<std::string, uint32_t> data_files_;
+  // Chunks of one shape pickle identical data.pkl records: each is parsed once.
+  PickleCache pickles_;
   json objects_ = json::object();
 };
 
@@ -227,7 +229,7 @@ Status DcpReader::AddTensor(const DcpItem& item) {
     FileWindow window;
     CKPTFS_RETURN_IF_ERROR(Window(item, chunk->slice, &window));
     TorchArchive archive;
-    Status s = archive.Open(*catalog_->files, window, limits_);
+    Status s = archive.Open(*catalog_->files, window, limits_, &pickles_);
     if (!s.ok()) return Concerning(s, item.fqn);
     TensorEntry piece;
     bool is_tensor = false;

@@ -75,7 +75,18 @@ Status TorchArchive::Open(const std::string& path, SourceFiles* files, const Rea
   return Open(*files, files->whole(file), limits);
 }
 
-Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits) {
+std::shared_ptr<const Pickle> PickleCache::Find(std::string_view bytes) const {
+  auto it = by_bytes_.find(bytes);
+  return it == by_bytes_.end() ? nullptr : it->second;
+}
+
+void PickleCache::Insert(std::string bytes, std::shared_ptr<const Pickle> pickle) {
+  if (bytes.size() > kMaxPickleBytes || by_bytes_.size() >= kMaxEntries) return;
+  by_bytes_.emplace(std::move(bytes), std::move(pickle));
+}
+
+Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits,
+                          PickleCache* cache) {
   path_ = files.Describe(window);
   files_ = &files;
   window_ = window;
@@ -103,7 +114,13 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
                                       " bytes, over the limit of " + std::to_string(limits.pickle_bytes) +
                                       LimitHint("max_pickle"));
   CKPTFS_RETURN_IF_ERROR(zip_.ReadStored(*pkl, limits.pickle_bytes, &pickle_bytes));
-  CKPTFS_RETURN_IF_ERROR(ParsePickle(pickle_bytes, path_ + ": " + prefix_ + "data.pkl", &pickle_, limits.pickle_memory));
+  pickle_ = cache ? cache->Find(pickle_bytes) : nullptr;
+  if (!pickle_) {
+    auto parsed = std::make_shared<Pickle>();
+    CKPTFS_RETURN_IF_ERROR(ParsePickle(pickle_bytes, path_ + ": " + prefix_ + "data.pkl", parsed.get(), limits.pickle_memory));
+    pickle_ = parsed;
+    if (cache) cache->Insert(std::move(pickle_bytes), std::move(parsed));
+  }
   storages_.assign(zip_.entries().size(), std::nullopt);
   return Status::OK();
 }

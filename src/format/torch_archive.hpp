@@ -5,9 +5,12 @@
 #ifndef CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
 #define CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
 
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "ckptfs/catalog.hpp"
@@ -16,21 +19,41 @@
 
 namespace ckptfs {
 
+// Parsed data.pkl records by their bytes, shared by the archives of one reader. A DCP save
+// holds one small torch.save archive per chunk, and chunks of one shape pickle identical
+// bytes: a million chunks then parse a handful of pickles. Only small pickles are kept.
+class PickleCache {
+ public:
+  static constexpr size_t kMaxPickleBytes = 4096;
+  static constexpr size_t kMaxEntries = 1024;
+  std::shared_ptr<const Pickle> Find(std::string_view bytes) const;
+  void Insert(std::string bytes, std::shared_ptr<const Pickle> pickle);
+
+ private:
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view bytes) const { return std::hash<std::string_view>{}(bytes); }
+  };
+  std::unordered_map<std::string, std::shared_ptr<const Pickle>, Hash, std::equal_to<>> by_bytes_;
+};
+
 class TorchArchive {
  public:
   // Opens file `path` (adding it to `files`) as a whole-file archive.
   Status Open(const std::string& path, SourceFiles* files, const ReadLimits& limits = ReadLimits{});
   // Opens the archive in `window` of a file already in `files`, checks it is a torch.save
   // archive and parses its data.pkl without executing anything.
-  Status Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits = ReadLimits{});
+  // With a `cache`, a data.pkl already parsed by another archive is not parsed again.
+  Status Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits = ReadLimits{},
+              PickleCache* cache = nullptr);
 
   // How messages name the archive: the file's path, with the byte range for a window.
   const std::string& path() const { return path_; }
   uint32_t file() const { return window_.file; }
   const FileWindow& window() const { return window_; }
-  const PyValue* root() const { return pickle_.root; }
+  const PyValue* root() const { return pickle_->root; }
   // Values in the parsed pickle (walkers bound their work by it).
-  size_t value_count() const { return pickle_.value_count(); }
+  size_t value_count() const { return pickle_->value_count(); }
 
   // When `v` is a tensor rebuild call (_rebuild_tensor[_v2|_v3], _rebuild_parameter,
   // _rebuild_from_type_v2), sets *is_tensor and fills dtype, shape, extents or strided
@@ -56,7 +79,7 @@ class TorchArchive {
   FileWindow window_;
   ZipArchive zip_;
   std::string prefix_;  // "<archive>/"
-  Pickle pickle_;
+  std::shared_ptr<const Pickle> pickle_ = std::make_shared<const Pickle>();
   // Storage records found so far, by the index of their zip entry: a memo of lookups.
   mutable std::vector<std::optional<StorageRecord>> storages_;
   mutable std::string record_name_;  // scratch for "<archive>/data/<key>", reused to avoid allocations
