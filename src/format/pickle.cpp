@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "format/byte_reader.hpp"
 #include "format/limit_hint.hpp"
@@ -125,19 +126,49 @@ class Machine {
     }
     return Push(*slot);
   }
+  // Tuples are never mutated once made, so tuples of the same items are one value, as are
+  // equal ints: a DCP .metadata makes three torch.Size tuples per chunk and a torch.save
+  // pickle a shape and a stride tuple per tensor, nearly all repeats. The tables stop
+  // growing at kMaxInterned entries (a pickle of distinct values gains nothing from them).
   Status PushTuple(std::vector<PyRef> items) {
     if (items.empty()) return PushShared(&empty_tuple_, PyValue::Kind::kTuple, 0);
+    PyValue probe;
+    probe.kind = PyValue::Kind::kTuple;
+    probe.items = std::move(items);
+    if (auto it = tuples_.find(&probe); it != tuples_.end()) return Push(*it);
     auto t = Make(PyValue::Kind::kTuple);
-    t->items = std::move(items);
+    charged_ += probe.items.size() * sizeof(PyRef);
+    t->items = std::move(probe.items);
+    if (tuples_.size() < kMaxInterned) {
+      tuples_.insert(t);
+      charged_ += kInternedEntryBytes;
+    }
     return Push(std::move(t));
   }
   Status PushInt(int64_t v) {
     if (v >= 0 && v < static_cast<int64_t>(small_ints_.size()))
       return PushShared(&small_ints_[static_cast<size_t>(v)], PyValue::Kind::kInt, v);
+    if (auto it = ints_.find(v); it != ints_.end()) return Push(it->second);
     auto n = Make(PyValue::Kind::kInt);
     n->i = v;
+    if (ints_.size() < kMaxInterned) {
+      ints_.emplace(v, n);
+      charged_ += kInternedEntryBytes;
+    }
     return Push(std::move(n));
   }
+  struct ItemsHash {
+    size_t operator()(const PyValue* t) const {
+      size_t h = t->items.size();
+      for (const PyValue* item : t->items) h = h * 0x9E3779B97F4A7C15ull + reinterpret_cast<uintptr_t>(item);
+      return h ^ (h >> 29);
+    }
+  };
+  struct ItemsEqual {
+    bool operator()(const PyValue* a, const PyValue* b) const { return a->items == b->items; }
+  };
+  static constexpr size_t kMaxInterned = size_t{1} << 22;
+  static constexpr uint64_t kInternedEntryBytes = 48;  // a hash node and its bucket slot
   // `s` must point into the pickle's kept bytes or a kept string.
   Status PushStr(std::string_view s, PyValue::Kind kind) {
     auto n = Make(kind);
@@ -204,6 +235,8 @@ class Machine {
   uint64_t memo_count_ = 0;  // distinct memo keys stored: MEMOIZE's next index
   uint64_t memory_limit_;
   uint64_t charged_ = 0;  // bytes of values and container slots made so far
+  std::unordered_set<PyRef, ItemsHash, ItemsEqual> tuples_;
+  std::unordered_map<int64_t, PyRef> ints_;
 };
 
 Status Machine::PushLong(std::string_view le) {
@@ -262,6 +295,7 @@ Status Machine::SetItems(std::vector<PyRef> kv) {
   if (target->kind != PyValue::Kind::kDict && target->kind != PyValue::Kind::kObject)
     return Fail("SETITEM on something that is not a dict");
   const size_t before = target->entries.capacity();
+  if (target->entries.size() + kv.size() / 2 > before) target->entries.reserve(std::max(target->entries.size() + kv.size() / 2, before * 2));
   for (size_t k = 0; k < kv.size(); k += 2) {
     target->entries.emplace_back(std::move(kv[k]), std::move(kv[k + 1]));
   }
