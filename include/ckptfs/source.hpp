@@ -24,6 +24,9 @@ struct SourceOptions {
   ReadLimits limits;
   // Where the source lives; null means the local file system (Env::Local()).
   std::shared_ptr<Env> env;
+  // A folder for validated catalogs of single-file local sources ("" = off, "auto" = the
+  // user's cache folder): reopening an unchanged checkpoint then skips parsing it.
+  std::string catalog_cache;
 };
 
 // Detects the format of `source` (a file or a folder) and reads its catalog.
