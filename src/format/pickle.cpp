@@ -126,12 +126,33 @@ class Machine {
     }
     return Push(*slot);
   }
-  // Tuples are never mutated once made, so tuples of the same items are one value, as are
-  // equal ints: a DCP .metadata makes three torch.Size tuples per chunk and a torch.save
-  // pickle a shape and a stride tuple per tensor, nearly all repeats. The tables stop
-  // growing at kMaxInterned entries (a pickle of distinct values gains nothing from them).
+  // Tuples are never mutated once made, so tuples of the same numbers are one value, as
+  // are equal ints: a DCP .metadata makes three torch.Size tuples per chunk and a torch.save
+  // pickle a shape and a stride tuple per tensor, nearly all repeats. Only tuples of numbers
+  // (and of such tuples) are looked up: others (persistent ids, call arguments) rarely
+  // repeat, and hashing them all would cost more than it saves. The tables stop growing at
+  // kMaxInterned entries. An interned tuple has `b` set.
+  static bool Internable(const std::vector<PyRef>& items) {
+    for (const PyValue* item : items) {
+      switch (item->kind) {
+        case PyValue::Kind::kInt: case PyValue::Kind::kNone: case PyValue::Kind::kBool: case PyValue::Kind::kFloat:
+          break;
+        case PyValue::Kind::kTuple:
+          if (item->b || item->items.empty()) break;
+          return false;
+        default: return false;
+      }
+    }
+    return true;
+  }
   Status PushTuple(std::vector<PyRef> items) {
     if (items.empty()) return PushShared(&empty_tuple_, PyValue::Kind::kTuple, 0);
+    if (!Internable(items)) {
+      auto t = Make(PyValue::Kind::kTuple);
+      charged_ += items.size() * sizeof(PyRef);
+      t->items = std::move(items);
+      return Push(std::move(t));
+    }
     PyValue probe;
     probe.kind = PyValue::Kind::kTuple;
     probe.items = std::move(items);
@@ -140,6 +161,7 @@ class Machine {
     charged_ += probe.items.size() * sizeof(PyRef);
     t->items = std::move(probe.items);
     if (tuples_.size() < kMaxInterned) {
+      t->b = true;
       tuples_.insert(t);
       charged_ += kInternedEntryBytes;
     }
