@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Benchmark: metadata at scale, `ckptfs ls` wall time and peak RSS (issue 13's scale
-acceptance, issue 14's million tensors).
+"""Benchmark: `ckptfs ls` of a DCP folder of a million chunks, wall time, CPU time and peak
+RSS (issue 13's scale acceptance).
 
   dcp-1m    a DCP folder of 1,023,744 chunks: tests/scale/make_dcp_scale.py (torch's own
             metadata classes, a 256-rank FSDP-shaped save of a 3,999-parameter model,
@@ -8,15 +8,17 @@ acceptance, issue 14's million tensors).
             left as holes). Beside it, what a user would run instead to list it:
             FileSystemReader(DIR).read_metadata() and printing keys and shapes.
             Goal: ckptfs ls < 3 s, peak RSS < 1 GB.
-  torch-1m  a torch.save checkpoint of 1,000,000 small float32 tensors (bench_ls_scaling's
-            make_many_tensors, the real torch.save: ~5 minutes to write here). Beside it,
-            torch.load(mmap=True, weights_only=True) + listing. Goal: < 2 s, < 500 MB.
 
-Each timed command is a fresh process (peak RSS from GNU time); page cache warm (one
-untimed run first); medians of --repeats. Generated data are kept in --workdir between
-runs (delete them by hand, ~2 GB) so that a rerun takes minutes, not ten.
+The million-tensor torch.save figures are bench_ls_scaling.py --tensors 1000000 (ls) and
+bench_mount_ls.py --tensors 1000000 (mount, first ls, remount with the catalog cache).
 
-    python tests/bench/bench_metadata_scale.py --ckptfs build/ckptfs [--only dcp-1m]
+Each timed command is a fresh process under GNU time (wall, user + system CPU, peak RSS);
+page cache warm (one untimed run first); medians of --repeats. CPU time is printed beside
+wall time because a loaded machine stretches the wall time of a single-threaded command by
+its share of the cores. The folder (~1.7 GB) is kept in --workdir between runs; delete it
+by hand.
+
+    python tests/bench/bench_metadata_scale.py --ckptfs build/ckptfs
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import benchlib
-from benchlib import Results, median, run_measured
+from benchlib import GNU_TIME, Results, median
 
 REPO = Path(__file__).resolve().parents[2]
 DCP_GENERATOR = REPO / "tests" / "scale" / "make_dcp_scale.py"
@@ -46,17 +49,6 @@ for fqn, m in md.state_dict_metadata.items():
 print(n, "tensors", f"{time.perf_counter() - t0:.3f}", file=sys.stderr)
 """
 
-LIST_TORCH = """
-import sys, time
-t0 = time.perf_counter()
-import torch
-sd = torch.load(sys.argv[1], mmap=True, weights_only=True)
-for k, v in sd.items():
-    print(k, tuple(v.shape), v.dtype)
-print(len(sd), "tensors", f"{time.perf_counter() - t0:.3f}", file=sys.stderr)
-"""
-
-
 def make_dcp(workdir: Path) -> Path:
     out = workdir / "scale-dcp-1m"
     if not (out / "expected.json").exists():
@@ -67,48 +59,48 @@ def make_dcp(workdir: Path) -> Path:
     return out
 
 
-def make_torch(workdir: Path, n: int) -> Path:
-    path = workdir / f"scale-torch-{n}.pt"
-    if not path.exists():
-        import bench_ls_scaling as ls
+def run_timed(argv: list[str]) -> tuple[float, float, int]:
+    """(wall s, user + system CPU s, peak RSS KiB) of one fresh run under GNU time."""
+    if not GNU_TIME:
+        raise SystemExit("this bench needs GNU time (/usr/bin/time) for CPU time and peak RSS")
+    with tempfile.NamedTemporaryFile(suffix=".time") as timing:
+        t0 = time.perf_counter()
+        subprocess.run([GNU_TIME, "-f", "%M %U %S", "-o", timing.name, "--", *argv], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=900)
+        wall = time.perf_counter() - t0
+        rss, user, system = Path(timing.name).read_text().split()[-3:]
+    return wall, float(user) + float(system), int(rss)
 
-        tmp = path.with_name(path.name + ".tmp")
-        ls.make_many_tensors(tmp, n)
-        tmp.rename(path)
-    return path
 
-
-def measure(argvs: dict[str, list[str]], repeats: int) -> dict[str, tuple[list[float], list[int]]]:
-    out = {name: ([], []) for name in argvs}
+def measure(argvs: dict[str, list[str]], repeats: int) -> dict[str, list[tuple[float, float, int]]]:
+    out = {name: [] for name in argvs}
     for argv in argvs.values():
-        run_measured(argv, timeout=900, stdout=subprocess.DEVNULL)  # warm-up
+        run_timed(argv)  # warm-up: page cache
     for _ in range(repeats):
         for name, argv in argvs.items():
-            wall, rss_kib, _, _ = run_measured(argv, timeout=900, stdout=subprocess.DEVNULL)
-            out[name][0].append(wall)
-            out[name][1].append(rss_kib)
+            out[name].append(run_timed(argv))
     return out
 
 
 def report(res: Results, fid: str, what: str, runs, alt_name: str, time_goal: float, rss_goal_mb: float,
-           count: int, repeats: int):
-    walls, rss = runs["ckptfs"]
-    alt_walls, alt_rss = runs["alternative"]
-    detail = {"repeats": repeats, "load": benchlib.machine_note(), "wall_s": walls, "rss_kib": rss,
-              "alt_wall_s": alt_walls, "alt_rss_kib": alt_rss, "count": count}
-    w, a = median(walls), median(alt_walls)
-    mb, amb = max(rss) * 1024 / 1e6, max(alt_rss) * 1024 / 1e6
-    res.add(fid, f"ckptfs ls, {what}", w, a, "s", f"< {time_goal:g} s", w < time_goal, alt_name=alt_name,
-            detail=detail)
-    res.add(f"{fid}.rss", f"ckptfs ls peak RSS, {what}", mb, amb, "MB", f"< {rss_goal_mb:g} MB",
+           repeats: int):
+    mine, alt = runs["ckptfs"], runs["alternative"]
+    detail = {"repeats": repeats, "load": benchlib.machine_note(), "ckptfs": mine, "alternative": alt,
+              "columns": ["wall_s", "cpu_s", "rss_kib"]}
+    wall, alt_wall = median([r[0] for r in mine]), median([r[0] for r in alt])
+    cpu, alt_cpu = median([r[1] for r in mine]), median([r[1] for r in alt])
+    mb, alt_mb = max(r[2] for r in mine) * 1024 / 1e6, max(r[2] for r in alt) * 1024 / 1e6
+    res.add(fid, f"ckptfs ls wall time, {what}", wall, alt_wall, "s", f"< {time_goal:g} s", wall < time_goal,
+            alt_name=alt_name, detail=detail)
+    res.add(f"{fid}.cpu", f"ckptfs ls CPU time (user + system), {what}", cpu, alt_cpu, "s",
+            f"< {time_goal:g} s on an idle core", cpu < time_goal, alt_name=alt_name, detail=detail)
+    res.add(f"{fid}.rss", f"ckptfs ls peak RSS, {what}", mb, alt_mb, "MB", f"< {rss_goal_mb:g} MB",
             mb < rss_goal_mb, alt_name=alt_name, detail=detail)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     benchlib.add_common_args(ap)
-    ap.add_argument("--only", default="dcp-1m,torch-1m", help="comma-separated: dcp-1m, torch-1m")
-    ap.add_argument("--tensors", type=int, default=1_000_000, help="tensor count of torch-1m")
     args = ap.parse_args()
     got = benchlib.workdir_and_binary(argparse.Namespace(workdir=args.workdir, ckptfs=args.ckptfs,
                                                          generate_only=False))
@@ -116,25 +108,15 @@ def main() -> int:
         return 2
     workdir, ckptfs = got
     repeats = args.repeats or (1 if args.quick else 3)
-    only = set(args.only.split(","))
     res = Results("metadata_scale", args.json_out)
     print(benchlib.machine_note(), flush=True)
-    if "dcp-1m" in only:
-        t0 = time.perf_counter()
-        folder = make_dcp(workdir)
-        print(f"DCP folder ready in {time.perf_counter() - t0:.0f} s: {folder}", flush=True)
-        runs = measure({"ckptfs": [str(ckptfs), "ls", str(folder)],
-                        "alternative": [sys.executable, "-c", LIST_DCP, str(folder)]}, repeats)
-        report(res, "scale.dcp", "DCP, 1,023,744 chunks (256 ranks x 3,999 tensors)", runs,
-               "torch read_metadata + list", 3.0, 1000.0, 3999, repeats)
-    if "torch-1m" in only:
-        t0 = time.perf_counter()
-        path = make_torch(workdir, args.tensors)
-        print(f"torch.save checkpoint ready in {time.perf_counter() - t0:.0f} s: {path}", flush=True)
-        runs = measure({"ckptfs": [str(ckptfs), "ls", str(path)],
-                        "alternative": [sys.executable, "-c", LIST_TORCH, str(path)]}, repeats)
-        report(res, "scale.torch", f"torch.save, {args.tensors:,} tensors", runs,
-               "torch.load(mmap) + list", 2.0, 500.0, args.tensors, repeats)
+    t0 = time.perf_counter()
+    folder = make_dcp(workdir)
+    print(f"DCP folder ready in {time.perf_counter() - t0:.0f} s: {folder}", flush=True)
+    runs = measure({"ckptfs": [str(ckptfs), "ls", str(folder)],
+                    "alternative": [sys.executable, "-c", LIST_DCP, str(folder)]}, repeats)
+    report(res, "scale.dcp", "DCP, 1,023,744 chunks (256 ranks x 3,999 tensors)", runs,
+           "torch read_metadata + list", 3.0, 1000.0, repeats)
     return 0
 
 
