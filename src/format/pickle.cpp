@@ -179,6 +179,20 @@ class Machine {
     }
     return Push(std::move(n));
   }
+  // The stack top `*v`, made safe to change: a shared (interned) object is replaced by a
+  // copy of its own first.
+  void Mutable(PyRef* v) {
+    if ((*v)->kind != PyValue::Kind::kObject || !(*v)->b) return;
+    PyRef copy = Make(PyValue::Kind::kObject);
+    copy->callable = (*v)->callable;
+    copy->args = (*v)->args;
+    copy->kwargs = (*v)->kwargs;
+    copy->state = (*v)->state;
+    copy->items = (*v)->items;
+    copy->entries = (*v)->entries;
+    stack_.back() = copy;
+    *v = copy;
+  }
   struct ItemsHash {
     size_t operator()(const PyValue* t) const {
       size_t h = t->items.size();
@@ -259,6 +273,7 @@ class Machine {
   uint64_t charged_ = 0;  // bytes of values and container slots made so far
   std::unordered_set<PyRef, ItemsHash, ItemsEqual> tuples_;
   std::unordered_map<int64_t, PyRef> ints_;
+  std::unordered_map<PyRef, PyRef> sizes_;  // interned args tuple -> its torch.Size
 };
 
 Status Machine::PushLong(std::string_view le) {
@@ -314,6 +329,7 @@ Status Machine::SetItems(std::vector<PyRef> kv) {
   if (kv.size() % 2 != 0) return Fail("odd number of items for SETITEMS");
   PyRef target = nullptr;
   CKPTFS_RETURN_IF_ERROR(Top(&target));
+  Mutable(&target);
   if (target->kind != PyValue::Kind::kDict && target->kind != PyValue::Kind::kObject)
     return Fail("SETITEM on something that is not a dict");
   const size_t before = target->entries.capacity();
@@ -328,6 +344,7 @@ Status Machine::SetItems(std::vector<PyRef> kv) {
 Status Machine::Append(std::vector<PyRef> values) {
   PyRef target = nullptr;
   CKPTFS_RETURN_IF_ERROR(Top(&target));
+  Mutable(&target);
   if (target->kind != PyValue::Kind::kList && target->kind != PyValue::Kind::kSet &&
       target->kind != PyValue::Kind::kObject)
     return Fail("APPEND to something that is not a list");
@@ -492,6 +509,19 @@ Status Machine::Step(uint8_t op, bool* stop) {
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
       CKPTFS_RETURN_IF_ERROR(Pop(&a));
       if (b->kind != K::kTuple) return Fail("REDUCE arguments are not a tuple");
+      // torch.Size of an interned tuple: a DCP .metadata makes three per chunk, nearly all
+      // repeats. Shared like the tuple it wraps (`b` marks it); Mutable() copies it first
+      // should a BUILD, SETITEMS or APPENDS ever target it.
+      if (b->b && a->IsGlobal("torch", "Size")) {
+        if (auto it = sizes_.find(b); it != sizes_.end()) return Push(it->second);
+        CKPTFS_RETURN_IF_ERROR(Call(a, b, nullptr));
+        if (sizes_.size() < kMaxInterned) {
+          stack_.back()->b = true;
+          sizes_.emplace(b, stack_.back());
+          charged_ += kInternedEntryBytes;
+        }
+        return Status::OK();
+      }
       return Call(a, b, nullptr);
     case NEWOBJ:
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
@@ -524,6 +554,7 @@ Status Machine::Step(uint8_t op, bool* stop) {
     case BUILD: {
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
       CKPTFS_RETURN_IF_ERROR(Top(&a));
+      Mutable(&a);
       if (a->kind != K::kObject) {
         // BUILD on a plain container (a dict subclass reduced to dict) keeps the state aside.
         auto wrapper = Make(K::kObject);
