@@ -82,6 +82,7 @@ class TorchArchive {
   std::shared_ptr<const Pickle> pickle_ = std::make_shared<const Pickle>();
   // Storage records found so far, by the index of their zip entry: a memo of lookups.
   mutable std::vector<std::optional<StorageRecord>> storages_;
+  mutable size_t next_record_ = 0;   // the entry index Storage tries first
   mutable std::string record_name_;  // scratch for "<archive>/data/<key>", reused to avoid allocations
 };
 
