@@ -14,3 +14,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${sudo_cmd[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >&2
 fi
+# tests/compat/test_torch_family.py: files written by a second, older torch (Debian's 1.13,
+# through /usr/bin/python3); nothing else uses it. Without its recommends (libtorch-dev and
+# a compiler toolchain: hundreds of packages the test does not need).
+if ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install ok installed"; then
+  sudo_cmd=(); [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  echo "install-deps: apt-get install --no-install-recommends python3-torch" >&2
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-torch >&2
+fi

@@ -27,8 +27,10 @@ constexpr CommandLine kLs = {kLsUsage, true, kReadCommandGroups, 1, "ls takes on
 constexpr char kInfoUsage[] =
     "usage: ckptfs info [--json] [OPTIONS] SOURCE\n"
     "\n"
-    "Prints the format, source files, tensor count, total tensor bytes, bytes per dtype\n"
-    "and a summary of the non-tensor metadata of SOURCE.\n"
+    "Prints the format (torch-zip, torch-legacy, torchscript, torch-export, safetensors,\n"
+    "torch-zip-folder, safetensors-folder, deepspeed-zero, deepspeed-pipeline, dcp), source\n"
+    "files, tensor count, total tensor bytes, bytes per dtype and a summary of the\n"
+    "non-tensor metadata of SOURCE.\n"
     "  --json            print the same as one JSON object\n";
 constexpr CommandLine kInfo = {kInfoUsage, true, kReadCommandGroups, 1, "info takes one SOURCE"};
 

@@ -229,7 +229,7 @@ Status DcpReader::AddTensor(const DcpItem& item) {
     FileWindow window;
     CKPTFS_RETURN_IF_ERROR(Window(item, chunk->slice, &window));
     TorchArchive archive;
-    Status s = archive.Open(*catalog_->files, window, limits_, &pickles_);
+    Status s = archive.Open(*catalog_->files, window, limits_, ArchiveRecords{}, &pickles_);
     if (!s.ok()) return Concerning(s, item.fqn);
     TensorEntry piece;
     bool is_tensor = false;

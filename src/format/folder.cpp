@@ -61,6 +61,17 @@ void MergeInto(json* into, const json& from) {
   for (auto& [k, v] : from.items()) (*into)[k] = v;
 }
 
+// A torch file of a folder: a torch.save zip, or a legacy stream (the pytorch_model.bin of
+// Hugging Face models saved before torch 1.6).
+Status ReadTorchWeights(const std::string& path, Catalog* catalog, json* meta, const ReadLimits& limits) {
+  uint32_t file;
+  CKPTFS_RETURN_IF_ERROR(catalog->files->Add(path, &file));
+  std::string head(std::min<uint64_t>(512, catalog->files->size(file)), '\0');
+  CKPTFS_RETURN_IF_ERROR(catalog->files->ReadExact(file, 0, head.size(), head.data()));
+  if (IsTorchLegacy(head)) return ReadTorchLegacy(path, head, catalog, meta, limits);
+  return ReadTorchZip(path, catalog, meta, limits);
+}
+
 }  // namespace
 
 Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const ReadLimits& limits) {
@@ -99,7 +110,7 @@ Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const Read
     const size_t first = catalog->tensors.size();
     json meta;
     CKPTFS_RETURN_IF_ERROR(IsSafetensors(w) ? ReadSafetensorsFile(path, catalog, &meta, limits)
-                                            : ReadTorchZip(path, catalog, &meta, limits));
+                                            : ReadTorchWeights(path, catalog, &meta, limits));
     MergeInto(&catalog->metadata, meta);
     for (size_t i = first; i < catalog->tensors.size(); ++i) {
       const std::string& key = catalog->tensors[i].key;

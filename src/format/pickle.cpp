@@ -66,12 +66,21 @@ class Machine {
       : r_(bytes), where_(where), out_(out), dense_limit_(bytes.size()), memory_limit_(memory_limit) {}
 
   Status Run();
+  // Bytes read so far: after Run, the pickle's length up to and including STOP.
+  size_t consumed() const { return r_.position(); }
+  bool ran_out() const { return ran_out_; }
 
  private:
   Status Fail(std::string_view what) const {
     return Status::Corruption(where_, "pickle: " + std::string(what) + " at byte " + std::to_string(op_pos_));
   }
-  Status Truncated() const { return Fail("truncated pickle"); }
+  // Every failure for want of bytes goes through here: a reader of a stream of pickles
+  // (PickleEnd::needs_more) then retries with more of the file.
+  Status RanOut(std::string_view what) {
+    ran_out_ = true;
+    return Fail(what);
+  }
+  Status Truncated() { return RanOut("truncated pickle"); }
 
   // What the parse holds so far: values, container slots, kept strings, stack, marks and
   // memo. Opcodes are 1-9 bytes but a value is ~150, and DUP/GET repeat references, so
@@ -217,7 +226,7 @@ class Machine {
     else if (width == 4) { uint32_t v = 0; ok = r_.U32(&v); *len = v; }
     else { ok = r_.U64(len); }
     if (!ok) return Truncated();
-    if (*len > r_.remaining()) return Fail("length runs past the end of the pickle");
+    if (*len > r_.remaining()) return RanOut("length runs past the end of the pickle");
     return Status::OK();
   }
   Status PushCounted(size_t width, PyValue::Kind kind) {
@@ -274,6 +283,7 @@ class Machine {
   std::unordered_set<PyRef, ItemsHash, ItemsEqual> tuples_;
   std::unordered_map<int64_t, PyRef> ints_;
   std::unordered_map<PyRef, PyRef> sizes_;  // interned args tuple -> its torch.Size
+  bool ran_out_ = false;  // the last failure was the bytes ending before the pickle did
 };
 
 Status Machine::PushLong(std::string_view le) {
@@ -361,7 +371,7 @@ Status Machine::Run() {
   while (!stop) {
     op_pos_ = r_.position();
     uint8_t op;
-    if (!r_.U8(&op)) return Fail("pickle ends without STOP");
+    if (!r_.U8(&op)) return RanOut("pickle ends without STOP");
     CKPTFS_RETURN_IF_ERROR(Step(op, &stop));
     // One step adds at most a copy of the stack, which was under the limit before it.
     if (MemoryInUse() > memory_limit_) return OverLimit();
@@ -388,7 +398,7 @@ Status Machine::Step(uint8_t op, bool* stop) {
       if (!r_.U64(&len)) return Truncated();
       // ...but a frame longer than what is left is a lie CPython refuses ("pickle data was
       // truncated"); refuse it too.
-      if (len > r_.remaining()) return Fail("frame of " + std::to_string(len) + " bytes runs past the end of the pickle");
+      if (len > r_.remaining()) return RanOut("frame of " + std::to_string(len) + " bytes runs past the end of the pickle");
       return Status::OK();
     }
     case STOP: *stop = true; return Status::OK();
@@ -642,10 +652,16 @@ void Pickle::Clear() {
   kept_.clear();
 }
 
-Status ParsePickle(std::string_view bytes, std::string_view where, Pickle* result, uint64_t memory_limit) {
+Status ParsePickle(std::string_view bytes, std::string_view where, Pickle* result, uint64_t memory_limit,
+                   PickleEnd* end) {
   result->Clear();
   Machine m(result->KeepBytes(bytes), where, result, memory_limit);
-  return m.Run();
+  Status status = m.Run();
+  if (end) {
+    end->consumed = m.consumed();
+    end->needs_more = !status.ok() && m.ran_out();
+  }
+  return status;
 }
 
 }  // namespace ckptfs

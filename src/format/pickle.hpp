@@ -96,8 +96,16 @@ class Pickle {
 
 // Parses one pickle from `bytes`. `where` names the file in error messages. Parsing fails
 // with kRefused once the values it builds would take more than `memory_limit` bytes.
+// Bytes after the STOP opcode are ignored.
+//
+// With `end`, parsing also reports where the pickle ended: a legacy torch stream is several
+// pickles in a row, read from a window of the file that may stop inside one.
+struct PickleEnd {
+  size_t consumed = 0;      // on success, the pickle's length up to and including STOP
+  bool needs_more = false;  // on failure, whether `bytes` ended before the pickle did
+};
 Status ParsePickle(std::string_view bytes, std::string_view where, Pickle* result,
-                   uint64_t memory_limit = ReadLimits{}.pickle_memory);
+                   uint64_t memory_limit = ReadLimits{}.pickle_memory, PickleEnd* end = nullptr);
 
 
 }  // namespace ckptfs

@@ -5,6 +5,7 @@
 #define CKPTFS_FORMAT_READERS_HPP_
 
 #include <string>
+#include <string_view>
 
 #include "ckptfs/catalog.hpp"
 #include "ckptfs/source.hpp"
@@ -20,6 +21,28 @@ Status ReadTorchZip(const std::string& path, Catalog* catalog, nlohmann::json* m
 // (a chunk of a larger file): tensor offsets are offsets in that file.
 Status ReadTorchZip(const FileWindow& window, Catalog* catalog, nlohmann::json* metadata,
                     const ReadLimits& limits = ReadLimits{});
+
+// True when a file's first bytes (`head`, the first 512 or all when shorter) start a legacy
+// torch.save stream (a pickle) or a tar archive (torch <= 0.3 saved tar files).
+bool IsTorchLegacy(std::string_view head);
+// A legacy torch.save stream (torch < 1.6, or _use_new_zipfile_serialization=False), read
+// like a torch.save zip; the tar-based format of torch <= 0.3 is refused by name.
+Status ReadTorchLegacy(const std::string& path, std::string_view head, Catalog* catalog, nlohmann::json* metadata,
+                       const ReadLimits& limits = ReadLimits{});
+
+// A TorchScript archive (torch.jit.save): the module tree's tensors under the names
+// Module.state_dict() gives them, constants under "CONSTANTS.c<i>"; code is never read.
+Status ReadTorchScript(const std::string& path, Catalog* catalog, nlohmann::json* metadata,
+                       const ReadLimits& limits = ReadLimits{});
+
+// A torch.export.save package (.pt2): parameters, buffers and constants by their
+// state-dict names, from the package's weight and constant configs.
+Status ReadTorchExport(const std::string& path, Catalog* catalog, nlohmann::json* metadata,
+                       const ReadLimits& limits = ReadLimits{});
+
+// Which reader a zip file needs: "torchscript" (it holds <archive>/constants.pkl),
+// "torch-export" (<archive>/archive_format says pt2) or "torch-zip".
+Status TorchZipKind(const std::string& path, SourceFiles* files, std::string* kind);
 
 // One .safetensors file; its "__metadata__" strings go to `*metadata`.
 Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, nlohmann::json* metadata,

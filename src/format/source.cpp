@@ -10,12 +10,12 @@
 namespace ckptfs {
 namespace {
 
-// Up to 16 leading bytes of the source file (added to the catalog's files, where its
-// reader finds it again) to tell the formats apart.
+// Up to 512 leading bytes of the source file (added to the catalog's files, where its
+// reader finds it again) to tell the formats apart: a tar header is 512 bytes.
 Status Sniff(const std::string& path, SourceFiles* files, std::string* head) {
   uint32_t file;
   CKPTFS_RETURN_IF_ERROR(files->Add(path, &file));
-  head->resize(std::min<uint64_t>(16, files->size(file)));
+  head->resize(std::min<uint64_t>(512, files->size(file)));
   return files->ReadExact(file, 0, head->size(), head->data());
 }
 
@@ -55,15 +55,21 @@ Status OpenCatalog(const std::string& source, const SourceOptions& options, std:
     std::string head;
     CKPTFS_RETURN_IF_ERROR(Sniff(source, catalog->files.get(), &head));
     if (head.size() >= 4 && head.compare(0, 4, "PK\x03\x04", 4) == 0) {
-      catalog->format = "torch-zip";
-      CKPTFS_RETURN_IF_ERROR(ReadTorchZip(source, catalog.get(), &catalog->metadata, options.limits));
+      CKPTFS_RETURN_IF_ERROR(TorchZipKind(source, catalog->files.get(), &catalog->format));
+      if (catalog->format == "torchscript")
+        CKPTFS_RETURN_IF_ERROR(ReadTorchScript(source, catalog.get(), &catalog->metadata, options.limits));
+      else if (catalog->format == "torch-export")
+        CKPTFS_RETURN_IF_ERROR(ReadTorchExport(source, catalog.get(), &catalog->metadata, options.limits));
+      else
+        CKPTFS_RETURN_IF_ERROR(ReadTorchZip(source, catalog.get(), &catalog->metadata, options.limits));
     } else if ((head.size() >= 9 && head[8] == '{') ||
                (source.size() > 12 && source.compare(source.size() - 12, 12, ".safetensors") == 0)) {
       // By content, or by name so that a damaged header gets a safetensors error message.
       catalog->format = "safetensors";
       CKPTFS_RETURN_IF_ERROR(ReadSafetensorsFile(source, catalog.get(), &catalog->metadata, options.limits));
-    } else if (!head.empty() && static_cast<uint8_t>(head[0]) == 0x80) {
-      return Status::NotSupported(source, "legacy (pre-1.6) torch.save format; re-save it with a newer torch");
+    } else if (IsTorchLegacy(head)) {
+      catalog->format = "torch-legacy";
+      CKPTFS_RETURN_IF_ERROR(ReadTorchLegacy(source, head, catalog.get(), &catalog->metadata, options.limits));
     } else {
       return Status::InvalidArgument(source, "not a recognized checkpoint (expected a torch zip or safetensors file)");
     }

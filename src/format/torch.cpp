@@ -1,6 +1,8 @@
 // Reader for plain torch.save checkpoints (torch >= 1.6): the pickled object is walked,
 // tensors become catalog tensors, containers are flattened to dotted keys, and every other
 // value becomes JSON metadata.
+// The flattening (FlattenTorchObject) is shared with the readers of legacy streams and
+// TorchScript archives, which resolve storages their own way.
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -19,12 +21,13 @@ using Kind = PyValue::Kind;
 // Real checkpoints nest a handful of levels; deeper means a cycle or an attack.
 constexpr int kMaxDepth = 256;
 
+// Flattens one torch pickle's object; its tensors resolve through `storages`.
 class TorchZipReader {
  public:
-  TorchZipReader(const FileWindow& window, Catalog* catalog, const ReadLimits& limits)
-      : window_(window), path_(catalog->files->Describe(window)), catalog_(catalog), limits_(limits) {}
+  TorchZipReader(const StorageResolver& storages, Catalog* catalog, const ReadLimits& limits)
+      : storages_(storages), path_(storages.path()), catalog_(catalog), limits_(limits) {}
 
-  Status Read(json* metadata);
+  Status Read(const PyValue* root, size_t value_count, json* metadata);
 
  private:
   Status Walk(const PyValue* v, std::vector<PathElement>* path, int depth, json* out, bool* keep);
@@ -41,24 +44,22 @@ class TorchZipReader {
     return Status::OK();
   }
 
-  FileWindow window_;
+  const StorageResolver& storages_;
   std::string path_;  // how messages name the archive
   Catalog* catalog_;
   ReadLimits limits_;
   uint64_t visit_budget_ = 0, visits_left_ = 0;
-  TorchArchive archive_;
 };
 
 }  // namespace
 
-Status TorchZipReader::Read(json* metadata) {
-  CKPTFS_RETURN_IF_ERROR(archive_.Open(*catalog_->files, window_, limits_));
+Status TorchZipReader::Read(const PyValue* root, size_t value_count, json* metadata) {
   // A tree visits each value once; tied weights and shared configs add a little.
-  visit_budget_ = visits_left_ = 4 * static_cast<uint64_t>(archive_.value_count()) + 1'000'000;
+  visit_budget_ = visits_left_ = 4 * static_cast<uint64_t>(value_count) + 1'000'000;
   const size_t first_tensor = catalog_->tensors.size();
   std::vector<PathElement> path;
   bool keep = false;
-  CKPTFS_RETURN_IF_ERROR(Walk(archive_.root(), &path, 0, metadata, &keep));
+  CKPTFS_RETURN_IF_ERROR(Walk(root, &path, 0, metadata, &keep));
   if (!keep) *metadata = json::object();
   // Two tensors whose paths flatten to one key (e.g. {"a.b": x, "a": {"b": y}}) cannot
   // both be served. The tensors vector no longer grows, so views of the keys stay valid.
@@ -85,7 +86,7 @@ Status TorchZipReader::Walk(const PyValue* v, std::vector<PathElement>* path, in
   *keep = true;
   TensorEntry t;
   bool is_tensor = false;
-  CKPTFS_RETURN_IF_ERROR(archive_.AsTensor(v, &t, &is_tensor));
+  CKPTFS_RETURN_IF_ERROR(RebuildTensor(v, storages_, &t, &is_tensor));
   if (is_tensor) {
     *keep = false;
     return AddTensor(std::move(t), *path);
@@ -191,7 +192,7 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
   }
   TensorEntry t;
   bool is_tensor = false;
-  CKPTFS_RETURN_IF_ERROR(archive_.AsTensor(v, &t, &is_tensor));
+  CKPTFS_RETURN_IF_ERROR(RebuildTensor(v, storages_, &t, &is_tensor));
   if (is_tensor) {
     *out = json{{"$tensor_not_served", {{"dtype", Info(t.dtype).torch_name}, {"shape", t.shape}}}};
     return Status::OK();
@@ -231,9 +232,16 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
   return Status::OK();
 }
 
+Status FlattenTorchObject(const PyValue* root, size_t value_count, const StorageResolver& storages,
+                          Catalog* catalog, const ReadLimits& limits, json* metadata) {
+  TorchZipReader reader(storages, catalog, limits);
+  return reader.Read(root, value_count, metadata);
+}
+
 Status ReadTorchZip(const FileWindow& window, Catalog* catalog, json* metadata, const ReadLimits& limits) {
-  TorchZipReader reader(window, catalog, limits);
-  return reader.Read(metadata);
+  TorchArchive archive;
+  CKPTFS_RETURN_IF_ERROR(archive.Open(*catalog->files, window, limits));
+  return FlattenTorchObject(archive.root(), archive.value_count(), archive, catalog, limits, metadata);
 }
 
 Status ReadTorchZip(const std::string& path, Catalog* catalog, json* metadata, const ReadLimits& limits) {

@@ -2,6 +2,7 @@
 
 #include "format/byte_reader.hpp"
 #include "format/limit_hint.hpp"
+#include "format/readers.hpp"
 
 namespace ckptfs {
 namespace {
@@ -86,7 +87,7 @@ void PickleCache::Insert(std::string bytes, std::shared_ptr<const Pickle> pickle
 }
 
 Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits,
-                          PickleCache* cache) {
+                          const ArchiveRecords& records, PickleCache* cache) {
   path_ = files.Describe(window);
   files_ = &files;
   window_ = window;
@@ -98,61 +99,82 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
   size_t slash = first.find('/');
   if (slash == std::string::npos) return Bad("not a torch.save archive: '" + first + "' is not in a folder");
   prefix_ = first.substr(0, slash + 1);
-  if (zip_.Find(prefix_ + "constants.pkl"))
-    return Status::NotSupported(path_, "TorchScript archive (torch.jit.save); only torch.save checkpoints are supported");
-  const ZipEntry* pkl = zip_.Find(prefix_ + "data.pkl");
-  if (!pkl) return Bad("not a torch.save archive: no " + prefix_ + "data.pkl");
+  if (!records.torchscript && zip_.Find(prefix_ + "constants.pkl"))
+    return Status::NotSupported(path_, "TorchScript archive (torch.jit.save) read as a torch.save checkpoint");
+  storage_dir_ = records.storage_dir;
+  const ZipEntry* pkl = nullptr;
+  if (!records.pickle.empty()) {
+    pkl = zip_.Find(prefix_ + records.pickle);
+    if (!pkl) return Bad("not a torch.save archive: no " + prefix_ + records.pickle);
+  }
   if (const ZipEntry* order = zip_.Find(prefix_ + "byteorder")) {
     std::string value;
     CKPTFS_RETURN_IF_ERROR(zip_.ReadStored(*order, 16, &value));
     if (value == "big") return Status::NotSupported(path_, "big-endian checkpoint (byteorder record says 'big')");
     if (value != "little") return Bad("byteorder record holds '" + value + "'; expected 'little' or 'big'");
   }
+  storages_.assign(zip_.entries().size(), std::nullopt);
+  if (!pkl) return Status::OK();
   std::string pickle_bytes;
   if (pkl->uncompressed_size > limits.pickle_bytes)
-    return Status::Refused(path_, prefix_ + "data.pkl is " + std::to_string(pkl->uncompressed_size) +
+    return Status::Refused(path_, prefix_ + records.pickle + " is " + std::to_string(pkl->uncompressed_size) +
                                       " bytes, over the limit of " + std::to_string(limits.pickle_bytes) +
                                       LimitHint("max_pickle"));
   CKPTFS_RETURN_IF_ERROR(zip_.ReadStored(*pkl, limits.pickle_bytes, &pickle_bytes));
   pickle_ = cache ? cache->Find(pickle_bytes) : nullptr;
   if (!pickle_) {
     auto parsed = std::make_shared<Pickle>();
-    CKPTFS_RETURN_IF_ERROR(ParsePickle(pickle_bytes, path_ + ": " + prefix_ + "data.pkl", parsed.get(), limits.pickle_memory));
+    CKPTFS_RETURN_IF_ERROR(
+        ParsePickle(pickle_bytes, path_ + ": " + prefix_ + records.pickle, parsed.get(), limits.pickle_memory));
     pickle_ = parsed;
     if (cache) cache->Insert(std::move(pickle_bytes), std::move(parsed));
   }
-  storages_.assign(zip_.entries().size(), std::nullopt);
   return Status::OK();
 }
 
 
-Status TorchArchive::Storage(const PyValue* pid, std::optional<DType> tensor_dtype, DType* dtype,
-                               std::string* key, StorageRecord* rec) const {
-  // ('storage', <storage class>, key, location, numel); numel counts elements for typed
-  // storages and bytes for UntypedStorage.
+Status ParseStoragePid(const PyValue* pid, std::optional<DType> tensor_dtype, const std::string& where,
+                       StoragePid* out) {
+  // ('storage', <storage class>, key, location, numel[, view]); numel counts elements for
+  // typed storages and bytes for UntypedStorage.
   if (!pid || pid->kind != Kind::kPersistent || !pid->args || pid->args->kind != Kind::kTuple ||
       pid->args->items.size() < 5)
-    return Bad("tensor storage is not a ('storage', ...) persistent id");
+    return Status::Corruption(where, "tensor storage is not a ('storage', ...) persistent id");
   const auto& f = pid->args->items;
   uint64_t numel;
   if (f[0]->kind != Kind::kStr || f[0]->s != "storage" || f[1]->kind != Kind::kGlobal ||
       f[2]->kind != Kind::kStr || !AsUint(f[4], &numel))
-    return Bad("malformed storage persistent id");
-  key->assign(f[2]->s);
-  uint64_t itemsize = 1;
+    return Status::Corruption(where, "malformed storage persistent id");
+  out->key = f[2]->s;
+  out->numel = numel;
+  out->view = f.size() > 5 && f[5]->kind != Kind::kNone ? f[5] : nullptr;
+  out->itemsize = 1;
   if (f[1]->name == "UntypedStorage") {
-    if (!tensor_dtype) return Bad("storage '" + *key + "' is untyped but the tensor names no dtype");
-    *dtype = *tensor_dtype;
+    if (!tensor_dtype)
+      return Status::Corruption(where, "storage '" + std::string(out->key) + "' is untyped but the tensor names no dtype");
+    out->dtype = *tensor_dtype;
   } else {
     auto sd = DTypeFromStorageClass(f[1]->name);
-    if (!sd) return Status::NotSupported(path_, "storage class " + QualifiedName(f[1]) + " is not supported");
-    *dtype = tensor_dtype ? *tensor_dtype : *sd;
-    itemsize = Info(*sd).itemsize;
+    if (!sd) return Status::NotSupported(where, "storage class " + QualifiedName(f[1]) + " is not supported");
+    out->dtype = tensor_dtype ? *tensor_dtype : *sd;
+    out->itemsize = Info(*sd).itemsize;
   }
-  uint64_t nbytes;
-  if (!CheckedMul(numel, itemsize, &nbytes)) return Bad("storage '" + *key + "' size overflows");
+  if (!CheckedMul(numel, out->itemsize, &out->nbytes))
+    return Status::Corruption(where, "storage '" + std::string(out->key) + "' size overflows");
+  return Status::OK();
+}
 
-  record_name_.assign(prefix_).append("data/").append(*key);
+Status TorchArchive::Resolve(const PyValue* pid, std::optional<DType> tensor_dtype, DType* dtype,
+                             std::string* storage_id, StorageBytes* bytes) const {
+  StoragePid parsed;
+  CKPTFS_RETURN_IF_ERROR(ParseStoragePid(pid, tensor_dtype, path_, &parsed));
+  if (parsed.view) return Status::NotSupported(path_, "storage view persistent id in a zip archive");
+  *dtype = parsed.dtype;
+  const uint64_t nbytes = parsed.nbytes;
+  std::string* key = storage_id;
+  key->assign(parsed.key);
+
+  record_name_.assign(prefix_).append(storage_dir_).append(*key);
   // torch.save writes the records in the order the pickle references their storages: try
   // the entry after the last one found before hashing the name (a million lookups in a
   // million-entry table are a million cache misses).
@@ -178,50 +200,21 @@ Status TorchArchive::Storage(const PyValue* pid, std::optional<DType> tensor_dty
   } else if (slot->nbytes != nbytes) {
     return Bad("storage '" + *key + "' is referenced with two different sizes");
   }
-  *rec = *slot;
+  bytes->file = window_.file;
+  bytes->data_offset = slot->data_offset;
+  bytes->nbytes = slot->nbytes;
+  bytes->key = parsed.key;
+  // Storage ids name the file, the window and the record, so two archives in one file (or
+  // a TorchScript archive's data/ and constants/ records) never share one.
+  std::string id = std::to_string(window_.file) + ":" + std::to_string(window_.base) + ":";
+  if (storage_dir_ != "data/") id += storage_dir_;
+  key->insert(0, id);
   return Status::OK();
 }
 
-Status TorchArchive::AsTensor(const PyValue* v, int depth, TensorEntry* t, bool* is_tensor) const {
-  *is_tensor = false;
-  if (v->kind != Kind::kObject || depth > kMaxTensorDepth || !v->callable || v->callable->kind != Kind::kGlobal)
-    return Status::OK();
-  const PyValue* callable = v->callable;
-  if (IsGlobal(callable, "torch._utils._rebuild_parameter") ||
-      IsGlobal(callable, "torch._utils._rebuild_parameter_with_state")) {
-    const PyValue* data = Arg(v, 0);
-    return data ? AsTensor(data, depth + 1, t, is_tensor) : Status::OK();
-  }
-  if (IsGlobal(callable, "torch._tensor._rebuild_from_type_v2")) {
-    // (func, new_type, args, state): the tensor is func(*args), then retyped.
-    const PyValue* func = Arg(v, 0);
-    const PyValue* args = Arg(v, 2);
-    if (!func || !args) return Status::OK();
-    PyValue call;
-    call.kind = Kind::kObject;
-    call.callable = const_cast<PyValue*>(func);
-    call.args = const_cast<PyValue*>(args);
-    return AsTensor(&call, depth + 1, t, is_tensor);
-  }
-  const bool v2 = IsGlobal(callable, "torch._utils._rebuild_tensor_v2");
-  const bool v3 = IsGlobal(callable, "torch._utils._rebuild_tensor_v3");
-  if (!v2 && !v3 && !IsGlobal(callable, "torch._utils._rebuild_tensor")) return Status::OK();
-
-  // (storage, storage_offset, size, stride, requires_grad, hooks[, dtype (v3)][, metadata])
-  std::optional<DType> tensor_dtype;
-  if (v3) {
-    const PyValue* d = Arg(v, 6);
-    if (!d || d->kind != Kind::kGlobal || d->s != "torch" || !(tensor_dtype = DTypeFromTorchName(d->name)))
-      return Status::NotSupported(path_, "tensor with an unsupported dtype " + (d && d->kind == Kind::kGlobal ? QualifiedName(d) : std::string("?")));
-  }
-  uint64_t offset;
-  std::vector<uint64_t> stride;
-  if (!AsUint(Arg(v, 1), &offset) || !AsUintTuple(Arg(v, 2), &t->shape))
-    return Bad("tensor rebuild call has a malformed offset or size");
-  if (!AsUintTuple(Arg(v, 3), &stride) || stride.size() != t->shape.size())
-    return Status::NotSupported(path_, "tensor with negative or malformed strides");
-  StorageRecord rec;
-  CKPTFS_RETURN_IF_ERROR(Storage(Arg(v, 0), tensor_dtype, &t->dtype, &t->storage_id, &rec));
+Status PlaceStridedTensor(const StorageBytes& rec, uint64_t offset, std::vector<uint64_t> stride,
+                          const std::string& where, TensorEntry* t) {
+  auto Bad = [&](const std::string& what) { return Status::Corruption(where, what); };
   const uint64_t itemsize = Info(t->dtype).itemsize;
 
   // Validate that every element lies inside the storage, with checked arithmetic.
@@ -239,18 +232,95 @@ Status TorchArchive::AsTensor(const PyValue* v, int depth, TensorEntry* t, bool*
   uint64_t end_bytes;
   if (numel > 0 && (!CheckedAdd(last, 1, &end_bytes) || !CheckedMul(end_bytes, itemsize, &end_bytes) ||
                     end_bytes > rec.nbytes))
-    return Bad("tensor reads past the end of storage '" + t->storage_id + "' (" + std::to_string(rec.nbytes) +
+    return Bad("tensor reads past the end of storage '" + std::string(rec.key) + "' (" + std::to_string(rec.nbytes) +
                " bytes)");
   if (numel > 0) {
     const uint64_t base = rec.data_offset + offset * itemsize;
     if (contiguous) {
-      t->boxes.push_back(Box::Range(window_.file, base, 0, numel));
+      t->boxes.push_back(Box::Range(rec.file, base, 0, numel));
     } else {
-      t->boxes.push_back(Box::Strided(window_.file, base, t->shape, std::move(stride)));
+      t->boxes.push_back(Box::Strided(rec.file, base, t->shape, std::move(stride)));
     }
   }
-  t->storage_id = std::to_string(window_.file) + ":" + std::to_string(window_.base) + ":" + t->storage_id;
+  return Status::OK();
+}
+
+namespace {
+
+Status RebuildTensorAt(const PyValue* v, const StorageResolver& storages, int depth, TensorEntry* t,
+                       bool* is_tensor);
+
+}  // namespace
+
+Status RebuildTensor(const PyValue* v, const StorageResolver& storages, TensorEntry* t, bool* is_tensor) {
+  return RebuildTensorAt(v, storages, 0, t, is_tensor);
+}
+
+namespace {
+
+Status RebuildTensorAt(const PyValue* v, const StorageResolver& storages, int depth, TensorEntry* t,
+                       bool* is_tensor) {
+  const std::string& where = storages.path();
+  auto Bad = [&](const std::string& what) { return Status::Corruption(where, what); };
+  *is_tensor = false;
+  if (v->kind != Kind::kObject || depth > kMaxTensorDepth || !v->callable || v->callable->kind != Kind::kGlobal)
+    return Status::OK();
+  const PyValue* callable = v->callable;
+  if (IsGlobal(callable, "torch._utils._rebuild_parameter") ||
+      IsGlobal(callable, "torch._utils._rebuild_parameter_with_state")) {
+    const PyValue* data = Arg(v, 0);
+    return data ? RebuildTensorAt(data, storages, depth + 1, t, is_tensor) : Status::OK();
+  }
+  if (IsGlobal(callable, "torch._tensor._rebuild_from_type_v2")) {
+    // (func, new_type, args, state): the tensor is func(*args), then retyped.
+    const PyValue* func = Arg(v, 0);
+    const PyValue* args = Arg(v, 2);
+    if (!func || !args) return Status::OK();
+    PyValue call;
+    call.kind = Kind::kObject;
+    call.callable = const_cast<PyValue*>(func);
+    call.args = const_cast<PyValue*>(args);
+    return RebuildTensorAt(&call, storages, depth + 1, t, is_tensor);
+  }
+  const bool v2 = IsGlobal(callable, "torch._utils._rebuild_tensor_v2");
+  const bool v3 = IsGlobal(callable, "torch._utils._rebuild_tensor_v3");
+  if (!v2 && !v3 && !IsGlobal(callable, "torch._utils._rebuild_tensor")) return Status::OK();
+
+  // (storage, storage_offset, size, stride, requires_grad, hooks[, dtype (v3)][, metadata])
+  std::optional<DType> tensor_dtype;
+  if (v3) {
+    const PyValue* d = Arg(v, 6);
+    if (!d || d->kind != Kind::kGlobal || d->s != "torch" || !(tensor_dtype = DTypeFromTorchName(d->name)))
+      return Status::NotSupported(where, "tensor with an unsupported dtype " + (d && d->kind == Kind::kGlobal ? QualifiedName(d) : std::string("?")));
+  }
+  uint64_t offset;
+  std::vector<uint64_t> stride;
+  if (!AsUint(Arg(v, 1), &offset) || !AsUintTuple(Arg(v, 2), &t->shape))
+    return Bad("tensor rebuild call has a malformed offset or size");
+  if (!AsUintTuple(Arg(v, 3), &stride) || stride.size() != t->shape.size())
+    return Status::NotSupported(where, "tensor with negative or malformed strides");
+  StorageBytes rec;
+  CKPTFS_RETURN_IF_ERROR(storages.Resolve(Arg(v, 0), tensor_dtype, &t->dtype, &t->storage_id, &rec));
+  CKPTFS_RETURN_IF_ERROR(PlaceStridedTensor(rec, offset, std::move(stride), where, t));
   *is_tensor = true;
+  return Status::OK();
+}
+
+}  // namespace
+
+Status TorchZipKind(const std::string& path, SourceFiles* files, std::string* kind) {
+  *kind = "torch-zip";
+  uint32_t file;
+  CKPTFS_RETURN_IF_ERROR(files->Add(path, &file));
+  ZipArchive zip;
+  // A damaged zip is the torch.save reader's to report.
+  if (!zip.Open(*files, files->whole(file)).ok() || zip.entries().empty()) return Status::OK();
+  const std::string& first = zip.entries().front().name;
+  const size_t slash = first.find('/');
+  if (slash == std::string::npos) return Status::OK();
+  const std::string prefix = first.substr(0, slash + 1);
+  if (zip.Find(prefix + "constants.pkl")) *kind = "torchscript";
+  else if (zip.Find(prefix + "archive_format") && !zip.Find(prefix + "data.pkl")) *kind = "torch-export";
   return Status::OK();
 }
 

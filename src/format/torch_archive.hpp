@@ -1,7 +1,9 @@
 // An opened torch.save zip archive: its parsed data.pkl and the resolution of tensor
 // rebuild calls to byte ranges of its data/<key> records. Shared by the readers that
-// interpret torch pickles (plain checkpoints, DeepSpeed ZeRO shards).
-// Layout facts: doc/FORMATS.md, "torch.save archives".
+// interpret torch pickles (plain checkpoints, DeepSpeed ZeRO shards, DCP chunks, TorchScript
+// archives). The rebuild calls and the flattening of a torch pickle's object are declared
+// here too, for every container of torch pickles (legacy streams resolve storages their own
+// way). Layout facts: doc/FORMATS.md, "torch.save archives".
 #ifndef CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
 #define CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
 
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "ckptfs/catalog.hpp"
+#include "ckptfs/limits.hpp"
 #include "format/pickle.hpp"
 #include "format/zip.hpp"
 
@@ -37,18 +40,84 @@ class PickleCache {
   std::unordered_map<std::string, std::shared_ptr<const Pickle>, Hash, std::equal_to<>> by_bytes_;
 };
 
-class TorchArchive {
+// Where the bytes of one storage lie.
+struct StorageBytes {
+  uint32_t file = 0;
+  uint64_t data_offset = 0;  // in the file
+  uint64_t nbytes = 0;
+  std::string_view key;  // as the pickle names it (a view into the pickle), for messages
+};
+
+// Resolves the storage persistent ids of a torch pickle to file bytes. Each container of
+// torch pickles (a torch.save zip, a TorchScript archive, a legacy stream) keeps its
+// storages its own way; the tensor rebuild calls around them are the same (RebuildTensor).
+class StorageResolver {
+ public:
+  virtual ~StorageResolver() = default;
+  // Sets *dtype (`tensor_dtype` when the rebuild call names one, else the storage class's),
+  // *storage_id (equal for two pids only when they name one storage of one container) and
+  // *bytes.
+  virtual Status Resolve(const PyValue* pid, std::optional<DType> tensor_dtype, DType* dtype,
+                         std::string* storage_id, StorageBytes* bytes) const = 0;
+  // How messages name the container.
+  virtual const std::string& path() const = 0;
+};
+
+// The fields of a ('storage', <storage class>, key, location, numel[, view]) persistent id.
+struct StoragePid {
+  std::string_view key;
+  DType dtype = DType::kU8;       // the tensor's dtype when given, else the storage class's
+  uint64_t itemsize = 1;          // bytes per element of the storage class (1: UntypedStorage)
+  uint64_t numel = 0;             // elements of the storage class
+  uint64_t nbytes = 0;            // numel * itemsize
+  const PyValue* view = nullptr;  // legacy streams: (view_key, offset, size) into the storage, or None
+};
+Status ParseStoragePid(const PyValue* pid, std::optional<DType> tensor_dtype, const std::string& where,
+                       StoragePid* out);
+
+// Places tensor *t (its dtype and shape set) in storage `rec`: `offset` and `stride` in
+// elements. Checks with checked arithmetic that every element lies inside the storage, then
+// adds one box: a byte range when the layout is contiguous, else a strided view.
+Status PlaceStridedTensor(const StorageBytes& rec, uint64_t offset, std::vector<uint64_t> stride,
+                          const std::string& where, TensorEntry* t);
+
+// When `v` is a tensor rebuild call (_rebuild_tensor[_v2|_v3], _rebuild_parameter,
+// _rebuild_from_type_v2), sets *is_tensor and fills dtype, shape, boxes and storage_id of
+// *t from `storages`, after checking every element lies inside its storage.
+Status RebuildTensor(const PyValue* v, const StorageResolver& storages, TensorEntry* t, bool* is_tensor);
+
+// Flattens the object a torch pickle holds (`root`, from a pickle of `value_count` values):
+// tensors become catalog tensors under dotted keys ("layer.0.weight", module attributes
+// included), every other value becomes JSON in *metadata. Tensors resolve through `storages`.
+// Shared by the readers of torch.save zips, legacy streams and TorchScript archives.
+Status FlattenTorchObject(const PyValue* root, size_t value_count, const StorageResolver& storages,
+                          Catalog* catalog, const ReadLimits& limits, nlohmann::json* metadata);
+
+// Which records of a torch zip archive to read as its object pickle and storages.
+struct ArchiveRecords {
+  std::string pickle = "data.pkl";
+  std::string storage_dir = "data/";
+  // TorchScript archives (torch.jit.save) hold constants.pkl; only their reader sets this.
+  bool torchscript = false;
+};
+
+class TorchArchive : public StorageResolver {
  public:
   // Opens file `path` (adding it to `files`) as a whole-file archive.
   Status Open(const std::string& path, SourceFiles* files, const ReadLimits& limits = ReadLimits{});
   // Opens the archive in `window` of a file already in `files`, checks it is a torch.save
-  // archive and parses its data.pkl without executing anything.
-  // With a `cache`, a data.pkl already parsed by another archive is not parsed again.
+  // archive and parses its object pickle (`records.pickle`, data.pkl unless said; none when
+  // empty) without executing anything; its storages are `records.storage_dir` records.
+  // With a `cache`, an object pickle already parsed by another archive is not parsed again.
   Status Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits = ReadLimits{},
-              PickleCache* cache = nullptr);
+              const ArchiveRecords& records = ArchiveRecords{}, PickleCache* cache = nullptr);
+
+  // The zip directory and "<archive>/" folder prefix, for readers of other records.
+  const ZipArchive& zip() const { return zip_; }
+  const std::string& prefix() const { return prefix_; }
 
   // How messages name the archive: the file's path, with the byte range for a window.
-  const std::string& path() const { return path_; }
+  const std::string& path() const override { return path_; }
   uint32_t file() const { return window_.file; }
   const FileWindow& window() const { return window_; }
   const PyValue* root() const { return pickle_->root; }
@@ -61,7 +130,10 @@ class TorchArchive {
   // Storage ids ("<file>:<base>:<key>") name the file, the window and the record, so two
   // archives in one file never share one.
   // Not thread-safe (it caches storage lookups).
-  Status AsTensor(const PyValue* v, TensorEntry* t, bool* is_tensor) const { return AsTensor(v, 0, t, is_tensor); }
+  Status AsTensor(const PyValue* v, TensorEntry* t, bool* is_tensor) const { return RebuildTensor(v, *this, t, is_tensor); }
+
+  Status Resolve(const PyValue* pid, std::optional<DType> tensor_dtype, DType* dtype, std::string* storage_id,
+                 StorageBytes* bytes) const override;
 
   Status Bad(const std::string& what) const { return Status::Corruption(path_, what); }
 
@@ -70,15 +142,13 @@ class TorchArchive {
     uint64_t data_offset = 0;
     uint64_t nbytes = 0;
   };
-  Status AsTensor(const PyValue* v, int depth, TensorEntry* t, bool* is_tensor) const;
-  Status Storage(const PyValue* pid, std::optional<DType> tensor_dtype, DType* dtype, std::string* key,
-                 StorageRecord* rec) const;
 
   std::string path_;
   const SourceFiles* files_ = nullptr;
   FileWindow window_;
   ZipArchive zip_;
   std::string prefix_;  // "<archive>/"
+  std::string storage_dir_;  // "data/", or "constants/" for a TorchScript constants.pkl
   std::shared_ptr<const Pickle> pickle_ = std::make_shared<const Pickle>();
   // Storage records found so far, by the index of their zip entry: a memo of lookups.
   mutable std::vector<std::optional<StorageRecord>> storages_;

@@ -22,6 +22,7 @@ Each regex matches the message after "ckptfs: <path>: " (the test checks the lin
 with "ckptfs: " and names the case's file or folder)."""
 
 import argparse
+import functools
 import io
 import json
 import shutil
@@ -1230,6 +1231,298 @@ def _(p):
         obj["optimizer_state_dict"]["fp32_flat_groups"][1] = "not a tensor"
 
     zero_edit(tag / OPTIM.format(0), edit)
+
+
+# =============================================================================================
+# the rest of the torch family: legacy torch.save streams, TorchScript archives, .pt2 packages
+# =============================================================================================
+
+
+@functools.cache
+def real_legacy_bytes() -> bytes:
+    """A real legacy torch.save stream (_use_new_zipfile_serialization=False) of two storages:
+    w (12 float32, and its transpose t) and b (4 float16)."""
+    import torch
+
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    buf = io.BytesIO()
+    torch.save({"w": base, "b": torch.ones(4, dtype=torch.float16), "t": base.t()}, buf,
+               _use_new_zipfile_serialization=False)
+    return buf.getvalue()
+
+
+def legacy_parts():
+    """(pickle start offsets [magic, protocol, sys_info, object, keys], storage start offset,
+    storage keys in file order) of the real legacy stream, found with pickletools (nothing run)."""
+    import pickletools
+
+    data = real_legacy_bytes()
+    f = io.BytesIO(data)
+    starts = []
+    for _ in range(5):
+        starts.append(f.tell())
+        for op, arg, pos in pickletools.genops(f):
+            if op.name == "STOP":
+                break
+    keys = [arg for op, arg, pos in pickletools.genops(io.BytesIO(data[starts[4]:])) if op.name == "BINUNICODE"]
+    return starts, f.tell(), keys
+
+
+def legacy_with(*, obj=None, keys=None, sys_info=None, protocol=None) -> bytes:
+    """The real legacy stream with one of its pickles replaced (opcode bytes, STOP included)."""
+    data = real_legacy_bytes()
+    starts, storages_at, _ = legacy_parts()
+    parts = [data[starts[i]:(starts + [storages_at])[i + 1]] for i in range(5)]
+    for i, new in ((1, protocol), (2, sys_info), (3, obj), (4, keys)):
+        if new is not None:
+            parts[i] = new
+    return b"".join(parts) + data[storages_at:]
+
+
+def plist_of_str(items) -> bytes:
+    return b"\x80\x02](" + b"".join(pstr(k) for k in items) + b"e."
+
+
+@case("leg-trunc-mid-object-pickle.pt", "legacy stream cut inside the object pickle",
+      r"object pickle \(at byte \d+\): pickle: (truncated pickle|pickle ends without STOP)")
+def _(p):
+    starts, _, _ = legacy_parts()
+    p.write_bytes(real_legacy_bytes()[: starts[3] + 40])
+
+
+@case("leg-trunc-before-storages.pt", "legacy stream cut right after the storage key list",
+      r"file ends at byte \d+ before the header of storage '\d+' \(truncated\?\)")
+def _(p):
+    _, storages_at, _ = legacy_parts()
+    p.write_bytes(real_legacy_bytes()[:storages_at])
+
+
+@case("leg-trunc-mid-storage.pt", "legacy stream cut in the middle of the last storage's bytes",
+      r"storage '\d+' \(\d+ elements of \d+ bytes at byte \d+\) runs past the end of the file")
+def _(p):
+    p.write_bytes(real_legacy_bytes()[:-3])
+
+
+@case("leg-storage-count-lie.pt", "the first storage's 8-byte element count says 1000",
+      r"storage '\d+' at byte \d+ holds 1000 elements but the pickle says \d+")
+def _(p):
+    _, storages_at, _ = legacy_parts()
+    p.write_bytes(patch(real_legacy_bytes(), storages_at, "<q", 1000))
+
+
+@case("leg-key-list-extra.pt", "the storage key list names a third storage the pickle never uses",
+      r"the storage key list names 3 storages but the pickle uses 2")
+def _(p):
+    _, _, keys = legacy_parts()
+    p.write_bytes(legacy_with(keys=plist_of_str(keys + ["999"])))
+
+
+@case("leg-key-list-short.pt", "the storage key list leaves out a storage the pickle uses",
+      r"the storage key list names 1 storages but the pickle uses 2")
+def _(p):
+    _, _, keys = legacy_parts()
+    p.write_bytes(legacy_with(keys=plist_of_str(keys[:1])))
+
+
+@case("leg-key-list-unknown.pt", "the storage key list names a key the pickle never uses",
+      r"the storage key list names storage '999', which the pickle never uses")
+def _(p):
+    _, _, keys = legacy_parts()
+    p.write_bytes(legacy_with(keys=plist_of_str(keys[:1] + ["999"])))
+
+
+@case("leg-key-list-twice.pt", "the storage key list names one storage twice",
+      r"the storage key list names storage '\d+' twice")
+def _(p):
+    _, _, keys = legacy_parts()
+    p.write_bytes(legacy_with(keys=plist_of_str([keys[0], keys[0]])))
+
+
+@case("leg-os-system.pt", "the object pickle calls os.system",
+      r"object pickle \(at byte \d+\): pickle references os\.system, which would run code when loaded")
+def _(p):
+    p.write_bytes(legacy_with(obj=b"\x80\x02" + pglobal("os", "system") + ptuple([pstr("touch /tmp/ckptfs-pwned")]) + b"R."))
+
+
+@case("leg-bad-magic.pt", "a pickle stream whose first pickle is not torch's magic number",
+      r"not a legacy torch\.save file: its first pickle is not torch's magic number")
+def _(p):
+    p.write_bytes(b"\x80\x02" + pint(12345) + b"." + real_legacy_bytes()[legacy_parts()[0][1]:])
+
+
+@case("leg-protocol-version.pt", "protocol version pickle says 1002", r"legacy torch\.save protocol version 1002; only 1001 is known")
+def _(p):
+    p.write_bytes(legacy_with(protocol=b"\x80\x02" + pint(1002) + b"."))
+
+
+@case("leg-big-endian.pt", "system info says the writer was big-endian", r"written on a big-endian machine")
+def _(p):
+    p.write_bytes(legacy_with(sys_info=pdict([(pstr("protocol_version"), pint(1001)), (pstr("little_endian"), b"\x89")])))
+
+
+@case("leg-tar.pt", "a tar archive (the torch <= 0.3 format)", r"the tar-based torch\.save format of torch <= 0\.3 is not supported")
+def _(p):
+    import tarfile
+
+    with tarfile.open(p, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name in ("sys_info", "pickle", "storages", "tensors"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"\x00"))
+
+
+@functools.cache
+def real_torchscript_records():
+    """[(name, bytes)] of a real torch.jit.save of a traced nn.Sequential (its constants
+    table holds a tensor)."""
+    import torch
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.lin(x) * torch.tensor([2.0, 3.0])
+
+    torch.manual_seed(0)
+    traced = torch.jit.trace(Scaled(), torch.randn(1, 3), check_trace=False)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "ts.pt"
+        traced.save(str(path))
+        z = zipfile.ZipFile(path)
+        return [(i.filename, z.read(i.filename)) for i in z.infolist()]
+
+
+def torchscript_with(replace=None, drop=()) -> bytes:
+    entries = [(n, (replace or {}).get(n.split("/", 1)[1], b)) for n, b in real_torchscript_records()
+               if n.split("/", 1)[1] not in drop]
+    return write_stored_zip(entries)
+
+
+HOSTILE_PICKLE = b"\x80\x02" + pglobal("os", "system") + ptuple([pstr("touch /tmp/ckptfs-pwned")]) + b"R."
+
+
+@case("ts-os-system.pt", "TorchScript data.pkl calls os.system", r"ts/data\.pkl: pickle references os\.system")
+def _(p):
+    p.write_bytes(torchscript_with({"data.pkl": HOSTILE_PICKLE}))
+
+
+@case("ts-constants-os-system.pt", "TorchScript constants.pkl calls os.system", r"ts/constants\.pkl: pickle references os\.system")
+def _(p):
+    p.write_bytes(torchscript_with({"constants.pkl": HOSTILE_PICKLE}))
+
+
+@case("ts-record-too-short.pt", "a TorchScript data/ record 4 bytes shorter than its storage",
+      r"record ts/data/0 holds \d+ bytes but the pickle says \d+")
+def _(p):
+    p.write_bytes(torchscript_with({"data/0": dict((n.split("/", 1)[1], b) for n, b in real_torchscript_records())["data/0"][:-4]}))
+
+
+@case("ts-missing-constant-record.pt", "the constants table names a record constants/0 that is missing",
+      r"the pickle references storage '0' but the archive has no record ts/constants/0")
+def _(p):
+    p.write_bytes(torchscript_with(drop=("constants/0",)))
+
+
+@case("ts-truncated.pt", "a TorchScript archive cut in half", r"not a zip archive: no end-of-central-directory record")
+def _(p):
+    data = torchscript_with()
+    p.write_bytes(data[: len(data) // 2])
+
+
+@functools.cache
+def real_pt2_records():
+    """[(name, bytes)] of a real torch.export.save package of a small model."""
+    import torch
+
+    class Small(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 2)
+            self.register_buffer("scale", torch.tensor([2.0]))
+
+        def forward(self, x):
+            return self.lin(x) * self.scale
+
+    torch.manual_seed(0)
+    program = torch.export.export(Small(), (torch.randn(1, 3),))
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "ep.pt2"
+        torch.export.save(program, str(path))
+        z = zipfile.ZipFile(path)
+        return [(i.filename, z.read(i.filename)) for i in z.infolist()]
+
+
+WEIGHTS_CONFIG = "data/weights/model_weights_config.json"
+
+
+def pt2_with(replace=None, drop=(), extra=()) -> bytes:
+    entries = [(n, (replace or {}).get(n.split("/", 1)[1], b)) for n, b in real_pt2_records()
+               if n.split("/", 1)[1] not in drop]
+    return write_stored_zip(entries + [("ep/" + n, b) for n, b in extra])
+
+
+def pt2_config_edit(edit) -> bytes:
+    config = json.loads(dict((n.split("/", 1)[1], b) for n, b in real_pt2_records())[WEIGHTS_CONFIG])
+    edit(config["config"])
+    return pt2_with({WEIGHTS_CONFIG: json.dumps(config).encode()})
+
+
+@case("pt2-pickled-os-system.pt2", "a weight stored pickled (use_pickle) whose record calls os.system",
+      r"record ep/data/weights/weight_0 \(lin\.weight\) is a pickled object")
+def _(p):
+    def edit(c):
+        c["lin.weight"]["use_pickle"] = True
+    data = pt2_config_edit(edit)
+    records = [(n, HOSTILE_PICKLE if n.endswith("/weight_0") else b) for n, b in zipfile_records(data)]
+    p.write_bytes(write_stored_zip(records))
+
+
+def zipfile_records(data: bytes):
+    z = zipfile.ZipFile(io.BytesIO(data))
+    return [(i.filename, z.read(i.filename)) for i in z.infolist()]
+
+
+@case("pt2-record-too-short.pt2", "lin.weight's record holds 8 of its 24 bytes",
+      r"tensor reads past the end of storage 'data/weights/weight_0' \(8 bytes\)")
+def _(p):
+    p.write_bytes(pt2_with({"data/weights/weight_0": b"\x00" * 8}))
+
+
+@case("pt2-missing-record.pt2", "the weights config names a record the package does not hold",
+      r"names the record ep/data/weights/weight_9, which the package does not hold")
+def _(p):
+    def edit(c):
+        c["lin.weight"]["path_name"] = "weight_9"
+    p.write_bytes(pt2_config_edit(edit))
+
+
+@case("pt2-symbolic-size.pt2", "a weight whose size is a symbolic expression",
+      r"record ep/data/weights/weight_0 \(lin\.weight\) has a symbolic or malformed size or stride")
+def _(p):
+    def edit(c):
+        c["lin.weight"]["tensor_meta"]["sizes"][0] = {"as_expr": {"expr_str": "s0"}}
+    p.write_bytes(pt2_config_edit(edit))
+
+
+@case("pt2-unknown-dtype.pt2", "a weight of ScalarType 99", r"\(lin\.weight\) has the unsupported dtype 99")
+def _(p):
+    def edit(c):
+        c["lin.weight"]["tensor_meta"]["dtype"] = 99
+    p.write_bytes(pt2_config_edit(edit))
+
+
+@case("pt2-config-not-json.pt2", "the weights config is not JSON",
+      r"record ep/data/weights/model_weights_config\.json is not a payload config")
+def _(p):
+    p.write_bytes(pt2_with({WEIGHTS_CONFIG: b"{not json"}))
+
+
+@case("pt2-truncated.pt2", "a torch.export package cut in half", r"not a zip archive: no end-of-central-directory record")
+def _(p):
+    data = pt2_with()
+    p.write_bytes(data[: len(data) // 2])
 
 
 # --- driver ---------------------------------------------------------------------------------

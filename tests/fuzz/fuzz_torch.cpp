@@ -27,7 +27,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(!st.message().empty());
     return 0;
   }
-  FUZZ_CHECK(catalog->format == "torch-zip");
+  // A zip holding constants.pkl or archive_format goes to the TorchScript or torch.export
+  // reader: those run here too.
+  FUZZ_CHECK(catalog->format == "torch-zip" || catalog->format == "torchscript" || catalog->format == "torch-export");
   ckptfs_fuzz::CheckCatalog(*catalog);
   std::set<std::string> keys;
   for (const TensorEntry& t : catalog->tensors) FUZZ_CHECK(keys.insert(t.key).second);

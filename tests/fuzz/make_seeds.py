@@ -6,6 +6,7 @@
 Writes tests/fuzz/seeds/<target>/ (small files, committed; regenerating them gives equivalent
 but not byte-identical files, since torch.save archives carry random record names):
 
+    torch_legacy/ legacy torch.save streams (_use_new_zipfile_serialization=False) of the same objects
     torch/        torch.save files: dtypes, nested dicts/lists, views and strided tensors,
                   shared storages, pickle protocols 2..5, legacy-style _use_new_zipfile_serialization
     zip/          the torch files, plus zipfile archives (stored, zip64, comments, empty)
@@ -183,16 +184,53 @@ def make_zero():
         write("zero", f"{Path(name).stem}.seed", bytes([i]) + data_pkl((ZERO_TEMPLATE / name).read_bytes()))
 
 
+def make_torch_legacy():
+    """torch_legacy/: legacy torch.save streams (_use_new_zipfile_serialization=False) of the
+    torch target's objects: several storages, shared ones, views, every typed storage class."""
+    import torch
+
+    out = SEEDS / "torch_legacy"
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for name, obj in torch_checkpoints().items():
+        buf = io.BytesIO()
+        try:
+            torch.save(obj, buf, _use_new_zipfile_serialization=False)
+        except Exception:  # noqa: BLE001 - objects the legacy writer refuses
+            continue
+        (out / f"{name}.pt").write_bytes(buf.getvalue())
+
+
+def make_torch_family_zips():
+    """torch/: a TorchScript archive and a torch.export package, read by their own readers
+    behind the same PK magic."""
+    import warnings
+
+    import torch
+
+    out = SEEDS / "torch"
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.trace(model, torch.randn(1, 3), check_trace=False).save(str(out / "torchscript.pt"))
+        torch.export.save(torch.export.export(model, (torch.randn(1, 3),)), str(out / "export.pt2"))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--zero-template", action="store_true", help="regenerate data/zero/ with DeepSpeed")
     args = parser.parse_args()
     rng = random.Random(0)
-    for target in ("torch", "zip", "pickle", "safetensors", "view", "zero"):
+    for target in ("torch", "zip", "pickle", "safetensors", "view", "zero", "torch_legacy"):
         if (SEEDS / target).exists():
             shutil.rmtree(SEEDS / target)
     make_torch_zip_pickle_view(rng)
     make_safetensors(rng)
+    make_torch_legacy()
+    make_torch_family_zips()
     if args.zero_template or not ZERO_TEMPLATE.exists():
         make_zero_template()
     make_zero()
