@@ -5,8 +5,9 @@
 // front end parses through the table in its own spelling and takes the groups it serves:
 //
 //   mount               -o name=value, -o switch             source, view
-//   ckptfs ls|info|cat|export|hash
+//   ckptfs ls|info|cat|hash
 //                       --name value, --name=value, --switch  source, view
+//   ckptfs export       (the same)                            source, view, export
 //   ckptfs load         (the same)                            source, view, device load, load target
 //   ckptfs_open         {"name": value, "switch": true}       source, view
 //   ckptfs_load_into    (the same)                            device load
@@ -33,6 +34,13 @@
 
 namespace ckptfs {
 
+// What `ckptfs export` writes (the write option), as bits of OptionValues::export_parts.
+enum ExportPart : unsigned {
+  kExportModel = 1u << 0,    // model.safetensors, or the Hugging Face shards and their index
+  kExportTensors = 1u << 1,  // tensors/: one safetensors file per tensor
+  kExportFiles = 1u << 2,    // manifest.json, metadata.json and the source folder's other files
+};
+
 // What the table fills.
 struct OptionValues {
   SourceOptions source;    // moments, max_pickle, max_pickle_memory, max_header, max_tensors
@@ -41,6 +49,9 @@ struct OptionValues {
   bool verify = false;     // verify: read every loaded tensor back and compare with the view
   std::string backend = "auto";  // backend: host, cuda, cufile or auto
   int device = 0;                // device: the CUDA device number
+  // write: what export writes. The model and the small files by default: the per-tensor
+  // files would double the bytes written, and a model folder is what loaders open.
+  unsigned export_parts = kExportModel | kExportFiles;
 };
 
 enum class OptionKind : uint8_t {
@@ -56,11 +67,13 @@ enum OptionGroup : unsigned {
   // What `ckptfs load` loads and where. The C API takes these as ckptfs_load_into's
   // arguments (backend, device, the tensor indices), not as options.
   kLoadTargetGroup = 1u << 3,
+  kExportGroup = 1u << 4,  // what `ckptfs export` writes (export_parts)
 };
 
 // The groups each front end takes.
 inline constexpr unsigned kMountGroups = kSourceGroup | kViewGroup;
-inline constexpr unsigned kReadCommandGroups = kSourceGroup | kViewGroup;  // ls, info, cat, export, hash
+inline constexpr unsigned kReadCommandGroups = kSourceGroup | kViewGroup;  // ls, info, cat, hash
+inline constexpr unsigned kExportCommandGroups = kReadCommandGroups | kExportGroup;
 inline constexpr unsigned kLoadCommandGroups = kSourceGroup | kViewGroup | kDeviceLoadGroup | kLoadTargetGroup;
 inline constexpr unsigned kOpenGroups = kSourceGroup | kViewGroup;  // ckptfs_open
 inline constexpr unsigned kLoadIntoGroups = kDeviceLoadGroup;       // ckptfs_load_into
@@ -112,7 +125,8 @@ std::string CommandLineHelp(unsigned groups);
 // The same for the mount: "  -o dtype=T        serve ...".
 std::string MountHelp(unsigned groups);
 // The table as JSON, for ckptfs_options(): [{"name", "kind", "groups", "flag", "value_name",
-// "help", "front_ends"}], front ends named mount, read_command, load_command, open, load_into.
+// "help", "front_ends"}], front ends named mount, read_command, export_command, load_command, open,
+// load_into.
 nlohmann::json DescribeOptions();
 
 }  // namespace ckptfs

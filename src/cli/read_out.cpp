@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -35,13 +36,19 @@ constexpr CommandLine kCat = {kCatUsage, false, kReadCommandGroups, 2, "cat take
 constexpr char kExportUsage[] =
     "usage: ckptfs export [OPTIONS] SOURCE OUTDIR\n"
     "\n"
-    "Writes every file of the virtual tree of SOURCE (model.safetensors, tensors/,\n"
-    "manifest.json, metadata.json, sibling files) under OUTDIR, creating it if needed.\n"
+    "Writes files of the virtual tree of SOURCE under OUTDIR, creating it if needed: by\n"
+    "default the model (model.safetensors, or with --shard-size the Hugging Face shards and\n"
+    "model.safetensors.index.json) and the small files (manifest.json, metadata.json, the\n"
+    "source folder's other files, e.g. config.json); --write tensors adds tensors/, one\n"
+    "file per tensor, --write all writes the whole tree, as a mount shows it.\n"
+    "  ckptfs export ds_checkpoint/ out/                  # out/model.safetensors + small files\n"
+    "  ckptfs export --shard-size 5GB ck.pt out/          # shards + index\n"
+    "  ckptfs export --write tensors ck.pt out/           # only out/tensors/\n"
     "Memory stays bounded; a progress bar is shown when stderr is a terminal.\n"
     "Each file is written under a temporary name (.NAME.ckptfs-tmp-PID) and renamed\n"
     "into place when complete: an interrupted export leaves no partial file under a\n"
     "final name. The output is synced to disk before export returns.\n";
-constexpr CommandLine kExport = {kExportUsage, false, kReadCommandGroups, 2, "export takes SOURCE and OUTDIR"};
+constexpr CommandLine kExport = {kExportUsage, false, kExportCommandGroups, 2, "export takes SOURCE and OUTDIR"};
 
 constexpr char kHashUsage[] =
     "usage: ckptfs hash [OPTIONS] SOURCE\n"
@@ -64,18 +71,41 @@ Status WriteFully(int fd, const char* data, size_t n, const std::string& where) 
   return Status::OK();
 }
 
-// Copies virtual file `id` to `fd`, calling `progress(bytes)` after each chunk.
+// Two chunk buffers: one is filled from the view while the other is written out.
+struct ChunkBuffers {
+  std::vector<char> chunk[2] = {std::vector<char>(kChunk), std::vector<char>(kChunk)};
+};
+
+// Copies virtual file `id` to `fd`, calling `progress(bytes)` after each chunk. Reading the
+// view (copies out of the sources' page cache, conversion, gathers) and writing the output
+// (copies into the destination's page cache) overlap on two threads: done one after the
+// other, export of a 2.2 GB ZeRO checkpoint ran at about half the speed of `cp` from a mount,
+// where the daemon and cp overlap the same way.
 template <typename Progress>
-Status Copy(const View& view, View::NodeId id, int fd, const std::string& where, std::vector<char>* buf,
+Status Copy(const View& view, View::NodeId id, int fd, const std::string& where, ChunkBuffers* bufs,
             Progress progress) {
   const uint64_t size = view.node(id).size;
+  std::future<Status> writing;  // the write of the previous chunk
+  int next = 0;
   for (uint64_t off = 0; off < size;) {
+    std::vector<char>& buf = bufs->chunk[next];
     size_t n = 0;
-    CKPTFS_RETURN_IF_ERROR(view.Read(id, off, buf->size(), buf->data(), &n));
-    if (n == 0) return Status::Corruption(view.PathOf(id), "virtual file ended early");
-    CKPTFS_RETURN_IF_ERROR(WriteFully(fd, buf->data(), n, where));
+    Status s = view.Read(id, off, buf.size(), buf.data(), &n);
+    if (s.ok() && n == 0) s = Status::Corruption(view.PathOf(id), "virtual file ended early");
+    if (writing.valid()) {
+      Status w = writing.get();
+      if (s.ok()) s = w;
+    }
+    if (!s.ok()) return s;
     off += n;
+    if (off >= size) {  // the last chunk: nothing left to overlap it with
+      CKPTFS_RETURN_IF_ERROR(WriteFully(fd, buf.data(), n, where));
+      progress(n);
+      break;
+    }
+    writing = std::async(std::launch::async, [fd, &buf, n, &where] { return WriteFully(fd, buf.data(), n, where); });
     progress(n);
+    next ^= 1;
   }
   return Status::OK();
 }
@@ -165,7 +195,7 @@ std::string TempPathFor(const std::string& path, View::NodeId id) {
 // set before it gets its name.
 template <typename Progress>
 Status ExportFile(const View& view, View::NodeId id, const std::string& path, TempFileGuard* guard,
-                  std::vector<char>* buf, Progress progress) {
+                  ChunkBuffers* bufs, Progress progress) {
   const View::Node& n = view.node(id);
   const std::string temp = TempPathFor(path, id);
   if (!guard->Set(temp)) return Status::InvalidArgument(path, "path too long");
@@ -174,7 +204,7 @@ Status ExportFile(const View& view, View::NodeId id, const std::string& path, Te
     guard->Clear();
     return Status::FromErrno(temp, "cannot create", errno);
   }
-  Status s = Copy(view, id, fd, path, buf, progress);
+  Status s = Copy(view, id, fd, path, bufs, progress);
   // The source mtime, so rsync's quick check sees unchanged tensors as unchanged.
   struct timespec times[2] = {{0, UTIME_OMIT}, {n.mtime_ns / 1000000000, n.mtime_ns % 1000000000}};
   if (s.ok() && ::futimens(fd, times) != 0) s = Status::FromErrno(path, "cannot set mtime", errno);
@@ -185,22 +215,47 @@ Status ExportFile(const View& view, View::NodeId id, const std::string& path, Te
   return s;
 }
 
-Status ExportTree(const View& view, const std::string& outdir) {
+// "model-00001-of-00012.safetensors": a shard name of the Hugging Face layout.
+bool IsShardName(const std::string& name) {
+  unsigned k = 0, n = 0;
+  int used = 0;
+  return name.size() == 32 && std::sscanf(name.c_str(), "model-%5u-of-%5u.safetensors%n", &k, &n, &used) == 2 &&
+         used == 32;
+}
+
+// Which part of the tree (ExportPart) node `id` belongs to, by the tree's documented
+// layout (README.md, "Mounting"): the model file or the shards and their index are
+// generated at the root under those names (a source folder's file of the same name is
+// hidden by them), tensors/ holds the per-tensor files, everything else is small files.
+unsigned PartOf(const View& view, View::NodeId id) {
+  View::NodeId top = id;
+  while (view.node(top).parent != View::kRoot) top = view.node(top).parent;
+  const std::string& name = view.node(top).name;
+  if (view.node(top).is_dir && name == "tensors") return kExportTensors;
+  if (view.node(top).is_dir) return kExportFiles;
+  if (name == "model.safetensors" || name == "model.safetensors.index.json") return kExportModel;
+  if (IsShardName(name) && view.Child(View::kRoot, "model.safetensors.index.json"))
+    return kExportModel;
+  return kExportFiles;
+}
+
+Status ExportTree(const View& view, const std::string& outdir, unsigned parts) {
   if (::mkdir(outdir.c_str(), 0755) != 0 && errno != EEXIST) return Status::FromErrno(outdir, "cannot create", errno);
   uint64_t total = 0;
-  for (View::NodeId id = 0; id < view.node_count(); ++id)
-    if (!view.node(id).is_dir) total += view.node(id).size;
+  for (View::NodeId id = 1; id < view.node_count(); ++id)
+    if (!view.node(id).is_dir && (PartOf(view, id) & parts)) total += view.node(id).size;
   ProgressBar bar(total);
-  std::vector<char> buf(kChunk);
+  ChunkBuffers bufs;
   TempFileGuard guard;
   for (View::NodeId id = 1; id < view.node_count(); ++id) {
     const View::Node& n = view.node(id);
+    if (!(PartOf(view, id) & parts)) continue;
     const std::string path = outdir + "/" + view.PathOf(id);
     if (n.is_dir) {
       if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return Status::FromErrno(path, "cannot create", errno);
       continue;
     }
-    CKPTFS_RETURN_IF_ERROR(ExportFile(view, id, path, &guard, &buf, [&](uint64_t k) { bar.Add(k); }));
+    CKPTFS_RETURN_IF_ERROR(ExportFile(view, id, path, &guard, &bufs, [&](uint64_t k) { bar.Add(k); }));
   }
   // Everything written (data and renames) reaches the disk before export reports success.
   int fd = ::open(outdir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -223,8 +278,8 @@ int RunCat(const Args& args) {
   auto id = view->Lookup(positional[1]);
   if (!id) return Fail(Status::NotFound(positional[1], "no such file in the view of " + positional[0]));
   if (view->node(*id).is_dir) return Fail(Status::InvalidArgument(positional[1], "is a directory"));
-  std::vector<char> buf(kChunk);
-  if (Status s = Copy(*view, *id, STDOUT_FILENO, "stdout", &buf, [](uint64_t) {}); !s.ok()) return Fail(s);
+  ChunkBuffers bufs;
+  if (Status s = Copy(*view, *id, STDOUT_FILENO, "stdout", &bufs, [](uint64_t) {}); !s.ok()) return Fail(s);
   return 0;
 }
 
@@ -234,7 +289,7 @@ int RunExport(const Args& args) {
   if (int rc = StartCommand(args, kExport, &options, &positional); rc >= 0) return rc;
   std::unique_ptr<View> view;
   if (Status s = OpenView(positional[0], options, &view); !s.ok()) return Fail(s);
-  if (Status s = ExportTree(*view, positional[1]); !s.ok()) return Fail(s);
+  if (Status s = ExportTree(*view, positional[1], options.export_parts); !s.ok()) return Fail(s);
   return 0;
 }
 

@@ -1,19 +1,23 @@
 // Reader for torch.distributed.checkpoint (DCP) folders: `.metadata` says which tensors
 // exist and which byte slices of the `__<rank>_<n>.distcp` files hold their chunks; each
-// slice is a small torch.save archive read in place (a FileWindow), and each chunk's
-// storage becomes a box of the full tensor. Non-tensor entries are torch.save'd objects,
+// slice is a small torch.save archive read in place (a FileWindow), or, in DCP's
+// safetensors serialization, a tensor of the safetensors blob that ends the file, and each
+// chunk's storage becomes a box of the full tensor. Non-tensor entries are torch.save'd objects,
 // decoded into metadata.json without running them.
 // Layout facts: doc/FORMATS.md, "DCP layout" and "DCP reader".
 #include <algorithm>
 #include <cerrno>
+#include <map>
 #include <optional>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "format/chunk_boxes.hpp"
 #include "format/dcp_metadata.hpp"
 #include "format/limit_hint.hpp"
 #include "format/readers.hpp"
+#include "format/safetensors_header.hpp"
 #include "format/torch_archive.hpp"
 #include "io/checked_math.hpp"
 
@@ -120,7 +124,19 @@ class DcpReader {
   Status Read(json* info);
 
  private:
+  // The safetensors blob that DCP's safetensors serialization appends to a data file, parsed
+  // once however many chunks it holds.
+  struct SafetensorsBlob {
+    std::string where;  // how messages name it
+    SafetensorsHeader header;
+    std::unordered_map<std::string, size_t> by_key;  // into header.tensors
+    nlohmann::json sharding;                         // DCP_SHARDING_INFO, parsed
+  };
+
   Status Window(const DcpItem& item, const DcpSlice& slice, FileWindow* window);
+  Status TorchSaveChunk(const DcpItem& item, const DcpChunk& chunk, const FileWindow& window, TensorEntry* piece);
+  Status SafetensorsChunk(const DcpItem& item, const DcpChunk& chunk, const FileWindow& blob, TensorEntry* piece);
+  Status Blob(const FileWindow& window, const SafetensorsBlob** blob);
   Status AddTensor(const DcpItem& item);
   Status AddObject(const DcpItem& item);
   Status PlaceObject(const DcpItem& item, json value);
@@ -132,6 +148,11 @@ class DcpReader {
   Catalog* catalog_;
   // Data files by relative path: opened once, whatever the number of chunks.
   std::unordered_map<std::string, uint32_t> data_files_;
+  std::map<std::pair<uint32_t, uint64_t>, SafetensorsBlob> blobs_;  // by (file, blob start)
+  // Per data file: where its safetensors blob starts, or nullopt for the torch_save form.
+  std::unordered_map<uint32_t, std::optional<uint64_t>> blob_start_;
+  // Chunks read in each serialization, for `ckptfs info`.
+  uint64_t torch_save_chunks_ = 0, safetensors_chunks_ = 0;
   // Chunks of one shape pickle identical data.pkl records: each is parsed once.
   PickleCache pickles_;
   json objects_ = json::object();
@@ -180,6 +201,10 @@ Status DcpReader::Read(json* info) {
   (*info)["ranks"] = ranks.size();
   (*info)["tensors"] = tensors;
   (*info)["objects"] = objects;
+  if (torch_save_chunks_ + safetensors_chunks_ > 0)
+    (*info)["serialization"] = safetensors_chunks_ == 0 ? "torch_save"
+                               : torch_save_chunks_ == 0 ? "safetensors"
+                                                         : "torch_save+safetensors";
   if (!meta.storage_meta.is_null()) (*info)["storage_meta"] = meta.storage_meta;
   catalog_->metadata = std::move(objects_);
   return AddSiblings();
@@ -209,6 +234,79 @@ Status DcpReader::Window(const DcpItem& item, const DcpSlice& slice, FileWindow*
   return Status::OK();
 }
 
+// A chunk stored as a torch.save archive in `window`: its one tensor, read in place.
+Status DcpReader::TorchSaveChunk(const DcpItem& item, const DcpChunk& chunk, const FileWindow& window,
+                                 TensorEntry* piece) {
+  TorchArchive archive;
+  Status s = archive.Open(*catalog_->files, window, limits_, ArchiveRecords{}, &pickles_);
+  if (!s.ok()) return Concerning(s, item.fqn);
+  bool is_tensor = false;
+  s = archive.AsTensor(archive.root(), piece, &is_tensor);
+  if (!s.ok()) return Concerning(s, item.fqn);
+  if (!is_tensor) return archive.Bad("'" + item.fqn + "': the chunk's archive does not hold a tensor");
+  if (piece->dtype != item.dtype)
+    return archive.Bad("'" + item.fqn + "': the chunk is " + std::string(Info(piece->dtype).torch_name) +
+                       " but .metadata says " + std::string(Info(item.dtype).torch_name));
+  if (piece->shape != chunk.sizes)
+    return archive.Bad("'" + item.fqn + "': the chunk's shape differs from its sizes in .metadata");
+  return Status::OK();
+}
+
+Status DcpReader::Blob(const FileWindow& window, const SafetensorsBlob** out) {
+  auto key = std::make_pair(window.file, window.base);
+  auto it = blobs_.find(key);
+  if (it == blobs_.end()) {
+    SafetensorsBlob blob;
+    blob.where = catalog_->files->Describe(window);
+    CKPTFS_RETURN_IF_ERROR(ParseSafetensorsHeader(*catalog_->files, window, limits_, &blob.header));
+    blob.by_key.reserve(blob.header.tensors.size());
+    for (size_t i = 0; i < blob.header.tensors.size(); ++i) blob.by_key.emplace(blob.header.tensors[i].key, i);
+    // DCP_SHARDING_INFO: a JSON string {fqn: {"saved_offsets": [...]}} saying where in the
+    // full tensor each of the blob's tensors goes.
+    if (auto info = blob.header.metadata.find("DCP_SHARDING_INFO"); info != blob.header.metadata.end()) {
+      blob.sharding = json::parse(info->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (blob.sharding.is_discarded() || !blob.sharding.is_object())
+        return Status::Corruption(blob.where, "safetensors: __metadata__ DCP_SHARDING_INFO is not a JSON object");
+    }
+    it = blobs_.emplace(key, std::move(blob)).first;
+  }
+  *out = &it->second;
+  return Status::OK();
+}
+
+// A chunk stored by DCP's safetensors serialization: the tensor named by the fqn in the
+// blob starting at the chunk's slice offset, which must agree with .metadata on dtype,
+// shape, byte count and (DCP_SHARDING_INFO) its offsets in the full tensor.
+Status DcpReader::SafetensorsChunk(const DcpItem& item, const DcpChunk& chunk, const FileWindow& window,
+                                   TensorEntry* piece) {
+  const SafetensorsBlob* blob;
+  CKPTFS_RETURN_IF_ERROR(Blob(window, &blob));
+  auto bad = [&](const std::string& what) { return Status::Corruption(blob->where, "'" + item.fqn + "': " + what); };
+  auto it = blob->by_key.find(item.fqn);
+  if (it == blob->by_key.end()) return bad("not in the safetensors blob that .metadata points its chunk to");
+  const SafetensorsTensor& tensor = blob->header.tensors[it->second];
+  if (tensor.dtype != item.dtype)
+    return bad("the chunk is " + std::string(Info(tensor.dtype).torch_name) + " but .metadata says " +
+               std::string(Info(item.dtype).torch_name));
+  if (tensor.shape != chunk.sizes) return bad("the chunk's shape differs from its sizes in .metadata");
+  if (tensor.nbytes != chunk.slice.length)
+    return bad("the chunk holds " + std::to_string(tensor.nbytes) + " bytes but .metadata gives its length as " +
+               std::to_string(chunk.slice.length));
+  const json* saved = nullptr;
+  if (blob->sharding.is_object())
+    if (auto entry = blob->sharding.find(item.fqn); entry != blob->sharding.end() && entry->is_object())
+      if (auto offsets = entry->find("saved_offsets"); offsets != entry->end()) saved = &*offsets;
+  if (!saved) return bad("the blob's DCP_SHARDING_INFO gives no saved_offsets for it");
+  bool same = saved->is_array() && saved->size() == chunk.offsets.size();
+  for (size_t d = 0; same && d < chunk.offsets.size(); ++d)
+    same = (*saved)[d].is_number_unsigned() && (*saved)[d].get<uint64_t>() == chunk.offsets[d];
+  if (!same) return bad("saved_offsets " + saved->dump() + " in DCP_SHARDING_INFO differ from the chunk's offsets in .metadata");
+  piece->dtype = tensor.dtype;
+  piece->shape = tensor.shape;
+  if (tensor.nbytes > 0) piece->boxes.push_back(Box::Range(window.file, tensor.data_offset, 0, piece->numel()));
+  return Status::OK();
+}
+
 Status DcpReader::AddTensor(const DcpItem& item) {
   TensorEntry entry;
   entry.key = item.fqn;
@@ -228,43 +326,36 @@ Status DcpReader::AddTensor(const DcpItem& item) {
   for (const DcpChunk* chunk : distinct) {
     FileWindow window;
     CKPTFS_RETURN_IF_ERROR(Window(item, chunk->slice, &window));
-    TorchArchive archive;
-    Status s = archive.Open(*catalog_->files, window, limits_, ArchiveRecords{}, &pickles_);
-    if (!s.ok()) return Concerning(s, item.fqn);
     TensorEntry piece;
-    bool is_tensor = false;
-    s = archive.AsTensor(archive.root(), &piece, &is_tensor);
-    if (!s.ok()) return Concerning(s, item.fqn);
-    if (!is_tensor) return archive.Bad("'" + item.fqn + "': the chunk's archive does not hold a tensor");
-    if (piece.dtype != item.dtype)
-      return archive.Bad("'" + item.fqn + "': the chunk is " + std::string(Info(piece.dtype).torch_name) +
-                         " but .metadata says " + std::string(Info(item.dtype).torch_name));
-    if (piece.shape != chunk->sizes)
-      return archive.Bad("'" + item.fqn + "': the chunk's shape differs from its sizes in .metadata");
+    // The safetensors serialization records every tensor chunk of a file at the start of the
+    // file's one safetensors blob (torch takes the offset before it writes the blob); a
+    // torch.save slice starts with a zip local header instead. torch writes a whole save in
+    // one form, so the form is told once per file, on its first tensor chunk.
+    const uint64_t file_size = catalog_->files->size(window.file);
+    auto [form, first] = blob_start_.try_emplace(window.file);
+    if (first && LooksLikeSafetensors(*catalog_->files, FileWindow{window.file, window.base, file_size - window.base}))
+      form->second = window.base;
+    if (form->second) {
+      if (*form->second != window.base)
+        return Status::Corruption(catalog_->files->path(window.file),
+                                  "'" + item.fqn + "': its chunk is at byte " + std::to_string(window.base) +
+                                      " but this file's chunks are in the safetensors blob at byte " +
+                                      std::to_string(*form->second));
+      const FileWindow blob{window.file, window.base, file_size - window.base};
+      CKPTFS_RETURN_IF_ERROR(SafetensorsChunk(item, *chunk, blob, &piece));
+      ++safetensors_chunks_;
+    } else {
+      CKPTFS_RETURN_IF_ERROR(TorchSaveChunk(item, *chunk, window, &piece));
+      ++torch_save_chunks_;
+    }
     if (single) {
       entry.boxes = std::move(piece.boxes);
       entry.storage_id = std::move(piece.storage_id);
       break;
     }
-    // A block of the tensor: the chunk's box moves to the chunk's offsets with the chunk's
-    // strides (a contiguous chunk is a row-major block; a Box::Range would only describe
-    // it for one dimension).
-    for (Box& box : piece.boxes) {
-      Box placed;
-      placed.file = box.file;
-      placed.base_offset = box.base_offset;
-      placed.offset = chunk->offsets;
-      placed.extent = chunk->sizes;
-      if (box.rank() == chunk->sizes.size()) {
-        placed.strides = std::move(box.strides);
-      } else {
-        placed.strides.assign(chunk->sizes.size(), 1);
-        for (size_t d = chunk->sizes.size(); d-- > 1;)
-          if (!CheckedMul(placed.strides[d], std::max<uint64_t>(chunk->sizes[d], 1), &placed.strides[d - 1]))
-            return archive.Bad("'" + item.fqn + "': chunk size overflows");
-      }
-      entry.boxes.push_back(std::move(placed));
-    }
+    // A block of the tensor: the chunk's boxes move to the chunk's offsets.
+    if (!PlaceChunkBoxes(std::move(piece.boxes), chunk->offsets, chunk->sizes, &entry.boxes))
+      return Status::Corruption(metadata_path_, "'" + item.fqn + "': chunk size overflows");
   }
   if (catalog_->tensors.size() >= limits_.tensors)
     return Status::Refused(metadata_path_, "more than " + std::to_string(limits_.tensors) + " tensors" +

@@ -73,6 +73,15 @@ bool IsDcpFolder(Env& env, const std::string& dir);
 // entries are decoded into the catalog's metadata; metadata["dcp"] says what was served.
 Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);
 
+// True when `dir` holds shard-<rank>-model-<i>-of-<n>.safetensors files: what torch's
+// HuggingFaceStorageWriter(save_distributed=True) writes, with no .metadata.
+bool IsDcpHfShardFolder(Env& env, const std::string& dir);
+
+// Such a folder: every tensor assembled from the chunks its shard files hold, placed by the
+// saved_offsets of their DCP_SHARDING_INFO (the full shape is where the chunks end). Other
+// files in the folder are served as they are.
+Status ReadDcpHfShards(const std::string& dir, const SourceOptions& options, Catalog* catalog);
+
 }  // namespace ckptfs
 
 #endif  // CKPTFS_FORMAT_READERS_HPP_

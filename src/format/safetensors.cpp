@@ -9,18 +9,12 @@
 #include "format/byte_reader.hpp"
 #include "format/limit_hint.hpp"
 #include "format/readers.hpp"
+#include "format/safetensors_header.hpp"
 
 namespace ckptfs {
 namespace {
 
 using json = nlohmann::json;
-
-struct Parsed {
-  std::string key;
-  DType dtype;
-  std::vector<uint64_t> shape;
-  uint64_t begin, end;
-};
 
 bool AsUint(const json& j, uint64_t* out) {
   if (!j.is_number_unsigned()) return false;
@@ -30,22 +24,30 @@ bool AsUint(const json& j, uint64_t* out) {
 
 }  // namespace
 
-Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, json* metadata, const ReadLimits& limits) {
-  uint32_t file;
-  CKPTFS_RETURN_IF_ERROR(catalog->files->Add(path, &file));
-  const uint64_t size = catalog->files->size(file);
-  auto bad = [&](const std::string& what) { return Status::Corruption(path, "safetensors: " + what); };
+bool LooksLikeSafetensors(const SourceFiles& files, const FileWindow& window) {
+  char head[9];
+  if (window.length < 9 || !files.ReadExact(window.file, window.base, 9, head).ok()) return false;
+  uint64_t header_len;
+  ByteReader(std::string_view(head, 8)).U64(&header_len);
+  return header_len <= window.length - 8 && head[8] == '{';
+}
+
+Status ParseSafetensorsHeader(const SourceFiles& files, const FileWindow& window, const ReadLimits& limits,
+                              SafetensorsHeader* out) {
+  const std::string where = files.Describe(window);
+  const uint64_t size = window.length;
+  auto bad = [&](const std::string& what) { return Status::Corruption(where, "safetensors: " + what); };
   if (size < 8) return bad("file is shorter than its 8-byte header length");
   char len_bytes[8];
-  CKPTFS_RETURN_IF_ERROR(catalog->files->ReadExact(file, 0, 8, len_bytes));
+  CKPTFS_RETURN_IF_ERROR(files.ReadExact(window.file, window.base, 8, len_bytes));
   uint64_t header_len;
   ByteReader(std::string_view(len_bytes, 8)).U64(&header_len);
   if (header_len > limits.header_bytes)
-    return Status::Refused(path, "safetensors: header length " + std::to_string(header_len) + " exceeds the limit of " +
-                                     std::to_string(limits.header_bytes) + " bytes" + LimitHint("max_header"));
+    return Status::Refused(where, "safetensors: header length " + std::to_string(header_len) + " exceeds the limit of " +
+                                      std::to_string(limits.header_bytes) + " bytes" + LimitHint("max_header"));
   if (header_len > size - 8) return bad("header length " + std::to_string(header_len) + " runs past the end of the file");
   std::string header(header_len, '\0');
-  CKPTFS_RETURN_IF_ERROR(catalog->files->ReadExact(file, 8, header_len, header.data()));
+  CKPTFS_RETURN_IF_ERROR(files.ReadExact(window.file, window.base + 8, header_len, header.data()));
   // JSON parsers disagree on a repeated key (nlohmann and Python keep the last one, others the
   // first), so a header naming a tensor twice means different tensors to different loaders:
   // refuse it. One key set per open object.
@@ -63,22 +65,23 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, json* meta
   if (doc.is_discarded() || !doc.is_object()) return bad("header is not a JSON object");
   if (!duplicate.empty()) return bad("key '" + duplicate + "' appears twice in the header");
   if (doc.size() > limits.tensors + 1)  // + __metadata__
-    return Status::Refused(path, "safetensors: header lists " + std::to_string(doc.size()) + " entries, over the limit of " +
-                                     std::to_string(limits.tensors) + " tensors" + LimitHint("max_tensors"));
+    return Status::Refused(where, "safetensors: header lists " + std::to_string(doc.size()) + " entries, over the limit of " +
+                                      std::to_string(limits.tensors) + " tensors" + LimitHint("max_tensors"));
 
-  std::vector<Parsed> tensors;
+  std::vector<SafetensorsTensor> tensors;
   tensors.reserve(doc.size());
-  *metadata = json::object();
+  out->metadata = json::object();
   for (auto& [key, value] : doc.items()) {
     if (key == "__metadata__") {
       if (!value.is_object()) return bad("__metadata__ is not an object");
       for (auto& [mk, mv] : value.items())
         if (!mv.is_string()) return bad("__metadata__ value of '" + mk + "' is not a string");
-      *metadata = value;
+      out->metadata = value;
       continue;
     }
-    Parsed p;
+    SafetensorsTensor p;
     p.key = key;
+    uint64_t begin, end;
     if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets"))
       return bad("tensor '" + key + "' lacks dtype, shape or data_offsets");
     const json& dt = value["dtype"];
@@ -95,40 +98,55 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, json* meta
       if (!CheckedMul(numel, dim, &numel)) return bad("tensor '" + key + "' shape overflows");
       p.shape.push_back(dim);
     }
-    if (!offsets.is_array() || offsets.size() != 2 || !AsUint(offsets[0], &p.begin) || !AsUint(offsets[1], &p.end) ||
-        p.end < p.begin)
+    if (!offsets.is_array() || offsets.size() != 2 || !AsUint(offsets[0], &begin) || !AsUint(offsets[1], &end) ||
+        end < begin)
       return bad("tensor '" + key + "' has malformed data_offsets");
     uint64_t nbytes;
     if (!CheckedMul(numel, Info(p.dtype).itemsize, &nbytes)) return bad("tensor '" + key + "' size overflows");
-    if (p.end - p.begin != nbytes)
-      return bad("tensor '" + key + "' spans " + std::to_string(p.end - p.begin) + " bytes but its dtype and shape need " +
+    if (end - begin != nbytes)
+      return bad("tensor '" + key + "' spans " + std::to_string(end - begin) + " bytes but its dtype and shape need " +
                  std::to_string(nbytes));
+    p.data_offset = begin;  // made absolute below, once the spans are checked
+    p.nbytes = nbytes;
     tensors.push_back(std::move(p));
   }
 
   // Sorted by offsets, tensors must tile the byte buffer exactly: no gaps, no overlaps,
   // nothing after the last one.
-  std::sort(tensors.begin(), tensors.end(),
-            [](const Parsed& a, const Parsed& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+  std::sort(tensors.begin(), tensors.end(), [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
+    return std::tie(a.data_offset, a.nbytes) < std::tie(b.data_offset, b.nbytes);
+  });
   uint64_t expected = 0;
-  for (const Parsed& p : tensors) {
-    if (p.begin != expected)
-      return bad("tensor '" + p.key + "' starts at " + std::to_string(p.begin) + (p.begin < expected ? ", overlapping" : ", leaving a gap after") +
+  for (const SafetensorsTensor& p : tensors) {
+    if (p.data_offset != expected)
+      return bad("tensor '" + p.key + "' starts at " + std::to_string(p.data_offset) +
+                 (p.data_offset < expected ? ", overlapping" : ", leaving a gap after") +
                  " the previous tensor (expected " + std::to_string(expected) + ")");
-    expected = p.end;
+    expected = p.data_offset + p.nbytes;
   }
-  const uint64_t data_start = 8 + header_len;
-  if (expected != size - data_start)
+  const uint64_t data_start = window.base + 8 + header_len;
+  if (expected != size - 8 - header_len)
     return bad("tensors cover " + std::to_string(expected) + " bytes but the data buffer holds " +
-               std::to_string(size - data_start));
+               std::to_string(size - 8 - header_len));
 
-  for (Parsed& p : tensors) {
+  for (SafetensorsTensor& p : tensors) p.data_offset += data_start;
+  out->tensors = std::move(tensors);
+  return Status::OK();
+}
+
+Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, json* metadata, const ReadLimits& limits) {
+  uint32_t file;
+  CKPTFS_RETURN_IF_ERROR(catalog->files->Add(path, &file));
+  SafetensorsHeader header;
+  CKPTFS_RETURN_IF_ERROR(ParseSafetensorsHeader(*catalog->files, catalog->files->whole(file), limits, &header));
+  *metadata = std::move(header.metadata);
+  for (SafetensorsTensor& p : header.tensors) {
     TensorEntry t;
     t.key = p.key;
     t.path = {p.key};
     t.dtype = p.dtype;
     t.shape = std::move(p.shape);
-    if (p.end > p.begin) t.boxes.push_back(Box::Range(file, data_start + p.begin, 0, t.numel()));
+    if (p.nbytes > 0) t.boxes.push_back(Box::Range(file, p.data_offset, 0, t.numel()));
     catalog->tensors.push_back(std::move(t));
   }
   return Status::OK();

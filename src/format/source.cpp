@@ -49,6 +49,8 @@ Status OpenCatalog(const std::string& source, const SourceOptions& options, std:
       CKPTFS_RETURN_IF_ERROR(ReadDeepSpeedCheckpoint(source, options, catalog.get()));
     else if (IsDcpFolder(env, source))
       CKPTFS_RETURN_IF_ERROR(ReadDcpCheckpoint(source, options, catalog.get()));
+    else if (IsDcpHfShardFolder(env, source))
+      CKPTFS_RETURN_IF_ERROR(ReadDcpHfShards(source, options, catalog.get()));
     else
       CKPTFS_RETURN_IF_ERROR(ReadCheckpointFolder(source, catalog.get(), options.limits));
   } else if (type == PathType::kFile) {

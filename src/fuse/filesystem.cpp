@@ -66,6 +66,11 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   // Replies are copied from a per-thread buffer: splicing from the source descriptor
   // measured 2x slower on the 2-core VM (tests/bench/README.md, commit a13dc47).
   conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
+  // libfuse asks for auto_inval_data by default: the kernel then re-fetches attributes on
+  // reads once they expire and drops a file's cached pages when mtime or size differ. The
+  // tree never changes while mounted, and when a source file does, the source watcher drops
+  // the pages itself (source_watcher.hpp) and reads fail: nothing is left for it to catch.
+  conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
   (void)userdata;
 }
 

@@ -44,6 +44,7 @@ struct FrontEnd {
 };
 constexpr FrontEnd kFrontEnds[] = {{"mount", kMountGroups},
                                    {"read_command", kReadCommandGroups},
+                                   {"export_command", kExportCommandGroups},
                                    {"load_command", kLoadCommandGroups},
                                    {"open", kOpenGroups},
                                    {"load_into", kLoadIntoGroups}};
@@ -51,7 +52,8 @@ constexpr FrontEnd kFrontEnds[] = {{"mount", kMountGroups},
 constexpr std::pair<OptionGroup, const char*> kGroupNames[] = {{kSourceGroup, "source"},
                                                                {kViewGroup, "view"},
                                                                {kDeviceLoadGroup, "device_load"},
-                                                               {kLoadTargetGroup, "load_target"}};
+                                                               {kLoadTargetGroup, "load_target"},
+                                                               {kExportGroup, "export"}};
 
 }  // namespace
 

@@ -128,6 +128,26 @@ Status ParseIoThreads(std::string_view where, std::string_view value, OptionValu
   return ParseCount(where, value, &out->load.io_threads);
 }
 
+// write: a comma list of model, tensors, files, all.
+Status ParseExportParts(std::string_view where, std::string_view value, OptionValues* out) {
+  static const std::pair<const char*, unsigned> kParts[] = {
+      {"model", kExportModel}, {"tensors", kExportTensors}, {"files", kExportFiles},
+      {"all", kExportModel | kExportTensors | kExportFiles}};
+  unsigned parts = 0;
+  size_t start = 0;
+  while (start <= value.size()) {
+    const size_t comma = std::min(value.find(',', start), value.size());
+    const std::string part = Lower(value.substr(start, comma - start));
+    bool found = false;
+    for (const auto& [name, bits] : kParts)
+      if (part == name) parts |= bits, found = true;
+    if (!found) return Status::InvalidArgument(where, "write takes model, tensors, files or all, comma-separated");
+    start = comma + 1;
+  }
+  out->export_parts = parts;
+  return Status::OK();
+}
+
 constexpr auto kSwitch = OptionKind::kSwitch;
 constexpr auto kValue = OptionKind::kValue;
 
@@ -158,6 +178,12 @@ const OptionSpec kTable[] = {
      "keep validated catalogs of checkpoint files in DIR (auto: ~/.cache/ckptfs/catalogs), so that reopening an "
      "unchanged one skips parsing it (default: off)",
      ParseCatalogCache},
+    // What `ckptfs export` writes.
+    {"write", kValue, kExportGroup, "PARTS",
+     "what export writes, comma-separated: model (model.safetensors, or the shards and their index with "
+     "--shard-size), tensors (tensors/, one file per tensor), files (manifest.json, metadata.json, the "
+     "source folder's other files), all (default: model,files)",
+     ParseExportParts},
     // What `ckptfs load` loads, and where.
     {"backend", kValue, kLoadTargetGroup, "B",
      "host, cuda, cufile or auto (default: auto = cufile, else cuda; a machine without a GPU is an error, "

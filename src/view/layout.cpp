@@ -251,8 +251,11 @@ Status ViewBuilder::BuildManifest(View::NodeId root, const std::vector<ModelPlac
                      {"size", catalog_.files->size(f)},
                      {"mtime_ns", catalog_.files->identity(f).mtime_ns}});
   m["source"] = {{"path", catalog_.source}, {"format", catalog_.format}, {"files", std::move(files)}};
-  // The file a loader opens: the single model file, or the shard index.
-  m["model_file"] = view_->Child(root, "model.safetensors") ? "model.safetensors" : "model.safetensors.index.json";
+  // The file a loader opens: the single model file, or the shard index. A linear scan: the
+  // root's children are sorted (and View::Child's binary search valid) only once Build ends.
+  bool single_file = false;
+  for (View::NodeId c : view_->nodes_[root].children) single_file |= view_->nodes_[c].name == "model.safetensors";
+  m["model_file"] = single_file ? "model.safetensors" : "model.safetensors.index.json";
   if (options_.dtype) m["dtype"] = Info(*options_.dtype).safetensors_name;
   if (!options_.root.empty()) m["root"] = options_.root;
   if (options_.shard_size) m["shard_size"] = options_.shard_size;

@@ -8,7 +8,7 @@ one model.safetensors three ways, each in a fresh process with a cold page cache
 
   zero_to_fp32   python SAVE_DIR/zero_to_fp32.py SAVE_DIR OUT --safe_serialization
                  (the script DeepSpeed copies next to every checkpoint; the reference)
-  export         ckptfs export SAVE_DIR OUT
+  export         ckptfs export SAVE_DIR OUT  (model.safetensors and the small files: the default)
   mount+cp       ckptfs -f SAVE_DIR MNT; cp MNT/model.safetensors OUT; fusermount3 -u MNT
                  (wall: from starting the daemon to the end of cp; peak RSS: daemon + cp)
   cat            ckptfs cat SAVE_DIR model.safetensors > OUT  (information only, no target)
@@ -16,6 +16,7 @@ one model.safetensors three ways, each in a fresh process with a cold page cache
 Targets (exit status 1 if one fails), for export and for mount+cp:
   peak RSS  <= 1/10 of zero_to_fp32's
   wall time <= zero_to_fp32's
+and export at >= 0.9x the speed of mount+cp (wall <= mount+cp's / 0.9).
 and every output equals zero_to_fp32's tensor by tensor (same keys, dtypes, shapes,
 bit-identical values; compared with safetensors safe_open, one tensor at a time).
 
@@ -57,6 +58,7 @@ MiB = 1 << 20
 
 RSS_TARGET = 0.10   # ckptfs peak RSS <= 1/10 of zero_to_fp32's
 TIME_TARGET = 1.0   # ckptfs wall time <= zero_to_fp32's
+EXPORT_VS_CP = 0.9  # export's speed >= 0.9x mount + cp's
 
 # ---------------------------------------------------------------------------
 # Checkpoint generation (runs in a child process: `--_generate`, never in the
@@ -177,6 +179,9 @@ def generate_main(spec_json: str, save_dir: str, port: int):
 
 def ensure_checkpoint(args, workdir: Path) -> Path:
     """The cached checkpoint's save dir (with `latest`, global_stepN/, zero_to_fp32.py)."""
+    if args.checkpoint:
+        print(f"checkpoint: {args.checkpoint} (given)")
+        return Path(args.checkpoint).resolve()
     spec = model_spec(args)
     save_dir = workdir / "ckpt"
     stamp = save_dir / "bench_spec.json"
@@ -386,7 +391,7 @@ def measure(methods: dict[str, Method], args, ckptfs: Path, save_dir: Path, z2f:
                 run = Run(wall, rss)
             elif key == "export":
                 wall, rss, _ = run_measured([str(ckptfs), "export", str(save_dir), str(out)], args.timeout)
-                run = Run(wall, rss, f"writes model.safetensors + tensors/ ({dir_bytes(out) / 1e9:.2f} GB)")
+                run = Run(wall, rss, f"writes {dir_bytes(out) / 1e9:.2f} GB")
             elif key == "mount":
                 out.mkdir()
                 run = run_mount_cp(ckptfs, save_dir, mnt, out / "model.safetensors", args.timeout,
@@ -418,6 +423,10 @@ def main() -> int:
                     help="save right after deepspeed.initialize (no AdamW step: the rank files hold no moments)")
     ap.add_argument("--regenerate", action="store_true", help="rebuild the cached checkpoint")
     ap.add_argument("--generate-only", action="store_true", help="build (or reuse) the checkpoint and stop")
+    ap.add_argument("--warm", action="store_true", help="source files read before every run instead of dropping "
+                    "the page cache (a shared machine: other users' caches stay)")
+    ap.add_argument("--checkpoint", default="", help="an existing ZeRO save dir to use instead of generating one "
+                    "(e.g. bench_time_to_model.py's llama-zero3)")
     ap.add_argument("--keep-outputs", action="store_true", help="keep the consolidated outputs of the last repeat")
     ap.add_argument("--strict-dtypes", action="store_true",
                     help="fail on frozen parameters that differ from zero_to_fp32's file only by its up-cast to "
@@ -442,6 +451,11 @@ def main() -> int:
     tag_dir = save_dir / latest
     spec = model_spec(args)
     n_params = count_params(spec)
+    if args.checkpoint:  # what the given checkpoint holds, from its own listing
+        listing = subprocess.run([str(ckptfs), "ls", "--json", str(save_dir)], capture_output=True, text=True,
+                                 timeout=300, check=True)
+        n_params = sum(e["nbytes"] for e in json.loads(listing.stdout)) // 4
+        spec.update(world=len(list(tag_dir.glob("*_optim_states.pt"))), dtype="(given)", train=None)
     print(f"  {save_dir}: {dir_bytes(save_dir) / 1e9:.2f} GB on disk, tag {latest}, "
           f"{len(list(tag_dir.glob('*_optim_states.pt')))} optimizer rank files")
     for p in sorted(tag_dir.iterdir()):
@@ -455,7 +469,7 @@ def main() -> int:
     if not z2f.is_file():
         print(f"{z2f} missing (DeepSpeed copies it into every save dir)", file=sys.stderr)
         return 1
-    cache = Cache(save_dir, "checkpoint files read into the page cache before every run")
+    cache = Cache(save_dir, "checkpoint files read into the page cache before every run", cold=not args.warm)
     outs = workdir / "out"
     mnt = workdir / "mnt"
     unmount(mnt)
@@ -509,6 +523,11 @@ def main() -> int:
               f"{ds.rss_mib:.1f} MiB = {RSS_TARGET * ds.rss_mib:.1f} MiB")
         print(f"  {'PASS' if time_ok else 'FAIL'}  {m.name}: wall {m.wall:.2f} s <= {ds.wall:.2f} s")
         print(f"  {'PASS' if verdicts[key] else 'FAIL'}  {m.name}: output equals zero_to_fp32's")
+    exp, cp = methods["export"], methods["mount"]
+    speed_ok = exp.wall <= cp.wall / EXPORT_VS_CP
+    failed |= not speed_ok
+    print(f"  {'PASS' if speed_ok else 'FAIL'}  ckptfs export: speed {cp.wall / exp.wall:.2f}x of mount + cp "
+          f"(wall {exp.wall:.2f} s vs {cp.wall:.2f} s; target >= {EXPORT_VS_CP:g}x)")
     print("\nRESULT:", "FAIL" if failed else "PASS")
     return 1 if failed else 0
 

@@ -11,9 +11,14 @@ Benchmarks (ids for --only):
   f         bench_mount_ls.py          mount + first ls and daemon peak RSS (1k, 100k, sparse 1 TB,
                                        5k + 200 KB metadata, remount with the catalog cache)
   g         bench_load_file.py         load_file of model.safetensors vs a real file, torch mmap
+  h         bench_loader_mount.py      from_pretrained / load_file through a fresh mount vs the source
+                                       folder (2.2 GB Llama), vs dd's first read of the mount
+  ttm       bench_time_to_model.py     time to model: ZeRO-3 / fp32 .pt as bf16 / DCP, ckptfs vs
+                                       zero_to_fp32, torch.load, dcp_to_torch_save (by name only)
   ls        bench_ls_scaling.py        `ckptfs ls` by tensor count and size (its own checks)
   bf16      bench_bf16_load.py         fp32 .pt loaded as bf16 vs torch.load (its own checks)
   zero      bench_zero_consolidate.py  ZeRO-3 to safetensors vs zero_to_fp32 (its own checks)
+  dcp       bench_dcp_consolidate.py   FSDP2 DCP save to one file vs dcp_to_torch_save (its own checks)
   scale     bench_metadata_scale.py    `ckptfs ls` of a 1,000,000-chunk DCP folder (writes ~1.7 GB)
 
 Every benchmark appends JSON lines to WORKDIR/results.jsonl; a rerun of one benchmark
@@ -45,6 +50,9 @@ BENCHES = {
     "peers": ("bench_archive_peers.py", "d", [], [], 420, 90),
     "mount_ls": ("bench_mount_ls.py", "f", [], [], 420, 120),
     "load_file": ("bench_load_file.py", "g", [], [], 420, 120),
+    "loader": ("bench_loader_mount.py", "h", [], ["--repeats", "1"], 1200, 400),
+    # Fixtures (~14 GB) stay in its own cache folder (~/.cache/ckptfs/bench/time-to-model).
+    "ttm": ("bench_time_to_model.py", "", [], ["--only", "c", "--repeats", "1"], 3600, 1200),
     "ls": ("bench_ls_scaling.py", "ls", ["--repeats", "3", "--sparse-repeats", "9"],
            ["--repeats", "1", "--sparse-repeats", "3", "--tensors", "10000"], 420, 120),
     "bf16": ("bench_bf16_load.py", "bf16", ["--tensors", "12", "--repeats", "2", "--no-pread"],
@@ -54,8 +62,12 @@ BENCHES = {
              ["--vocab", "8000", "--hidden", "1024", "--ffn", "2816", "--layers", "4", "--repeats", "2"],
              ["--vocab", "1000", "--hidden", "256", "--ffn", "512", "--layers", "1", "--repeats", "1",
               "--no-train"], 900, 240),
+    # Full: the 2.1 GB-of-fp32-weights FSDP2 world-4 save (6.4 GB with Adam moments), ~2 min to
+    # generate; quick: a few MB.
+    "dcp": ("bench_dcp_consolidate.py", "dcp", [],
+            ["--vocab", "1000", "--hidden", "256", "--ffn", "512", "--layers", "1"], 1800, 300),
 }
-LEGACY = {"ls", "bf16", "zero"}  # report their own PASS/FAIL; no JSON of their own
+LEGACY = {"ls", "bf16", "zero", "dcp"}  # report their own PASS/FAIL; no JSON of their own
 
 
 def selected(only: str) -> list[str]:
@@ -65,9 +77,9 @@ def selected(only: str) -> list[str]:
     out = []
     for name, (_, letters, *_r) in BENCHES.items():
         if name in want or (letters in LEGACY and letters in want) or \
-                (letters not in LEGACY and any(w in letters for w in want if len(w) == 1)):
+                (letters and letters not in LEGACY and any(w in letters for w in want if len(w) == 1)):
             out.append(name)
-    unknown = [w for w in want if w not in BENCHES and w not in LEGACY and not (len(w) == 1 and w in "abcdefg")]
+    unknown = [w for w in want if w not in BENCHES and w not in LEGACY and not (len(w) == 1 and w in "abcdefgh")]
     if unknown:
         raise SystemExit(f"unknown --only ids: {unknown}")
     return out
@@ -101,8 +113,8 @@ def fmt(v, unit):
 
 
 def table(rows: list[dict]) -> str:
-    order = {"read_throughput": 0, "archive_peers": 1, "mount_ls": 2, "load_file": 3, "ls": 4, "bf16": 5,
-             "zero": 6}
+    order = {"read_throughput": 0, "archive_peers": 1, "mount_ls": 2, "load_file": 3, "loader_mount": 4,
+             "time_to_model": 5, "ls": 6, "bf16": 7, "zero": 8}
     latest = {}
     for r in rows:
         latest[(r["bench"], r["id"])] = r
@@ -126,7 +138,7 @@ def main() -> int:
     ap.add_argument("--ckptfs", default=str(ROOT / "build" / "ckptfs"))
     ap.add_argument("--workdir", default="/tmp/ckptfs-bench")
     ap.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke test (~3 min)")
-    ap.add_argument("--only", default="", help="comma list: a,b,c,d,e,f,g,ls,bf16,zero or bench names")
+    ap.add_argument("--only", default="", help="comma list: a,b,c,d,e,f,g,h,ls,bf16,zero,ttm or bench names")
     ap.add_argument("--repeats", type=int, default=0, help="override every bench's repeat count")
     ap.add_argument("--keep", action="store_true", help="keep generated checkpoints for the next run")
     ap.add_argument("--table", action="store_true", help="print the table of WORKDIR/results.jsonl and stop")
@@ -155,11 +167,14 @@ def main() -> int:
     status = 0
     for name in selected(args.only):
         script, letters, full_extra, quick_extra, t_full, t_quick = BENCHES[name]
-        bench_key = {"throughput": "read_throughput", "peers": "archive_peers"}.get(name, name)
+        bench_key = {"throughput": "read_throughput", "peers": "archive_peers", "loader": "loader_mount",
+                     "ttm": "time_to_model"}.get(name, name)
         drop_bench_rows(results, bench_key)
         sub = workdir / name if name in LEGACY else workdir
         sub.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, str(HERE / script), "--ckptfs", str(ckptfs), "--workdir", str(sub)]
+        argv = [sys.executable, str(HERE / script), "--ckptfs", str(ckptfs)]
+        if name != "ttm":
+            argv += ["--workdir", str(sub)]
         if name not in LEGACY:
             argv += ["--json-out", str(results)]
             if args.quick:

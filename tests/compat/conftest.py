@@ -31,7 +31,7 @@ def export_source(run_ckptfs, tmp_path_factory):
 
     def export(source) -> Path:
         out = tmp_path_factory.mktemp("export")
-        run_ckptfs("export", source, out)
+        run_ckptfs("export", "--write", "all", source, out)
         return out
 
     return export

@@ -12,7 +12,12 @@ Every case starts from a real file and is then damaged on purpose:
 - ZeRO cases from real DeepSpeed saves made by tests/zero/make_zero_checkpoints.py (a
   stage-2 and a stage-3 run of 2 ranks, from the machine's fixture cache,
   tests/ckptfs_fixture_cache.py), whose pickles are loaded with torch.load and saved again,
-  changed, with torch.save.
+  changed, with torch.save;
+- DCP cases from real torch.distributed.checkpoint saves made by
+  tests/dcp/make_dcp_checkpoints.py (FSDP2 at world size 2, in torch_save and safetensors
+  form, from the same cache), whose .metadata is loaded with pickle, changed through torch's
+  own classes and dumped again; its storage_meta (a random save id, the path it was saved
+  to) is replaced by fixed values so that regenerating gives the same bytes.
 
 The corpus is committed: the test never regenerates it, so it keeps testing the same bytes
 whatever torch or DeepSpeed versions later produce. Regenerating rewrites cases/ and
@@ -38,7 +43,7 @@ CASES_DIR = HERE / "cases"
 EXPECTED = HERE / "expected.json"
 ZERO_SUITE = HERE.parent / "zero"
 sys.path.insert(0, str(HERE.parent))
-from ckptfs_fixture_cache import ZERO_CHECKPOINTS, cached_fixtures  # noqa: E402
+from ckptfs_fixture_cache import DCP_CHECKPOINTS, ZERO_CHECKPOINTS, cached_fixtures  # noqa: E402
 
 CASES = []  # (name, fault, error regex, builder(path))
 
@@ -1528,13 +1533,155 @@ def _(p):
 # --- driver ---------------------------------------------------------------------------------
 
 
+# --- torch.distributed.checkpoint ----------------------------------------------------------
+
+DCP_DIR = None  # the fixture cache's entry of make_dcp_checkpoints.py
+DCP_VICTIM = "model.0.weight"  # [22, 13] in two row chunks of 11; chunk 1 is in __1_0.distcp
+# The command the os.system case's pickle would run; test_corpus.py checks its file never
+# appears (expected.json "never_created").
+DCP_SENTINEL = "/tmp/ckptfs-corpus-dcp-os-system-ran"
+
+
+def dcp_copy(case_name: str, dest: Path):
+    """A copy of a real DCP save of tests/dcp (.metadata and the .distcp files) at DEST, its
+    .metadata loaded: returns (metadata, save), SAVE() writing it back with pickle.dump after a
+    case changed it. storage_meta gets fixed values (the real one holds a random save id and
+    the fixture cache's path)."""
+    import pickle
+
+    import torch.distributed.checkpoint.metadata as dcp_metadata
+
+    shutil.copytree(DCP_DIR / case_name, dest)
+    with open(dest / ".metadata", "rb") as f:
+        metadata = pickle.load(f)
+    metadata.storage_meta = dcp_metadata.StorageMeta(checkpoint_id=None, save_id="ckptfs-corpus", load_id=None)
+
+    def save():
+        with open(dest / ".metadata", "wb") as f:
+            pickle.dump(metadata, f, protocol=4)  # dcp.save's pickle.dump default on Python 3.8-3.13
+
+    save()
+    return metadata, save
+
+
+def dcp_move_chunk(metadata, fqn: str, chunk_index: int, **changes) -> None:
+    """Replace a chunk's offsets and/or sizes, re-keying its storage entry (MetadataIndex
+    compares fqn and offset only)."""
+    import dataclasses
+
+    import torch.distributed.checkpoint.metadata as dcp_metadata
+
+    chunks = metadata.state_dict_metadata[fqn].chunks
+    old = chunks[chunk_index]
+    chunks[chunk_index] = new = dataclasses.replace(old, **changes)
+    info = metadata.storage_data.pop(dcp_metadata.MetadataIndex(fqn, old.offsets))
+    metadata.storage_data[dcp_metadata.MetadataIndex(fqn, new.offsets)] = info
+
+
+class _RunsShellCommand:
+    """Unpickling this calls os.system(COMMAND)."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (self.command,))
+
+
+# =============================================================================================
+@case("dcp-missing-distcp/", "FSDP2 ws2: __1_0.distcp deleted",
+      r"__1_0\.distcp: .*data file of 'model\.0\.weight' \(named by .*\.metadata\) is missing")
+def _(p):
+    dcp_copy("fsdp2_ws2", p)
+    (p / "__1_0.distcp").unlink()
+
+
+@case("dcp-truncated-distcp/", "FSDP2 ws2: __1_0.distcp cut in half",
+      r"__1_0\.distcp: '[\w.]+': slice \[\d+, \d+\+\d+\) lies outside the file")
+def _(p):
+    dcp_copy("fsdp2_ws2", p)
+    f = p / "__1_0.distcp"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+
+
+@case("dcp-metadata-size-lie/", ".metadata says chunk 0 of model.0.weight has 10 rows where 11 are stored",
+      r"__0_0\.distcp \[bytes \d+\.\.\d+\): 'model\.0\.weight': the chunk's shape differs from its sizes in \.metadata")
+def _(p):
+    import torch
+
+    metadata, save = dcp_copy("fsdp2_ws2", p)
+    dcp_move_chunk(metadata, DCP_VICTIM, 0, sizes=torch.Size([10, 13]))
+    save()
+
+
+@case("dcp-overlapping-chunks/", "model.0.weight's chunk 1 moved up a row: it overlaps chunk 0",
+      r"\.metadata: tensor 'model\.0\.weight': .*overlap")
+def _(p):
+    import torch
+
+    metadata, save = dcp_copy("fsdp2_ws2", p)
+    dcp_move_chunk(metadata, DCP_VICTIM, 1, offsets=torch.Size([10, 0]))
+    save()
+
+
+@case("dcp-missing-chunk/", "model.0.weight's chunk 1 and its storage entry removed: rows 11..21 are a hole",
+      r"\.metadata: tensor 'model\.0\.weight': elements .* are not covered by any box")
+def _(p):
+    import torch.distributed.checkpoint.metadata as dcp_metadata
+
+    metadata, save = dcp_copy("fsdp2_ws2", p)
+    chunk = metadata.state_dict_metadata[DCP_VICTIM].chunks.pop(1)
+    del metadata.storage_data[dcp_metadata.MetadataIndex(DCP_VICTIM, chunk.offsets)]
+    save()
+
+
+@case("dcp-unknown-transform/", "model.0.weight's chunk 1 stored with a transform descriptor ckptfs does not know",
+      r"\.metadata: 'model\.0\.weight' is stored with transforms \(ckptfs-corpus-unknown-codec\)")
+def _(p):
+    import dataclasses
+
+    import torch.distributed.checkpoint.metadata as dcp_metadata
+
+    metadata, save = dcp_copy("fsdp2_ws2", p)
+    key = dcp_metadata.MetadataIndex(DCP_VICTIM, metadata.state_dict_metadata[DCP_VICTIM].chunks[1].offsets)
+    metadata.storage_data[key] = dataclasses.replace(metadata.storage_data[key],
+                                                     transform_descriptors=["ckptfs-corpus-unknown-codec"])
+    save()
+
+
+@case("dcp-metadata-os-system/", f".metadata whose planner_data entry of model.0.weight calls os.system('touch {DCP_SENTINEL}')",
+      # Refused as a whole, before any entry is read: the line names the file, not an fqn.
+      r"\.metadata: pickle references posix\.system, which would run code when loaded")
+def _(p):
+    metadata, save = dcp_copy("fsdp2_ws2", p)
+    # planner_data is read to re-nest the fqns: the payload sits where a reader must look.
+    metadata.planner_data[DCP_VICTIM] = _RunsShellCommand(f"touch {DCP_SENTINEL}")
+    save()
+    assert b"system" in (p / ".metadata").read_bytes()
+
+
+@case("dcp-st-saved-offsets-lie/", "safetensors form: the blob's DCP_SHARDING_INFO puts model.0.weight's rank-1 chunk at row 10, .metadata at row 11",
+      r"__1_0\.distcp \[bytes \d+\.\.\d+\): 'model\.0\.weight': saved_offsets \[10,0\] in DCP_SHARDING_INFO differ")
+def _(p):
+    dcp_copy("st_fsdp2_ws2", p)
+    f = p / "__1_0.distcp"
+    data = f.read_bytes()
+    old = b'\\"model.0.weight\\": {\\"saved_offsets\\": [11, 0]}'
+    assert data.count(old) == 1, "the blob's DCP_SHARDING_INFO is not as expected"
+    f.write_bytes(data.replace(old, old.replace(b"[11, 0]", b"[10, 0]")))  # same length: offsets stay
+
+
 def main(argv=None) -> int:
-    global TORCH, ST, ZERO_DIR
+    global TORCH, ST, ZERO_DIR, DCP_DIR
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.parse_args(argv)
     TORCH = real_torch_bytes()
     ST = real_safetensors_bytes()
     ZERO_DIR = cached_fixtures(ZERO_CHECKPOINTS)
+    DCP_DIR = cached_fixtures(DCP_CHECKPOINTS, packages=("torch", "transformers"))
     if CASES_DIR.exists():
         shutil.rmtree(CASES_DIR)
     CASES_DIR.mkdir()
@@ -1545,6 +1692,8 @@ def main(argv=None) -> int:
         builder(path)
         assert path.exists(), name
         expected[name] = {"fault": fault, "error": error}
+        if name == "dcp-metadata-os-system/":
+            expected[name]["never_created"] = DCP_SENTINEL
     EXPECTED.write_text(json.dumps(expected, indent=1) + "\n")
     total = sum(f.stat().st_size for f in CASES_DIR.rglob("*") if f.is_file())
     print(f"{len(expected)} cases, {total / 1e6:.2f} MB in {CASES_DIR}")

@@ -5,7 +5,9 @@ must be refused, by `ckptfs ls` and by a mount attempt alike, with
 - exactly one stderr line, `ckptfs: <the case's file or a file in its folder>: ...`, that
   matches the case's regex in expected.json,
 - within 2 s of wall time and with a bounded peak RSS (measured on the child with wait4),
-- and, for the mount, nothing left in /proc/mounts.
+- and, for the mount, nothing left in /proc/mounts;
+- for a case whose pickle would run a command (expected.json "never_created": the file that
+  command creates), that file never appears.
 
 The files are never regenerated here: the test runs on the committed bytes."""
 
@@ -113,17 +115,28 @@ def test_corpus_is_complete():
         assert entry["fault"] and entry["error"], name
         re.compile(entry["error"])
     formats = {name.split("-", 1)[0] for name in EXPECTED}
-    assert {"pt", "pkl", "st", "dir", "zero"} <= formats
+    assert {"pt", "pkl", "st", "dir", "zero", "dcp"} <= formats
+
+
+@pytest.fixture
+def nothing_executed(request):
+    """For a case with "never_created": the file is absent before the test and after it."""
+    sentinel = EXPECTED[request.getfixturevalue("name")].get("never_created")
+    if sentinel:
+        Path(sentinel).unlink(missing_ok=True)
+    yield
+    if sentinel:
+        assert not Path(sentinel).exists(), f"ckptfs ran the command in the case's pickle: {sentinel} exists"
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)
-def test_ls_refuses(ckptfs_bin, name):
+def test_ls_refuses(ckptfs_bin, name, nothing_executed):
     source = case_path(name)
     check_refusal(run_measured([ckptfs_bin, "ls", source]), source, EXPECTED[name]["error"])
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)
-def test_mount_refuses(ckptfs_bin, mounts, name):
+def test_mount_refuses(ckptfs_bin, mounts, name, nothing_executed):
     source = case_path(name)
     mountpoint = mounts.new_mountpoint()
     mounts.register(mountpoint)  # torn down whatever happens

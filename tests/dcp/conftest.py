@@ -6,7 +6,9 @@ make_dcp_checkpoints.py saves every case once per machine into the fixture cache
 versions): forked gloo ranks on the CPU. The same subprocess runs
 torch.distributed.checkpoint.format_utils.dcp_to_torch_save() on every save and keeps its
 output beside it, so the references are cached with the checkpoints and nothing trains or
-forks inside pytest.
+forks inside pytest. For the cases torch cannot read back itself (st_*: DCP's safetensors
+serialization; hf_*: the Hugging Face writer's shards) the reference is dcp_to_torch_save of
+the same state saved by the default writer at the same moment (<case>.torch_save/).
 
 What ckptfs must serve for a DCP checkpoint dir (compared bit for bit):
 - every tensor of dcp_to_torch_save's nested state dict, under the dotted key DCP gives it

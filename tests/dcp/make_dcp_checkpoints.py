@@ -12,6 +12,12 @@ pytest process ever trains or forks:
 
     OUT/<case>/                   the DCP checkpoint dir: .metadata, __<rank>_0.distcp
     OUT/<case>.reference.pt       dcp_to_torch_save(OUT/<case>) (the nested state dict)
+    OUT/<case>.torch_save/        for the safetensors-form cases (st_*) and the Hugging Face
+                                  writer's (hf_*): the same state saved by the default
+                                  writer, whose dcp_to_torch_save is <case>.reference.pt
+    OUT/hf_<case>/sharded/        HuggingFaceStorageWriter(save_distributed=True,
+                                  enable_consolidation=True): each rank's shard file, and
+    OUT/hf_<case>/model-*.safetensors  torch's own consolidation of them
     OUT/llama_fsdp2_ws2_config/   config.json of the Llama case (save_pretrained)
     OUT/cases.json                {"generated": [...], "skipped": {case: reason}, versions}
 
@@ -42,7 +48,27 @@ CASES = {
     "fsdp2_ws3": 3,
     "fsdp2_ws4": 4,
     "fsdp_tp_2d_ws4": 4,
+    # DCP's safetensors serialization (FileSystemWriter(serialization_format=SAFETENSORS)):
+    # each .distcp holds the pickled objects, then one safetensors blob of the rank's chunks.
+    # torch cannot read these back itself (its FileSystemReader torch.load()s every tensor
+    # slice), so each is also saved in torch_save form from the same state (TWIN_SUFFIX), and
+    # its reference is dcp_to_torch_save of that twin.
+    "st_fsdp2_ws2": 2,
+    "st_tp_ws2": 2,
+    "st_fsdp_tp_2d_ws4": 4,
 }
+# torch's Hugging Face storage writer, sharded: per-rank shard-*.safetensors files whose
+# headers carry each chunk's offsets, no .metadata; torch consolidates them itself beside the
+# sharded/ folder. Model state only (the writer appends pickled non-tensor values to the
+# .safetensors file, which then is no safetensors file). Served from <case>/sharded.
+HF_CASES = {
+    "hf_fsdp2_ws3": 3,
+    "hf_tp_ws2": 2,
+}
+SAFETENSORS_FORM_CASES = {"st_fsdp2_ws2", "st_tp_ws2", "st_fsdp_tp_2d_ws4"}
+TWIN_SUFFIX = ".torch_save"
+HF_SHARDED_DIR = "sharded"
+ALL_CASES = {**CASES, **HF_CASES}
 LLAMA_CASE = "llama_fsdp2_ws2"
 LLAMA_CONFIG_DIR = f"{LLAMA_CASE}_config"
 LLAMA_CONFIG = dict(
@@ -88,13 +114,30 @@ def _train_step(model, optimizer, inputs, loss_fn=None):
 
 
 def _save_model_and_optim(model, optimizer, path: Path, model_transform=None):
+    """dcp.save of {"model": ..., "optim": ...} into PATH, in the form its case name says
+    (st_*: the safetensors serialization, hf_*: the Hugging Face writer), with the default
+    form's twin beside the other two."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     if model_transform is not None:
         model_sd = {k: model_transform(v) for k, v in model_sd.items()}
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+    state = {"model": model_sd, "optim": optim_sd}
+    name = Path(path).name
+    if name in SAFETENSORS_FORM_CASES:
+        from torch.distributed.checkpoint import FileSystemWriter
+        from torch.distributed.checkpoint.filesystem import SerializationFormat
+
+        dcp.save(state, storage_writer=FileSystemWriter(str(path), serialization_format=SerializationFormat.SAFETENSORS))
+        path = Path(f"{path}{TWIN_SUFFIX}")
+    elif name in HF_CASES:
+        from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
+
+        writer = HuggingFaceStorageWriter(str(path), save_distributed=True, enable_consolidation=True)
+        dcp.save(model_sd, storage_writer=writer)
+        path = Path(f"{path}{TWIN_SUFFIX}")
+    dcp.save(state, checkpoint_id=str(path))
 
 
 def case_plain_ws1(out: Path, rank: int):
@@ -172,7 +215,11 @@ def _tp_plan():
     return {"0": ColwiseParallel(), "2": RowwiseParallel()}
 
 
-def case_tp_ws2(out: Path, rank: int):
+def case_tp(name: str):
+    return lambda out, rank: case_tp_ws2(out, rank, name)
+
+
+def case_tp_ws2(out: Path, rank: int, name: str = "tp_ws2"):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
@@ -183,10 +230,10 @@ def case_tp_ws2(out: Path, rank: int):
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     inputs = torch.randn(4, IN_DIM, generator=torch.Generator().manual_seed(0))  # TP: same input
     _train_step(model, optimizer, inputs)
-    _save_model_and_optim(model, optimizer, out / "tp_ws2")
+    _save_model_and_optim(model, optimizer, out / name)
 
 
-def case_fsdp_tp_2d_ws4(out: Path, rank: int):
+def case_fsdp_tp_2d_ws4(out: Path, rank: int, name: str = "fsdp_tp_2d_ws4"):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -200,7 +247,7 @@ def case_fsdp_tp_2d_ws4(out: Path, rank: int):
     dp_rank = mesh["dp"].get_local_rank()
     inputs = torch.randn(4, IN_DIM, generator=torch.Generator().manual_seed(dp_rank))
     _train_step(model, optimizer, inputs)
-    _save_model_and_optim(model, optimizer, out / "fsdp_tp_2d_ws4")
+    _save_model_and_optim(model, optimizer, out / name)
 
 
 def case_bf16_params_fp32_optim(out: Path, rank: int):
@@ -294,8 +341,13 @@ CASE_FUNCTIONS = {
     "bf16_params_fp32_optim": case_bf16_params_fp32_optim,
     "tied_ws2": case_tied_ws2,
     LLAMA_CASE: case_llama_fsdp2_ws2,
+    "st_fsdp2_ws2": case_fsdp2("st_fsdp2_ws2"),
+    "st_tp_ws2": case_tp("st_tp_ws2"),
+    "st_fsdp_tp_2d_ws4": lambda out, rank: case_fsdp_tp_2d_ws4(out, rank, "st_fsdp_tp_2d_ws4"),
+    "hf_fsdp2_ws3": case_fsdp2("hf_fsdp2_ws3"),
+    "hf_tp_ws2": case_tp("hf_tp_ws2"),
 }
-assert set(CASE_FUNCTIONS) == set(CASES)
+assert set(CASE_FUNCTIONS) == set(ALL_CASES)
 
 
 def _rank_main(rank: int, world_size: int, names: list[str], out: str) -> None:
@@ -315,6 +367,7 @@ def _preimport() -> None:
     """Import what the ranks use once in the parent, so that each forked rank starts warm."""
     import torch
     import torch.distributed.checkpoint  # noqa: F401
+    import torch.distributed.checkpoint.hf_storage  # noqa: F401
     import torch.distributed.checkpoint.state_dict  # noqa: F401
     import torch.distributed.fsdp  # noqa: F401
     import torch.distributed.tensor.parallel  # noqa: F401
@@ -327,14 +380,15 @@ def save_cases(out: Path, names: list[str]) -> None:
     _preimport()
     names_by_world_size = {}
     for name in names:
-        names_by_world_size.setdefault(CASES[name], []).append(name)
+        names_by_world_size.setdefault(ALL_CASES[name], []).append(name)
     run_ranks_per_world_size(_rank_main, names_by_world_size, out)
 
 
 def write_reference(out: Path, name: str) -> None:
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    dcp_to_torch_save(str(out / name), str(out / f"{name}{REFERENCE_SUFFIX}"))
+    saved = out / (f"{name}{TWIN_SUFFIX}" if name in SAFETENSORS_FORM_CASES or name in HF_CASES else name)
+    dcp_to_torch_save(str(saved), str(out / f"{name}{REFERENCE_SUFFIX}"))
 
 
 def main() -> None:
@@ -342,8 +396,8 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--only", help="comma-separated case names")
     args = parser.parse_args()
-    names = args.only.split(",") if args.only else list(CASES)
-    unknown = set(names) - set(CASES)
+    names = args.only.split(",") if args.only else list(ALL_CASES)
+    unknown = set(names) - set(ALL_CASES)
     if unknown:
         sys.exit(f"unknown cases: {sorted(unknown)}")
     args.out.mkdir(parents=True, exist_ok=True)

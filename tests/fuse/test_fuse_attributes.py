@@ -59,7 +59,7 @@ def test_writes_fail_with_erofs(source, mounts):
 
 def test_stat_matches_export(source, mounts, run_ckptfs, tmp_path):
     export = tmp_path / "export"
-    run_ckptfs("export", source, export)
+    run_ckptfs("export", "--write", "all", source, export)
     exported = tree_files(export)
     mnt = mounts.mount(source)
     seen = walk(mnt)

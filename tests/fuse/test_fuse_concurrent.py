@@ -25,7 +25,7 @@ def reference(big_ckpt, run_ckptfs, tmp_path_factory):
     """{virtual path: bytes} of `ckptfs export`, plus the boundaries between segments of
     model.safetensors (end of header, start and end of every tensor)."""
     out = tmp_path_factory.mktemp("big-export")
-    run_ckptfs("export", big_ckpt, out, timeout=180)
+    run_ckptfs("export", "--write", "all", big_ckpt, out, timeout=180)
     expected = flatten_tensors(torch.load(big_ckpt, weights_only=True))
     exported = load_file(out / MODEL)
     assert set(exported) == set(expected)

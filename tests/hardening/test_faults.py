@@ -236,7 +236,7 @@ def is_temp_name(rel: str) -> bool:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 def test_export_interrupted_leaves_no_partial_file(ckptfs_bin, mounts, large_ckpt, tmp_path, sig):
     out = tmp_path / "out"
-    proc = subprocess.Popen([str(ckptfs_bin), "export", str(large_ckpt), str(out)],
+    proc = subprocess.Popen([str(ckptfs_bin), "export", "--write", "all", str(large_ckpt), str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     # SIGINT once a temporary file holds 32 MB (half-way through model.safetensors); SIGKILL
     # later, once model.safetensors is in place and a large tensor file is half-written.
@@ -288,7 +288,7 @@ def test_export_interrupted_leaves_no_partial_file(ckptfs_bin, mounts, large_ckp
     else:
         assert len(temps) <= 1, temps  # SIGKILL: the one being written stays, under its temp name
     # A rerun into the same folder completes it (and replaces nothing with a partial file).
-    res = run_bounded([ckptfs_bin, "export", large_ckpt, out], 300)
+    res = run_bounded([ckptfs_bin, "export", "--write", "all", large_ckpt, out], 300)
     assert res.returncode == 0, res.describe()
     assert sorted(f for f in files_under(out) if not is_temp_name(f)) == sorted(sizes)
     for rel in ("model.safetensors", "manifest.json"):

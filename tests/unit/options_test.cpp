@@ -167,8 +167,31 @@ BOOST_AUTO_TEST_CASE(json_objects) {
   BOOST_TEST(!ckptfs::ParseJsonOptions(nlohmann::json::array(), ckptfs::kOpenGroups, &o).ok());
 }
 
+BOOST_AUTO_TEST_CASE(export_write_parts) {
+  OptionValues o;
+  bool known = false;
+  BOOST_TEST(o.export_parts == (ckptfs::kExportModel | ckptfs::kExportFiles));  // the default
+  BOOST_TEST(CommandLine({"--write", "tensors,MODEL"}, ckptfs::kExportCommandGroups, &o, &known).ok());
+  BOOST_TEST(o.export_parts == (ckptfs::kExportModel | ckptfs::kExportTensors));
+  BOOST_TEST(CommandLine({"--write=all"}, ckptfs::kExportCommandGroups, &o, &known).ok());
+  BOOST_TEST(o.export_parts == (ckptfs::kExportModel | ckptfs::kExportTensors | ckptfs::kExportFiles));
+  BOOST_TEST(CommandLine({"--write", "files"}, ckptfs::kExportCommandGroups, &o, &known).ok());
+  BOOST_TEST(o.export_parts == ckptfs::kExportFiles);
+  for (const char* bad : {"", "model,", ",model", "weights", "model;files"}) {
+    BOOST_TEST_CONTEXT(bad) {
+      BOOST_TEST(CommandLine({"--write", bad}, ckptfs::kExportCommandGroups, &o, &known).message() ==
+                 "write=" + std::string(bad) + ": write takes model, tensors, files or all, comma-separated");
+    }
+  }
+  BOOST_TEST(o.export_parts == ckptfs::kExportFiles);  // a bad value changes nothing
+  // Only export takes it.
+  BOOST_TEST(CommandLine({"--write", "all"}, ckptfs::kReadCommandGroups, &o, &known).ok());
+  BOOST_TEST(!known);
+}
+
 BOOST_AUTO_TEST_CASE(help_lists_every_option_of_its_front_end) {
-  const std::string cli = ckptfs::CommandLineHelp(ckptfs::kLoadCommandGroups);
+  // Every option is on some command's help: load's, or export's (write).
+  const std::string cli = ckptfs::CommandLineHelp(ckptfs::kLoadCommandGroups | ckptfs::kExportCommandGroups);
   const std::string mount = ckptfs::MountHelp(ckptfs::kMountGroups);
   for (const OptionSpec& spec : OptionTable()) {
     BOOST_TEST_CONTEXT(spec.name) {

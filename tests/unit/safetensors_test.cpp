@@ -5,6 +5,7 @@
 
 #include "ckptfs/catalog.hpp"
 #include "format/readers.hpp"
+#include "format/safetensors_header.hpp"
 #include "test_util.hpp"
 
 using ckptfs::Catalog;
@@ -213,4 +214,44 @@ BOOST_AUTO_TEST_CASE(metadata_values_must_be_strings) {
   CheckCorrupt(File(h, 4), "__metadata__ value of 'step' is not a string");
   h["__metadata__"] = json::array({"pt"});
   CheckCorrupt(File(h, 4), "__metadata__ is not an object");
+}
+
+// A blob inside a larger file (DCP's safetensors serialization appends one to a .distcp after
+// other bytes): parsed on its window, offsets are the file's, messages name the window.
+BOOST_AUTO_TEST_CASE(blob_in_a_window) {
+  json h;
+  h["__metadata__"] = {{"format", "pt"}};
+  h["x"] = Entry("F32", {2, 2}, 0, 16);
+  h["y"] = Entry("I64", {1}, 16, 24);
+  const std::string blob = File(h, 24);
+  const std::string prefix(100, 'p');
+  MemorySource source;
+  const std::string path = source.Write("/mem/__0_0.distcp", prefix + blob);
+  ckptfs::SourceFiles files(source.env());
+  uint32_t file;
+  BOOST_TEST_REQUIRE(files.Add(path, &file).ok());
+  const ckptfs::FileWindow window{file, prefix.size(), blob.size()};
+  BOOST_TEST(ckptfs::LooksLikeSafetensors(files, window));
+  BOOST_TEST(!ckptfs::LooksLikeSafetensors(files, ckptfs::FileWindow{file, 0, prefix.size() + blob.size()}));
+  ckptfs::SafetensorsHeader header;
+  Status s = ckptfs::ParseSafetensorsHeader(files, window, ckptfs::ReadLimits{}, &header);
+  BOOST_TEST_REQUIRE(s.ok(), s.message());
+  BOOST_TEST_REQUIRE(header.tensors.size() == 2u);
+  const uint64_t data_start = prefix.size() + blob.size() - 24;
+  BOOST_TEST(header.tensors[0].key == "x");
+  BOOST_TEST(header.tensors[0].data_offset == data_start);
+  BOOST_TEST(header.tensors[0].nbytes == 16u);
+  BOOST_TEST(header.tensors[1].key == "y");
+  BOOST_TEST(header.tensors[1].data_offset == data_start + 16);
+  BOOST_TEST(header.metadata["format"] == "pt");
+
+  // One byte more in the window: trailing bytes after the tensors, named by the window.
+  source.Write(path, prefix + blob + "z");
+  ckptfs::SourceFiles files2(source.env());
+  BOOST_TEST_REQUIRE(files2.Add(path, &file).ok());
+  s = ckptfs::ParseSafetensorsHeader(files2, ckptfs::FileWindow{file, prefix.size(), blob.size() + 1},
+                                     ckptfs::ReadLimits{}, &header);
+  BOOST_TEST(!s.ok());
+  BOOST_TEST(StartsWith(s.message(), path + " [bytes 100.."), s.message());
+  BOOST_TEST(Contains(s.message(), "tensors cover 24 bytes but the data buffer holds 25"), s.message());
 }

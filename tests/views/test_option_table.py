@@ -40,6 +40,7 @@ VALUES = {
     "shard_size": ("1MB", "10XB"),
     "moments": None,
     "checksums": None,
+    "write": ("model,tensors", "weights"),
     "max_pickle": ("512MiB", "abc"),
     "max_pickle_memory": ("8GiB", "0"),
     "max_header": ("200MB", "-1"),
@@ -166,15 +167,17 @@ LOAD = ["load", "--backend", "host"]
 
 
 @pytest.mark.parametrize("name", sorted(VALUES))
-def test_command_line(name, table, run_ckptfs):
+def test_command_line(name, table, run_ckptfs, tmp_path):
     entry, (value, bad) = table[name], VALUES[name] or (None, None)
-    commands = {"read_command": ["ls"], "load_command": LOAD}
-    for front_end, command in commands.items():
+    # Each front end's command, and what follows SOURCE.
+    commands = {"read_command": (["ls"], []), "export_command": (["export"], [tmp_path / "out"]),
+                "load_command": (LOAD, [])}
+    for front_end, (command, after) in commands.items():
         takes = front_end in entry["front_ends"]
         for form in cli_forms(entry, value) if takes else []:
-            res = run_ckptfs(*command, *form, SAMPLE, check=False)
+            res = run_ckptfs(*command, *form, SAMPLE, *after, check=False)
             assert res.returncode == 0, f"{command} {form}: {res.stderr.decode(errors='replace')!r}"
-        argv = [*command, *(cli_bad_form(entry, bad) if takes else cli_forms(entry, value)[0]), SAMPLE]
+        argv = [*command, *(cli_bad_form(entry, bad) if takes else cli_forms(entry, value)[0]), SAMPLE, *after]
         res = run_ckptfs(*argv, check=False)
         line = one_line(res.stderr.decode(errors="replace"), " ".join(map(str, argv)))
         assert res.returncode == 2, f"{argv}: exit {res.returncode}, {line!r}"

@@ -55,7 +55,7 @@ VIEWS = [
 def test_hash_matches_xxhsum_of_export(options, hash_ckpt, run_ckptfs, xxhsum_bin, tmp_path):
     source, _ = hash_ckpt
     out = tmp_path / "out"
-    run_ckptfs("export", "--checksums", *options, source, out)
+    run_ckptfs("export", "--write", "all", "--checksums", *options, source, out)
     listed = json.loads(run_ckptfs("ls", "--json", *options, source).stdout)
     files = [e["file"] for e in listed]
     assert len(files) == len({f for f in files})

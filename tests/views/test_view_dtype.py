@@ -40,7 +40,7 @@ def exports(dtype_ckpt, run_ckptfs, tmp_path_factory):
     def get(target: str):
         if target not in made:
             out = tmp_path_factory.mktemp(f"export-{target}")
-            run_ckptfs("export", "--dtype", target, dtype_ckpt[0], out)
+            run_ckptfs("export", "--write", "all", "--dtype", target, dtype_ckpt[0], out)
             made[target] = out
         return made[target]
 

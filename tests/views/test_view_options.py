@@ -35,7 +35,7 @@ def test_cli_dtype_root_shards(target, minilm_training_folder, hf_split, ls_json
     want = {k: converted(t, tgt) for k, t in model_subtree(ckpt).items()}
     options = ["--dtype", target, "--root", "model", "--shard-size", "10MB"]
     out = tmp_path / "out"
-    run_ckptfs("export", *options, folder, out)
+    run_ckptfs("export", "--write", "all", *options, folder, out)
     order = [e["key"].removeprefix("model.") for e in ls_json(folder) if e["key"].startswith("model.")]
     files = read_tree(out)
     check_sharded_tree(files, want, order, 10**7, hf_split, " ".join(options))

@@ -100,7 +100,7 @@ def test_root_selects_and_strips(prefix, keys, nested_ckpt, run_ckptfs, ls_json,
     assert info["total_bytes"] == sum(expected_nbytes(t) for t in want.values())
 
     out = tmp_path / "out"
-    run_ckptfs("export", "--root", prefix, source, out)
+    run_ckptfs("export", "--write", "all", "--root", prefix, source, out)
     check_export(out, want, f"export --root {prefix}")
     assert run_ckptfs("cat", "--root", prefix, source, "model.safetensors").stdout == (
         out / "model.safetensors"
@@ -156,7 +156,7 @@ def test_root_model_of_training_checkpoint_cli(minilm_training_folder, minilm, r
     assert any(k.startswith("optimizer.") for k in flat)
 
     out = tmp_path / "out"
-    run_ckptfs("export", "--root", "model", folder, out)
+    run_ckptfs("export", "--write", "all", "--root", "model", folder, out)
     check_export(out, want, "export --root model (MiniLM training folder)")
     for name in NON_WEIGHT_FILES:
         assert (out / name).read_bytes() == (folder / name).read_bytes(), name

@@ -62,7 +62,7 @@ def test_split_matches_huggingface(limit, split_ckpt, hf_split, ls_json, run_ckp
     source, flat = split_ckpt
     order = [e["key"] for e in ls_json(source)]
     out = tmp_path / "out"
-    run_ckptfs("export", "--shard-size", str(limit), source, out)
+    run_ckptfs("export", "--write", "all", "--shard-size", str(limit), source, out)
     files = read_tree(out)
     want = {k: served_form(t) for k, t in flat.items()}
     check_sharded_tree(files, want, order, limit, hf_split, f"--shard-size {limit}")
@@ -126,7 +126,7 @@ def unit_ckpt(tmp_path_factory):
 def test_size_units(spelling, limit, unit_ckpt, hf_split, ls_json, run_ckptfs, tmp_path):
     source, flat = unit_ckpt
     out = tmp_path / "out"
-    run_ckptfs("export", "--shard-size", spelling, source, out)
+    run_ckptfs("export", "--write", "all", "--shard-size", spelling, source, out)
     order = [e["key"] for e in ls_json(source)]
     check_sharded_tree(read_tree(out), flat, order, limit, hf_split, f"--shard-size {spelling}")
 
@@ -136,7 +136,7 @@ def test_split_uses_converted_sizes(target, split_ckpt, hf_split, ls_json, run_c
     source, flat = split_ckpt
     tgt = TARGETS[target]
     out = tmp_path / "out"
-    run_ckptfs("export", "--dtype", target, "--shard-size", "1000", source, out)
+    run_ckptfs("export", "--write", "all", "--dtype", target, "--shard-size", "1000", source, out)
     want = {k: converted(t, tgt) for k, t in flat.items()}
     order = [e["key"] for e in ls_json(source)]
     check_sharded_tree(read_tree(out), want, order, 1000, hf_split, f"--dtype {target} --shard-size 1000")

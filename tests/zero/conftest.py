@@ -81,7 +81,7 @@ def served(run_ckptfs, ls_json, tmp_path_factory):
         if source not in cache:
             entries = ls_json(source)
             out = tmp_path_factory.mktemp("export") / "out"
-            run_ckptfs("export", source, out)
+            run_ckptfs("export", "--write", "all", source, out)
             cache[source] = Served(source, entries, out)
         return cache[source]
 

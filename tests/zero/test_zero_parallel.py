@@ -56,7 +56,7 @@ def ls_keys(ckptfs_bin, source) -> list:
 
 
 def export(ckptfs_bin, source, outdir: Path) -> Path:
-    run(ckptfs_bin, "export", source, outdir)
+    run(ckptfs_bin, "export", "--write", "all", source, outdir)
     return outdir
 
 
