@@ -28,6 +28,9 @@ struct SourceOptions {
   std::shared_ptr<Env> env;
   // How remote sources are fetched and cached.
   RemoteOptions remote;
+  // A folder for validated catalogs of single-file local sources ("" = off, "auto" = the
+  // user's cache folder): reopening an unchanged checkpoint then skips parsing it.
+  std::string catalog_cache;
 };
 
 // Detects the format of `source` (a file or a folder) and reads its catalog.

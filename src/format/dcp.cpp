@@ -153,6 +153,8 @@ class DcpReader {
   std::unordered_map<uint32_t, std::optional<uint64_t>> blob_start_;
   // Chunks read in each serialization, for `ckptfs info`.
   uint64_t torch_save_chunks_ = 0, safetensors_chunks_ = 0;
+  // Chunks of one shape pickle identical data.pkl records: each is parsed once.
+  PickleCache pickles_;
   json objects_ = json::object();
 };
 
@@ -236,7 +238,7 @@ Status DcpReader::Window(const DcpItem& item, const DcpSlice& slice, FileWindow*
 Status DcpReader::TorchSaveChunk(const DcpItem& item, const DcpChunk& chunk, const FileWindow& window,
                                  TensorEntry* piece) {
   TorchArchive archive;
-  Status s = archive.Open(*catalog_->files, window, limits_);
+  Status s = archive.Open(*catalog_->files, window, limits_, ArchiveRecords{}, &pickles_);
   if (!s.ok()) return Concerning(s, item.fqn);
   bool is_tensor = false;
   s = archive.AsTensor(archive.root(), piece, &is_tensor);

@@ -2,6 +2,8 @@
 // between modules across torch releases, and nothing here imports or calls them.
 #include "format/dcp_metadata.hpp"
 
+#include <algorithm>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -46,15 +48,18 @@ bool AsString(const PyValue* v, std::string* out) {
   return true;
 }
 
-// How a MetadataIndex is looked up: its fqn and chunk offsets (the index hint is only a
-// hint; DCP compares fqn and offset alone).
-std::string IndexKey(std::string_view fqn, const std::vector<uint64_t>* offsets) {
-  std::string key(fqn);
-  key.push_back('\0');
-  if (!offsets) return key + "-";
-  for (uint64_t o : *offsets) key.append(std::to_string(o)).push_back(',');
-  return key;
-}
+// A storage_data entry as it is looked up: DCP compares a MetadataIndex's fqn and offset
+// alone (the index is only a hint). Entries are grouped by fqn and sorted by offsets, so a
+// tensor's chunks are found by binary search: a million chunks would otherwise be a
+// million map keys built as strings.
+struct StoredSlice {
+  bool is_chunk = false;  // objects (BytesStorageMetadata) have no offsets
+  std::vector<uint64_t> offsets;
+  DcpSlice slice;
+  bool operator<(const StoredSlice& other) const {
+    return std::tie(is_chunk, offsets) < std::tie(other.is_chunk, other.offsets);
+  }
+};
 
 // A relative path that names a file inside the folder: no absolute path, no "..", no empty
 // or "." component.
@@ -107,7 +112,7 @@ class MetadataParser {
   std::string where_;
   DcpMetadata* out_;
   ReadLimits limits_;
-  std::unordered_map<std::string, DcpSlice> slices_;
+  std::unordered_map<std::string, std::vector<StoredSlice>> slices_;  // by fqn, sorted
 };
 
 Status MetadataParser::Parse(const PyValue* root) {
@@ -156,7 +161,6 @@ Status MetadataParser::Parse(const PyValue* root) {
 Status MetadataParser::ReadStorageData(const PyValue* storage_data) {
   const PyValue* sd = AsMapping(storage_data);
   if (!sd) return Bad("Metadata.storage_data is not a dict (a storage layout other than the file system writer's?)");
-  slices_.reserve(sd->entries.size());
   for (const auto& [k, v] : sd->entries) {
     std::string fqn;
     if (ClassName(k) != "MetadataIndex" || !AsString(Field(k, "fqn"), &fqn))
@@ -182,15 +186,22 @@ Status MetadataParser::ReadStorageData(const PyValue* storage_data) {
       return BadItem(fqn, "storage path '" + slice.relative_path + "' leaves the checkpoint folder");
     uint64_t end;
     if (!CheckedAdd(slice.offset, slice.length, &end)) return BadItem(fqn, "storage offset + length overflows");
-    if (!slices_.emplace(IndexKey(fqn, is_chunk ? &offsets : nullptr), std::move(slice)).second)
-      return BadItem(fqn, "two storage_data entries for one chunk");
+    slices_[fqn].push_back(StoredSlice{is_chunk, std::move(offsets), std::move(slice)});
+  }
+  for (auto& [fqn, group] : slices_) {
+    std::sort(group.begin(), group.end());
+    for (size_t i = 1; i < group.size(); ++i)
+      if (!(group[i - 1] < group[i])) return BadItem(fqn, "two storage_data entries for one chunk");
   }
   return Status::OK();
 }
 
 Status MetadataParser::Slice(const std::string& fqn, const std::vector<uint64_t>* offsets, DcpSlice* slice) const {
-  auto it = slices_.find(IndexKey(fqn, offsets));
-  if (it == slices_.end()) {
+  const std::vector<StoredSlice>* group = nullptr;
+  if (auto it = slices_.find(fqn); it != slices_.end()) group = &it->second;
+  StoredSlice wanted{offsets != nullptr, offsets ? *offsets : std::vector<uint64_t>{}, {}};
+  auto found = group ? std::lower_bound(group->begin(), group->end(), wanted) : std::vector<StoredSlice>::const_iterator{};
+  if (!group || found == group->end() || wanted < *found) {
     std::string at;
     if (offsets) {
       for (uint64_t o : *offsets) at += (at.empty() ? "" : ", ") + std::to_string(o);
@@ -198,7 +209,7 @@ Status MetadataParser::Slice(const std::string& fqn, const std::vector<uint64_t>
     }
     return BadItem(fqn, "no storage_data entry for the " + std::string(offsets ? "chunk" : "object") + at);
   }
-  *slice = it->second;
+  *slice = found->slice;
   return Status::OK();
 }
 

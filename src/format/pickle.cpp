@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "format/byte_reader.hpp"
 #include "format/limit_hint.hpp"
@@ -134,19 +135,85 @@ class Machine {
     }
     return Push(*slot);
   }
+  // Tuples are never mutated once made, so tuples of the same numbers are one value, as
+  // are equal ints: a DCP .metadata makes three torch.Size tuples per chunk and a torch.save
+  // pickle a shape and a stride tuple per tensor, nearly all repeats. Only tuples of numbers
+  // (and of such tuples) are looked up: others (persistent ids, call arguments) rarely
+  // repeat, and hashing them all would cost more than it saves. The tables stop growing at
+  // kMaxInterned entries. An interned tuple has `b` set.
+  static bool Internable(const std::vector<PyRef>& items) {
+    for (const PyValue* item : items) {
+      switch (item->kind) {
+        case PyValue::Kind::kInt: case PyValue::Kind::kNone: case PyValue::Kind::kBool: case PyValue::Kind::kFloat:
+          break;
+        case PyValue::Kind::kTuple:
+          if (item->b || item->items.empty()) break;
+          return false;
+        default: return false;
+      }
+    }
+    return true;
+  }
   Status PushTuple(std::vector<PyRef> items) {
     if (items.empty()) return PushShared(&empty_tuple_, PyValue::Kind::kTuple, 0);
+    if (!Internable(items)) {
+      auto t = Make(PyValue::Kind::kTuple);
+      charged_ += items.size() * sizeof(PyRef);
+      t->items = std::move(items);
+      return Push(std::move(t));
+    }
+    PyValue probe;
+    probe.kind = PyValue::Kind::kTuple;
+    probe.items = std::move(items);
+    if (auto it = tuples_.find(&probe); it != tuples_.end()) return Push(*it);
     auto t = Make(PyValue::Kind::kTuple);
-    t->items = std::move(items);
+    charged_ += probe.items.size() * sizeof(PyRef);
+    t->items = std::move(probe.items);
+    if (tuples_.size() < kMaxInterned) {
+      t->b = true;
+      tuples_.insert(t);
+      charged_ += kInternedEntryBytes;
+    }
     return Push(std::move(t));
   }
   Status PushInt(int64_t v) {
     if (v >= 0 && v < static_cast<int64_t>(small_ints_.size()))
       return PushShared(&small_ints_[static_cast<size_t>(v)], PyValue::Kind::kInt, v);
+    if (auto it = ints_.find(v); it != ints_.end()) return Push(it->second);
     auto n = Make(PyValue::Kind::kInt);
     n->i = v;
+    if (ints_.size() < kMaxInterned) {
+      ints_.emplace(v, n);
+      charged_ += kInternedEntryBytes;
+    }
     return Push(std::move(n));
   }
+  // The stack top `*v`, made safe to change: a shared (interned) object is replaced by a
+  // copy of its own first.
+  void Mutable(PyRef* v) {
+    if ((*v)->kind != PyValue::Kind::kObject || !(*v)->b) return;
+    PyRef copy = Make(PyValue::Kind::kObject);
+    copy->callable = (*v)->callable;
+    copy->args = (*v)->args;
+    copy->kwargs = (*v)->kwargs;
+    copy->state = (*v)->state;
+    copy->items = (*v)->items;
+    copy->entries = (*v)->entries;
+    stack_.back() = copy;
+    *v = copy;
+  }
+  struct ItemsHash {
+    size_t operator()(const PyValue* t) const {
+      size_t h = t->items.size();
+      for (const PyValue* item : t->items) h = h * 0x9E3779B97F4A7C15ull + reinterpret_cast<uintptr_t>(item);
+      return h ^ (h >> 29);
+    }
+  };
+  struct ItemsEqual {
+    bool operator()(const PyValue* a, const PyValue* b) const { return a->items == b->items; }
+  };
+  static constexpr size_t kMaxInterned = size_t{1} << 22;
+  static constexpr uint64_t kInternedEntryBytes = 48;  // a hash node and its bucket slot
   // `s` must point into the pickle's kept bytes or a kept string.
   Status PushStr(std::string_view s, PyValue::Kind kind) {
     auto n = Make(kind);
@@ -213,6 +280,9 @@ class Machine {
   uint64_t memo_count_ = 0;  // distinct memo keys stored: MEMOIZE's next index
   uint64_t memory_limit_;
   uint64_t charged_ = 0;  // bytes of values and container slots made so far
+  std::unordered_set<PyRef, ItemsHash, ItemsEqual> tuples_;
+  std::unordered_map<int64_t, PyRef> ints_;
+  std::unordered_map<PyRef, PyRef> sizes_;  // interned args tuple -> its torch.Size
   bool ran_out_ = false;  // the last failure was the bytes ending before the pickle did
 };
 
@@ -269,9 +339,11 @@ Status Machine::SetItems(std::vector<PyRef> kv) {
   if (kv.size() % 2 != 0) return Fail("odd number of items for SETITEMS");
   PyRef target = nullptr;
   CKPTFS_RETURN_IF_ERROR(Top(&target));
+  Mutable(&target);
   if (target->kind != PyValue::Kind::kDict && target->kind != PyValue::Kind::kObject)
     return Fail("SETITEM on something that is not a dict");
   const size_t before = target->entries.capacity();
+  if (target->entries.size() + kv.size() / 2 > before) target->entries.reserve(std::max(target->entries.size() + kv.size() / 2, before * 2));
   for (size_t k = 0; k < kv.size(); k += 2) {
     target->entries.emplace_back(std::move(kv[k]), std::move(kv[k + 1]));
   }
@@ -282,6 +354,7 @@ Status Machine::SetItems(std::vector<PyRef> kv) {
 Status Machine::Append(std::vector<PyRef> values) {
   PyRef target = nullptr;
   CKPTFS_RETURN_IF_ERROR(Top(&target));
+  Mutable(&target);
   if (target->kind != PyValue::Kind::kList && target->kind != PyValue::Kind::kSet &&
       target->kind != PyValue::Kind::kObject)
     return Fail("APPEND to something that is not a list");
@@ -446,6 +519,19 @@ Status Machine::Step(uint8_t op, bool* stop) {
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
       CKPTFS_RETURN_IF_ERROR(Pop(&a));
       if (b->kind != K::kTuple) return Fail("REDUCE arguments are not a tuple");
+      // torch.Size of an interned tuple: a DCP .metadata makes three per chunk, nearly all
+      // repeats. Shared like the tuple it wraps (`b` marks it); Mutable() copies it first
+      // should a BUILD, SETITEMS or APPENDS ever target it.
+      if (b->b && a->IsGlobal("torch", "Size")) {
+        if (auto it = sizes_.find(b); it != sizes_.end()) return Push(it->second);
+        CKPTFS_RETURN_IF_ERROR(Call(a, b, nullptr));
+        if (sizes_.size() < kMaxInterned) {
+          stack_.back()->b = true;
+          sizes_.emplace(b, stack_.back());
+          charged_ += kInternedEntryBytes;
+        }
+        return Status::OK();
+      }
       return Call(a, b, nullptr);
     case NEWOBJ:
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
@@ -478,6 +564,7 @@ Status Machine::Step(uint8_t op, bool* stop) {
     case BUILD: {
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
       CKPTFS_RETURN_IF_ERROR(Top(&a));
+      Mutable(&a);
       if (a->kind != K::kObject) {
         // BUILD on a plain container (a dict subclass reduced to dict) keeps the state aside.
         auto wrapper = Make(K::kObject);

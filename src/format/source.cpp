@@ -1,7 +1,9 @@
 // Format detection: which reader a source path needs.
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 
+#include "format/catalog_cache.hpp"
 #include "format/limit_hint.hpp"
 #include "format/readers.hpp"
 
@@ -36,7 +38,22 @@ Status OpenCatalog(const std::string& source, const SourceOptions& options, std:
   PathType type;
   CKPTFS_RETURN_IF_ERROR(env.Stat(source, &type));
   if (type == PathType::kMissing) return Status::FromErrno(source, "cannot access", ENOENT);
-  if (type == PathType::kFolder) {
+  // Local files only: a folder can gain files that no recorded identity reveals.
+  const bool cacheable = type == PathType::kFile && !options.env && !options.catalog_cache.empty();
+  bool from_cache = false;
+  if (cacheable) {
+    std::shared_ptr<Catalog> cached;
+    std::string note;
+    LoadCachedCatalog(source, options, &cached, &note);
+    if (!note.empty()) std::fprintf(stderr, "ckptfs: %s\n", note.c_str());
+    if (cached) {
+      catalog = std::move(cached);
+      from_cache = true;
+    }
+  }
+  if (from_cache) {
+    // Read from the cache: checked below like a freshly read catalog.
+  } else if (type == PathType::kFolder) {
     if (IsDeepSpeedFolder(env, source))
       CKPTFS_RETURN_IF_ERROR(ReadDeepSpeedCheckpoint(source, options, catalog.get()));
     else if (IsDcpFolder(env, source))
@@ -85,6 +102,11 @@ Status OpenCatalog(const std::string& source, const SourceOptions& options, std:
   // Nothing reads a tensor whose boxes do not tile it exactly inside their files.
   const std::string& layout_file = catalog->layout_file.empty() ? source : catalog->layout_file;
   for (const TensorEntry& t : catalog->tensors) CKPTFS_RETURN_IF_ERROR(ValidateLayout(t, *catalog->files, layout_file));
+  if (cacheable && !from_cache) {
+    // A cache that cannot be written costs the next open its speed, nothing else.
+    if (Status s = StoreCachedCatalog(source, options, *catalog); !s.ok())
+      std::fprintf(stderr, "ckptfs: not cached: %s\n", s.message().c_str());
+  }
   *out = std::move(catalog);
   return Status::OK();
 }

@@ -76,8 +76,18 @@ Status TorchArchive::Open(const std::string& path, SourceFiles* files, const Rea
   return Open(*files, files->whole(file), limits);
 }
 
+std::shared_ptr<const Pickle> PickleCache::Find(std::string_view bytes) const {
+  auto it = by_bytes_.find(bytes);
+  return it == by_bytes_.end() ? nullptr : it->second;
+}
+
+void PickleCache::Insert(std::string bytes, std::shared_ptr<const Pickle> pickle) {
+  if (bytes.size() > kMaxPickleBytes || by_bytes_.size() >= kMaxEntries) return;
+  by_bytes_.emplace(std::move(bytes), std::move(pickle));
+}
+
 Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits,
-                          const ArchiveRecords& records) {
+                          const ArchiveRecords& records, PickleCache* cache) {
   path_ = files.Describe(window);
   files_ = &files;
   window_ = window;
@@ -111,8 +121,14 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
                                       " bytes, over the limit of " + std::to_string(limits.pickle_bytes) +
                                       LimitHint("max_pickle"));
   CKPTFS_RETURN_IF_ERROR(zip_.ReadStored(*pkl, limits.pickle_bytes, &pickle_bytes));
-  CKPTFS_RETURN_IF_ERROR(
-      ParsePickle(pickle_bytes, path_ + ": " + prefix_ + records.pickle, &pickle_, limits.pickle_memory));
+  pickle_ = cache ? cache->Find(pickle_bytes) : nullptr;
+  if (!pickle_) {
+    auto parsed = std::make_shared<Pickle>();
+    CKPTFS_RETURN_IF_ERROR(
+        ParsePickle(pickle_bytes, path_ + ": " + prefix_ + records.pickle, parsed.get(), limits.pickle_memory));
+    pickle_ = parsed;
+    if (cache) cache->Insert(std::move(pickle_bytes), std::move(parsed));
+  }
   return Status::OK();
 }
 
@@ -159,7 +175,14 @@ Status TorchArchive::Resolve(const PyValue* pid, std::optional<DType> tensor_dty
   key->assign(parsed.key);
 
   record_name_.assign(prefix_).append(storage_dir_).append(*key);
-  const ZipEntry* e = zip_.Find(record_name_);
+  // torch.save writes the records in the order the pickle references their storages: try
+  // the entry after the last one found before hashing the name (a million lookups in a
+  // million-entry table are a million cache misses).
+  const auto& entries = zip_.entries();
+  const ZipEntry* e = next_record_ < entries.size() && entries[next_record_].name == record_name_
+                          ? &entries[next_record_]
+                          : zip_.Find(record_name_);
+  if (e) next_record_ = static_cast<size_t>(e - entries.data()) + 1;
   if (!e) return Bad("the pickle references storage '" + *key + "' but the archive has no record " + record_name_);
   std::optional<StorageRecord>& slot = storages_[static_cast<size_t>(e - zip_.entries().data())];
   if (!slot) {

@@ -7,9 +7,12 @@
 #ifndef CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
 #define CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
 
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "ckptfs/catalog.hpp"
@@ -18,6 +21,24 @@
 #include "format/zip.hpp"
 
 namespace ckptfs {
+
+// Parsed data.pkl records by their bytes, shared by the archives of one reader. A DCP save
+// holds one small torch.save archive per chunk, and chunks of one shape pickle identical
+// bytes: a million chunks then parse a handful of pickles. Only small pickles are kept.
+class PickleCache {
+ public:
+  static constexpr size_t kMaxPickleBytes = 4096;
+  static constexpr size_t kMaxEntries = 1024;
+  std::shared_ptr<const Pickle> Find(std::string_view bytes) const;
+  void Insert(std::string bytes, std::shared_ptr<const Pickle> pickle);
+
+ private:
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view bytes) const { return std::hash<std::string_view>{}(bytes); }
+  };
+  std::unordered_map<std::string, std::shared_ptr<const Pickle>, Hash, std::equal_to<>> by_bytes_;
+};
 
 // Where the bytes of one storage lie.
 struct StorageBytes {
@@ -87,8 +108,9 @@ class TorchArchive : public StorageResolver {
   // Opens the archive in `window` of a file already in `files`, checks it is a torch.save
   // archive and parses its object pickle (`records.pickle`, data.pkl unless said; none when
   // empty) without executing anything; its storages are `records.storage_dir` records.
+  // With a `cache`, an object pickle already parsed by another archive is not parsed again.
   Status Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits = ReadLimits{},
-              const ArchiveRecords& records = ArchiveRecords{});
+              const ArchiveRecords& records = ArchiveRecords{}, PickleCache* cache = nullptr);
 
   // The zip directory and "<archive>/" folder prefix, for readers of other records.
   const ZipArchive& zip() const { return zip_; }
@@ -98,9 +120,9 @@ class TorchArchive : public StorageResolver {
   const std::string& path() const override { return path_; }
   uint32_t file() const { return window_.file; }
   const FileWindow& window() const { return window_; }
-  const PyValue* root() const { return pickle_.root; }
+  const PyValue* root() const { return pickle_->root; }
   // Values in the parsed pickle (walkers bound their work by it).
-  size_t value_count() const { return pickle_.value_count(); }
+  size_t value_count() const { return pickle_->value_count(); }
 
   // When `v` is a tensor rebuild call (_rebuild_tensor[_v2|_v3], _rebuild_parameter,
   // _rebuild_from_type_v2), sets *is_tensor and fills dtype, shape, extents or strided
@@ -127,9 +149,10 @@ class TorchArchive : public StorageResolver {
   ZipArchive zip_;
   std::string prefix_;  // "<archive>/"
   std::string storage_dir_;  // "data/", or "constants/" for a TorchScript constants.pkl
-  Pickle pickle_;
+  std::shared_ptr<const Pickle> pickle_ = std::make_shared<const Pickle>();
   // Storage records found so far, by the index of their zip entry: a memo of lookups.
   mutable std::vector<std::optional<StorageRecord>> storages_;
+  mutable size_t next_record_ = 0;   // the entry index Storage tries first
   mutable std::string record_name_;  // scratch for "<archive>/data/<key>", reused to avoid allocations
 };
 

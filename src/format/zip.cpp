@@ -1,6 +1,8 @@
 #include "format/zip.hpp"
 
 #include <algorithm>
+#include <cstring>
+#include <utility>
 
 #include "format/byte_reader.hpp"
 #include "format/limit_hint.hpp"
@@ -27,6 +29,8 @@ constexpr uint64_t kMaxCentralDirSize = uint64_t{1} << 30;
 // Bytes read at once when looking up a local header: many small records' headers per read,
 // little waste when records are far apart.
 constexpr uint64_t kHeaderWindow = 16 << 10;
+// Bytes first read at the end of an archive (see Open).
+constexpr uint64_t kShortTail = 8 << 10;
 
 }  // namespace
 
@@ -37,8 +41,34 @@ Status ZipArchive::Corrupt(std::string_view what) const {
 Status ZipArchive::ReadAt(uint64_t offset, size_t length, void* out) const {
   // Cannot overflow: Open checked that the window lies inside the file, and callers that
   // the range lies inside the window.
+  for (const auto& [start, bytes] : {std::pair<uint64_t, const std::string*>{tail_start_, &tail_},
+                                     std::pair<uint64_t, const std::string*>{header_cache_start_, &header_cache_}}) {
+    if (offset >= start && offset - start <= bytes->size() && length <= bytes->size() - (offset - start)) {
+      std::memcpy(out, bytes->data() + (offset - start), length);
+      return Status::OK();
+    }
+  }
   return files_->ReadExact(window_.file, window_.base + offset, length, out);
 }
+
+namespace {
+
+// The EOCD's position in `tail` (the archive's last bytes): the last signature whose
+// comment length reaches exactly the end; npos when there is none.
+size_t FindEocd(std::string_view tail) {
+  if (tail.size() < kEocdSize) return std::string_view::npos;
+  for (size_t pos = tail.size() - kEocdSize + 1; pos-- > 0;) {
+    ByteReader r(tail.substr(pos));
+    uint32_t sig;
+    uint16_t comment_len = 0;
+    if (!r.U32(&sig) || sig != kEndOfCentralDirSig) continue;
+    r.Skip(16);
+    if (r.U16(&comment_len) && pos + kEocdSize + comment_len == tail.size()) return pos;
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
 
 Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t max_entries) {
   files_ = &files;
@@ -47,6 +77,8 @@ Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t ma
   by_name_.clear();
   header_cache_.clear();
   header_cache_start_ = 0;
+  tail_.clear();
+  tail_start_ = 0;
   uint64_t window_end;
   if (!CheckedAdd(window.base, window.length, &window_end) || window_end > files.size(window.file))
     return Corrupt("archive window extends past the end of the file");
@@ -54,23 +86,24 @@ Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t ma
   const uint64_t size = window.length;
   if (size < kEocdSize) return Corrupt("not a zip archive: too short for an end-of-central-directory record");
 
-  // The EOCD sits in the last 22 + up to 65535 comment bytes; scan backwards.
-  const uint64_t tail_len = std::min<uint64_t>(size, kEocdSize + kMaxCommentSize);
-  std::string tail(tail_len, '\0');
-  CKPTFS_RETURN_IF_ERROR(ReadAt(size - tail_len, tail_len, tail.data()));
+  // The EOCD sits in the last 22 + up to 65535 comment bytes; scan backwards. Archives
+  // without a comment (every torch.save) have it in the last few KB, which usually hold the
+  // zip64 records and the central directory too, and a small archive (a DCP chunk) whole: the
+  // tail is kept, and reads it covers are served from memory (a million chunks are a million
+  // reads rather than eight million).
+  uint64_t tail_len = std::min<uint64_t>(size, kShortTail);
   size_t eocd = std::string::npos;
-  for (size_t pos = tail_len - kEocdSize + 1; pos-- > 0;) {
-    ByteReader r(std::string_view(tail).substr(pos));
-    uint32_t sig;
-    uint16_t comment_len = 0;
-    if (!r.U32(&sig) || sig != kEndOfCentralDirSig) continue;
-    r.Skip(16);
-    if (r.U16(&comment_len) && pos + kEocdSize + comment_len == tail_len) {
-      eocd = pos;
-      break;
-    }
+  for (;;) {
+    tail_.resize(tail_len);
+    tail_start_ = size - tail_len;
+    CKPTFS_RETURN_IF_ERROR(files_->ReadExact(window_.file, window_.base + tail_start_, tail_len, tail_.data()));
+    eocd = FindEocd(tail_);
+    const uint64_t full = std::min<uint64_t>(size, kEocdSize + kMaxCommentSize);
+    if (eocd != std::string::npos || tail_len == full) break;
+    tail_len = full;
   }
   if (eocd == std::string::npos) return Corrupt("not a zip archive: no end-of-central-directory record");
+  const std::string& tail = tail_;
 
   ByteReader r(std::string_view(tail).substr(eocd + 4));
   uint16_t disk = 0, cd_disk = 0, disk_entries = 0, total_entries = 0;
@@ -78,7 +111,7 @@ Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t ma
   r.U16(&disk), r.U16(&cd_disk), r.U16(&disk_entries), r.U16(&total_entries);
   r.U32(&cd_size32), r.U32(&cd_offset32);
   uint64_t entry_count = total_entries, cd_size = cd_size32, cd_offset = cd_offset32;
-  const uint64_t eocd_offset = size - tail_len + eocd;
+  const uint64_t eocd_offset = tail_start_ + eocd;
 
   // zip64: a locator right before the EOCD points at the zip64 end record.
   bool zip64 = false;
@@ -194,6 +227,7 @@ Status ZipArchive::ParseCentralDirectory(std::string_view cd, uint64_t entry_cou
       return Corrupt("entry '" + e.name + "' extends past the end of the file");
     entries_.push_back(std::move(e));
   }
+  by_name_.reserve(entries_.size());  // a million records rehashed as they came took a quarter of a listing
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (!by_name_.emplace(entries_[i].name, i).second)
       return Corrupt("duplicate entry name '" + entries_[i].name + "'");
@@ -210,9 +244,11 @@ Status ZipArchive::DataOffset(const ZipEntry& entry, uint64_t* offset) const {
   const uint64_t at = entry.local_header_offset;
   if (at < header_cache_start_ || at + kLocalHeaderSize > header_cache_start_ + header_cache_.size()) {
     // Open() checked that local header + 30 bytes lies inside the window.
-    header_cache_.resize(std::min(kHeaderWindow, window_.length - at));
+    // Read aside first: ReadAt serves from the cache being replaced.
+    std::string bytes(std::min(kHeaderWindow, window_.length - at), '\0');
+    CKPTFS_RETURN_IF_ERROR(ReadAt(at, bytes.size(), bytes.data()));
+    header_cache_ = std::move(bytes);
     header_cache_start_ = at;
-    CKPTFS_RETURN_IF_ERROR(ReadAt(at, header_cache_.size(), header_cache_.data()));
   }
   ByteReader r(std::string_view(header_cache_).substr(at - header_cache_start_, kLocalHeaderSize));
   uint32_t sig = 0;
@@ -238,7 +274,7 @@ Status ZipArchive::ReadStored(const ZipEntry& entry, uint64_t max_size, std::str
   uint64_t offset;
   CKPTFS_RETURN_IF_ERROR(DataOffset(entry, &offset));
   out->resize(entry.uncompressed_size);
-  return files_->ReadExact(window_.file, offset, out->size(), out->data());
+  return ReadAt(offset - window_.base, out->size(), out->data());
 }
 
 }  // namespace ckptfs

@@ -63,6 +63,9 @@ class ZipArchive {
   std::unordered_map<std::string_view, size_t> by_name_;
   mutable std::string header_cache_;  // bytes of the window starting at header_cache_start_
   mutable uint64_t header_cache_start_ = 0;
+  // The archive's last bytes, read by Open: reads inside them are served from memory.
+  std::string tail_;
+  uint64_t tail_start_ = 0;
 };
 
 }  // namespace ckptfs

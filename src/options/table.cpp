@@ -71,6 +71,12 @@ Status ParseRoot(std::string_view where, std::string_view value, OptionValues* o
   return Status::OK();
 }
 
+Status ParseCatalogCache(std::string_view where, std::string_view value, OptionValues* out) {
+  if (value.empty()) return Status::InvalidArgument(where, "needs a folder, or auto for ~/.cache/ckptfs/catalogs");
+  out->source.catalog_cache.assign(value);
+  return Status::OK();
+}
+
 // shard_size, max_pickle, max_pickle_memory, max_header: a size into the field of
 // OptionValues that the member path `Path` names (e.g. view, shard_size).
 template <auto... Path>
@@ -189,6 +195,10 @@ const OptionSpec kTable[] = {
      ParseSizeInto<&OptionValues::source, &SourceOptions::limits, &ReadLimits::header_bytes>},
     {"max_tensors", kValue, kSourceGroup, "N", "limit on the tensors of one checkpoint (default 10000000)",
      ParseMaxTensors},
+    {"catalog_cache", kValue, kSourceGroup, "DIR",
+     "keep validated catalogs of checkpoint files in DIR (auto: ~/.cache/ckptfs/catalogs), so that reopening an "
+     "unchanged one skips parsing it (default: off)",
+     ParseCatalogCache},
     // What `ckptfs export` writes.
     {"write", kValue, kExportGroup, "PARTS",
      "what export writes, comma-separated: model (model.safetensors, or the shards and their index with "

@@ -8,6 +8,14 @@ the run lasts):
   100k    100,000 small float32 tensors, real torch.save (--quick: 10,000)
   sparse-1GB   1,000 x 1 MiB float32 tensors, data left as file holes (torch's zip layout)
   sparse-1TB   1,000 x 1 GiB float32 tensors, the same (about 4 MiB on disk)
+  meta-5k      5,000 small float32 tensors and ~200 KB of nested non-tensor values (config
+               dicts, lists, strings, floats), real torch.save
+
+With --tensors 1000000 (issue 14: goal < 2 s and < 500 MB; torch.save takes ~5 minutes to
+write it, so the checkpoints are kept in --workdir when --keep is given) the large case is a
+million tensors. The large case is also remounted with `-o catalog_cache=WORKDIR/catalogs`:
+one untimed mount writes the entry, then each timed remount reads it (goal < 0.3 s for the
+million).
 
 One timed run: `ckptfs SRC MNT` (it returns once the mount is ready), then `ls MNT` and
 `ls MNT/tensors` (sorted, to /dev/null; the listing's line count is checked); wall time
@@ -34,9 +42,28 @@ import benchlib
 from benchlib import CkptfsMount, Results, median
 
 
-def mount_and_ls(ckptfs: Path, src: Path, mnt: Path, expect: int) -> tuple[float, int]:
+def make_nested_metadata(path: Path, n: int = 5000, metadata_bytes: int = 200_000) -> None:
+    """n small tensors and about `metadata_bytes` of nested non-tensor values."""
+    import pickle
+
+    import torch
+
+    torch.manual_seed(0)
+    state = {"model": {f"layers.{i}.weight": torch.randn(4, 4) for i in range(n)}}
+    config, i = {}, 0
+    while len(pickle.dumps(config)) < metadata_bytes:
+        config[f"block_{i}"] = {"name": f"block-{i}", "dims": [i, i + 1, i + 2], "rate": i / 7,
+                                "tags": {"kind": "attention" if i % 2 else "mlp", "on": bool(i % 3)},
+                                "notes": "x" * (i % 50)}
+        i += 1
+    state["config"] = config
+    state["step"] = 1234
+    torch.save(state, path)
+
+
+def mount_and_ls(ckptfs: Path, src: Path, mnt: Path, expect: int, opts: str = "") -> tuple[float, int]:
     t0 = time.perf_counter()
-    with CkptfsMount(ckptfs, src, mnt) as m:
+    with CkptfsMount(ckptfs, src, mnt, opts) as m:
         subprocess.run(["ls", str(mnt)], stdout=subprocess.DEVNULL, check=True, timeout=120)
         r = subprocess.run(["ls", str(mnt / "tensors")], stdout=subprocess.PIPE, check=True, timeout=120)
         wall = time.perf_counter() - t0
@@ -67,6 +94,7 @@ def main() -> int:
         f"{big // 1000}k": (lambda p: ls.make_many_tensors(p, big), big),
         "sparse-1GB": (lambda p: ls.make_sparse(p, 1000, (512, 512), "1 GB"), 1000),
         "sparse-1TB": (lambda p: ls.make_sparse(p, 1000, (16384, 16384), "1 TB"), 1000),
+        "meta-5k": (make_nested_metadata, 5000),
     }
     paths = {}
     t0 = time.perf_counter()
@@ -83,25 +111,46 @@ def main() -> int:
     hwms = {n: [] for n in specs}
     for name in specs:  # warm-up
         mount_and_ls(ckptfs, paths[name], mnt, specs[name][1])
+    bigname = f"{big // 1000}k"
+    cache_opts = f"catalog_cache={workdir / 'catalogs'}"
+    mount_and_ls(ckptfs, paths[bigname], mnt, big, cache_opts)  # writes the cache entry
+    cached_walls, cached_hwms = [], []
     for _ in range(repeats):
         for name in specs:
             w, h = mount_and_ls(ckptfs, paths[name], mnt, specs[name][1])
             walls[name].append(w)
             hwms[name].append(h)
+        w, h = mount_and_ls(ckptfs, paths[bigname], mnt, big, cache_opts)
+        cached_walls.append(w)
+        cached_hwms.append(h)
     detail = {"repeats": repeats, "load": benchlib.machine_note(), "wall_s": walls, "vmhwm_kib": hwms,
+              "cached_wall_s": cached_walls, "cached_vmhwm_kib": cached_hwms,
               "sizes": {n: paths[n].stat().st_size for n in specs}}
     mb = {n: max(hwms[n]) * 1024 / 1e6 for n in specs}
     w = {n: median(walls[n]) for n in specs}
-    bigname = f"{big // 1000}k"
     res.add("f.1k", "mount + first ls, 1,000 tensors", w["1k"], None, "s", "info", None, detail=detail)
     res.add("f.1k.rss", "daemon peak RSS, 1,000 tensors", mb["1k"], None, "MB", "info", None, detail=detail)
+    # Goals: issue 7's for 100,000 tensors, issue 14's for a million.
+    goal_s, goal_mb = (2.0, 500.0) if big >= 1_000_000 else (1.0, 200.0)
     full = big >= 100_000
-    res.add(f"f.{bigname}", f"mount + first ls, {big:,} tensors", w[bigname], 1.0, "s",
-            "< 1 s" if full else "info (quick)", (w[bigname] < 1.0) if full else None, alt_name="goal",
+    res.add(f"f.{bigname}", f"mount + first ls, {big:,} tensors", w[bigname], goal_s, "s",
+            f"< {goal_s:g} s" if full else "info (quick)", (w[bigname] < goal_s) if full else None, alt_name="goal",
             detail=detail)
-    res.add(f"f.{bigname}.rss", f"daemon peak RSS, {big:,} tensors", mb[bigname], 200.0, "MB",
-            "< 200 MB" if full else "info (quick)", (mb[bigname] < 200) if full else None, alt_name="goal",
+    res.add(f"f.{bigname}.rss", f"daemon peak RSS, {big:,} tensors", mb[bigname], goal_mb, "MB",
+            f"< {goal_mb:g} MB" if full else "info (quick)", (mb[bigname] < goal_mb) if full else None,
+            alt_name="goal", detail=detail)
+    cached_w = median(cached_walls)
+    cache_goal = big >= 1_000_000
+    res.add(f"f.{bigname}.cached", f"remount + first ls with the catalog cache, {big:,} tensors", cached_w,
+            w[bigname], "s", "< 0.3 s" if cache_goal else "info", (cached_w < 0.3) if cache_goal else None,
+            alt_name="without the cache", detail=detail)
+    res.add(f"f.{bigname}.cached.rss", f"daemon peak RSS, remount with the catalog cache, {big:,} tensors",
+            max(cached_hwms) * 1024 / 1e6, mb[bigname], "MB", "info", None, alt_name="without the cache",
             detail=detail)
+    res.add("f.meta5k", "mount + first ls, 5,000 tensors + 200 KB nested metadata", w["meta-5k"], None, "s",
+            "info", None, detail=detail)
+    res.add("f.meta5k.rss", "daemon peak RSS, 5,000 tensors + 200 KB nested metadata", mb["meta-5k"], None, "MB",
+            "info", None, detail=detail)
     ratio = w["sparse-1TB"] / w["sparse-1GB"]
     res.add("f.sparse", "mount + first ls, sparse 1 TB vs 1 GB (1,000 tensors each)", w["sparse-1TB"],
             w["sparse-1GB"], "s", "≤ 1.5 (as fast)", ratio <= 1.5, alt_name="1 GB checkpoint", detail=detail)
@@ -110,6 +159,8 @@ def main() -> int:
     if not args.keep:
         for p in paths.values():
             p.unlink(missing_ok=True)
+        for entry in (workdir / "catalogs").glob("*.catalog"):
+            entry.unlink()
     return 0
 
 

@@ -8,7 +8,8 @@ goal | met.
 Benchmarks (ids for --only):
   a b c e   bench_read_throughput.py   sequential / concurrent / bf16 / 4 KiB random reads
   d         bench_archive_peers.py     a .pt storage record vs fuse-zip and ratarmount
-  f         bench_mount_ls.py          mount + first ls and daemon peak RSS (1k, 100k, sparse 1 TB)
+  f         bench_mount_ls.py          mount + first ls and daemon peak RSS (1k, 100k, sparse 1 TB,
+                                       5k + 200 KB metadata, remount with the catalog cache)
   g         bench_load_file.py         load_file of model.safetensors vs a real file, torch mmap
   h         bench_loader_mount.py      from_pretrained / load_file through a fresh mount vs the source
                                        folder (2.2 GB Llama), vs dd's first read of the mount
@@ -18,6 +19,7 @@ Benchmarks (ids for --only):
   bf16      bench_bf16_load.py         fp32 .pt loaded as bf16 vs torch.load (its own checks)
   zero      bench_zero_consolidate.py  ZeRO-3 to safetensors vs zero_to_fp32 (its own checks)
   dcp       bench_dcp_consolidate.py   FSDP2 DCP save to one file vs dcp_to_torch_save (its own checks)
+  scale     bench_metadata_scale.py    `ckptfs ls` of a 1,000,000-chunk DCP folder (writes ~1.7 GB)
 
 Every benchmark appends JSON lines to WORKDIR/results.jsonl; a rerun of one benchmark
 replaces its earlier lines, so `--only d` after a full run refreshes just that part, and the
@@ -55,6 +57,7 @@ BENCHES = {
            ["--repeats", "1", "--sparse-repeats", "3", "--tensors", "10000"], 420, 120),
     "bf16": ("bench_bf16_load.py", "bf16", ["--tensors", "12", "--repeats", "2", "--no-pread"],
              ["--tensors", "8", "--repeats", "1", "--no-pread"], 420, 120),
+    "metadata_scale": ("bench_metadata_scale.py", "scale", [], ["--repeats", "1"], 1500, 900),
     "zero": ("bench_zero_consolidate.py", "zero",
              ["--vocab", "8000", "--hidden", "1024", "--ffn", "2816", "--layers", "4", "--repeats", "2"],
              ["--vocab", "1000", "--hidden", "256", "--ffn", "512", "--layers", "1", "--repeats", "1",

@@ -403,3 +403,32 @@ BOOST_AUTO_TEST_CASE(far_memo_index_does_not_allocate_the_gap) {
   Status s = ParsePickle(bytes, kWhere, &p, uint64_t{1} << 20);
   BOOST_TEST(s.ok(), s.message());
 }
+
+// Tuples of numbers, large ints and torch.Size of such tuples are shared values (a DCP
+// .metadata repeats them per chunk); a BUILD on a shared torch.Size changes a copy, so the
+// other references keep what they were.
+BOOST_AUTO_TEST_CASE(repeated_number_tuples_and_sizes_are_shared_and_copied_before_a_change) {
+  PickleBuilder p;
+  p.Proto(2).Mark();
+  p.BinInt(70000).BinInt1(3).Tuple2();                                          // 0: (70000, 3)
+  p.BinInt(70000).BinInt1(3).Tuple2();                                          // 1: the same
+  p.Global("torch", "Size").BinInt(70000).BinInt1(3).Tuple2().Op(0x85).Reduce();  // 2: Size((70000, 3))
+  p.Global("torch", "Size").BinInt(70000).BinInt1(3).Tuple2().Op(0x85).Reduce();  // 3: the same, then BUILD
+  p.EmptyDict().Op('b');
+  p.BinUnicode("x").BinInt1(1).Tuple2();                                        // 4: not numbers only
+  p.BinUnicode("x").BinInt1(1).Tuple2();                                        // 5
+  p.Tuple().Stop();
+  Pickle pk = MustParse(p.bytes());
+  const auto& items = pk.root->items;
+  BOOST_REQUIRE_EQUAL(items.size(), 6u);
+  BOOST_TEST(items[0] == items[1]);
+  BOOST_TEST(items[0]->items[0]->i == 70000);
+  BOOST_TEST(items[2]->CallableName() == "torch.Size");
+  BOOST_TEST(items[2]->state == nullptr);  // the BUILD went to a copy
+  BOOST_TEST(items[3] != items[2]);
+  BOOST_TEST(items[3]->CallableName() == "torch.Size");
+  BOOST_TEST((items[3]->state != nullptr && items[3]->state->kind == K::kDict));
+  BOOST_TEST(items[3]->args == items[2]->args);
+  BOOST_TEST(items[4] != items[5]);
+  BOOST_TEST(items[4]->items[0]->s == "x");
+}

@@ -8,7 +8,9 @@ option in it."""
 import ctypes
 import json
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,15 @@ from fusetools import daemon_pids, mount_entry
 pytestmark = pytest.mark.loads_libckptfs
 
 SAMPLE = REPO_ROOT / "tests" / "data" / "sample-mlp-training.pt"
+# catalog_cache writes entries into its folder: a folder of this run's own, removed after.
+CATALOG_CACHE = Path(tempfile.gettempdir()) / f"ckptfs-option-table-catalogs-{os.getpid()}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_catalog_cache():
+    yield
+    shutil.rmtree(CATALOG_CACHE, ignore_errors=True)
+
 
 # (valid, invalid) value of every value option. An option the table has and this test does
 # not know fails test_the_test_knows_every_option: a new option gets its values here.
@@ -39,6 +50,7 @@ VALUES = {
     "readahead": ("8MiB", "fast"),
     "remote_timeout": ("5", "0"),
     "remote_retries": ("2", "21"),
+    "catalog_cache": (str(CATALOG_CACHE), ""),
     "backend": ("host", "tpu"),
     "device": ("0", "-1"),
     "select": ("model.*", ""),

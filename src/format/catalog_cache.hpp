@@ -1,0 +1,41 @@
+// A validated on-disk cache of catalogs, so that reopening an unchanged checkpoint skips
+// parsing it (a torch.save of a million tensors: its pickle is most of the time to mount).
+//
+// One file per source and reading options, in a folder the user names (-o catalog_cache=DIR;
+// never beside the source). It holds the identity (device, inode, size, mtime, ctime, version)
+// of every source file the catalog reads and is used only when each file, opened afresh,
+// still has it; any difference, a damaged or foreign cache file, or options that differ make
+// OpenCatalog parse the source as if there were no cache, and write a new entry. Written
+// under a temporary name and renamed, so a reader never sees half of one.
+//
+// Only single-file sources (torch.save archives, safetensors files) are cached: a folder can
+// gain files that no recorded identity would reveal.
+// Layout: doc/FORMATS.md, "Catalog cache".
+#ifndef CKPTFS_FORMAT_CATALOG_CACHE_HPP_
+#define CKPTFS_FORMAT_CATALOG_CACHE_HPP_
+
+#include <memory>
+#include <string>
+
+#include "ckptfs/catalog.hpp"
+#include "ckptfs/source.hpp"
+#include "ckptfs/status.hpp"
+
+namespace ckptfs {
+
+// The cache folder `options` ask for ("" when caching is off): catalog_cache=auto is
+// $XDG_CACHE_HOME/ckptfs/catalogs (~/.cache/ckptfs/catalogs).
+std::string CatalogCacheFolder(const SourceOptions& options);
+
+// The cached catalog of `source`, its files opened afresh and checked against the recorded
+// identities, in *out; null when there is none that may be used (the reason, for a damaged
+// or stale entry, in *note).
+void LoadCachedCatalog(const std::string& source, const SourceOptions& options, std::shared_ptr<Catalog>* out,
+                       std::string* note);
+
+// Writes `catalog` (read from `source` with `options`) into the cache.
+Status StoreCachedCatalog(const std::string& source, const SourceOptions& options, const Catalog& catalog);
+
+}  // namespace ckptfs
+
+#endif  // CKPTFS_FORMAT_CATALOG_CACHE_HPP_

@@ -1,0 +1,152 @@
+"""The catalog cache (-o catalog_cache=DIR, --catalog-cache DIR): reopening an unchanged
+checkpoint file reads its catalog from DIR instead of parsing it; anything else reads the
+source afresh, never a stale or damaged entry.
+
+Checkpoints are real torch.save files. To show that a hit really skips the source's pickle,
+one test edits a cached entry (a tensor key renamed, the entry's XXH3-64 checksum recomputed
+with the system's libxxhash) and sees the edit in the listing: nothing else could produce it.
+"""
+
+import ctypes
+import ctypes.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ckptfs_testlib import ckptfs_bin, run_ckptfs  # noqa: E402,F401
+
+
+def save_checkpoint(path: Path, scale: float = 1.0) -> dict:
+    torch.manual_seed(0)
+    state = {
+        "model": {"embed.weight": torch.randn(7, 5) * scale, "head.bias": torch.arange(4, dtype=torch.int64)},
+        "optimizer": {"state": {0: {"exp_avg": torch.randn(7, 5).bfloat16()}}, "param_groups": [{"lr": 0.01}]},
+        "step": 12,
+        "config": {"name": "tiny", "layers": [1, 2, 3], "dropout": None},
+    }
+    torch.save(state, path)
+    return state
+
+
+def entries(folder: Path) -> list:
+    return sorted(folder.glob("*.catalog"))
+
+
+def listing(run_ckptfs, source, *options):
+    result = run_ckptfs("ls", "--json", *options, source)
+    return json.loads(result.stdout), result.stderr.decode()
+
+
+def xxh3_64(data: bytes) -> int:
+    name = ctypes.util.find_library("xxhash")
+    if not name:
+        pytest.fail("libxxhash not found (scripts/install-deps.sh installs it: ckptfs links it)")
+    lib = ctypes.CDLL(name)
+    lib.XXH3_64bits.restype = ctypes.c_uint64
+    lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    return lib.XXH3_64bits(data, len(data))
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path)
+    return path
+
+
+def test_hit_gives_the_same_listing_metadata_and_bytes(checkpoint, tmp_path, run_ckptfs):
+    cache = tmp_path / "cache"
+    reference, _ = listing(run_ckptfs, checkpoint)
+    reference_info = run_ckptfs("info", checkpoint).stdout
+    reference_bytes = run_ckptfs("cat", checkpoint, "model.safetensors").stdout
+    reference_metadata = run_ckptfs("cat", checkpoint, "metadata.json").stdout
+
+    first, err = listing(run_ckptfs, checkpoint, "--catalog-cache", cache)
+    assert err == "" and first == reference
+    [entry] = entries(cache)
+    assert not list(cache.glob("*.tmp-*")), "a temporary file was left in the cache folder"
+    written = entry.stat().st_mtime_ns
+    for _ in range(2):
+        again, err = listing(run_ckptfs, checkpoint, "--catalog-cache", cache)
+        assert err == "" and again == reference
+    assert run_ckptfs("info", "--catalog-cache", cache, checkpoint).stdout == reference_info
+    assert run_ckptfs("cat", "--catalog-cache", cache, checkpoint, "model.safetensors").stdout == reference_bytes
+    assert run_ckptfs("cat", "--catalog-cache", cache, checkpoint, "metadata.json").stdout == reference_metadata
+    assert entries(cache) == [entry] and entry.stat().st_mtime_ns == written, "a hit rewrote the entry"
+    assert not any(p.suffix == ".catalog" for p in checkpoint.parent.iterdir()), "cache written beside the source"
+
+
+def test_a_hit_does_not_parse_the_source(checkpoint, tmp_path, run_ckptfs):
+    """An edited entry (checksum made right again) is what a hit lists."""
+    cache = tmp_path / "cache"
+    listing(run_ckptfs, checkpoint, "--catalog-cache", cache)
+    [entry] = entries(cache)
+    data = entry.read_bytes()
+    body = data[:-8]
+    assert body.count(b"model.embed.weight") == 1
+    body = body.replace(b"model.embed.weight", b"model.EMBED.weight")
+    entry.write_bytes(body + xxh3_64(body).to_bytes(8, "little"))
+    edited, err = listing(run_ckptfs, checkpoint, "--catalog-cache", cache)
+    assert err == ""
+    assert "model.EMBED.weight" in {e["key"] for e in edited}
+
+
+def test_a_changed_source_is_read_afresh(checkpoint, tmp_path, run_ckptfs):
+    cache = tmp_path / "cache"
+    listing(run_ckptfs, checkpoint, "--catalog-cache", cache)
+    stat = checkpoint.stat()
+    # Same path, new content; mtime set back to the old one: size or ctime still differ.
+    state = save_checkpoint(checkpoint, scale=2.0)
+    state["model"]["extra"] = torch.zeros(3)
+    torch.save(state, checkpoint)
+    os.utime(checkpoint, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    fresh, _ = listing(run_ckptfs, checkpoint)
+    cached, err = listing(run_ckptfs, checkpoint, "--catalog-cache", cache)
+    assert err == "" and cached == fresh and "model.extra" in {e["key"] for e in cached}
+    assert (run_ckptfs("cat", "--catalog-cache", cache, checkpoint, "model.safetensors").stdout ==
+            run_ckptfs("cat", checkpoint, "model.safetensors").stdout)
+    assert len(entries(cache)) == 1
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "empty", "not an entry"])
+def test_a_damaged_entry_is_ignored_with_one_line(checkpoint, tmp_path, run_ckptfs, damage):
+    cache = tmp_path / "cache"
+    reference, _ = listing(run_ckptfs, checkpoint)
+    listing(run_ckptfs, checkpoint, "--catalog-cache", cache)
+    [entry] = entries(cache)
+    data = bytearray(entry.read_bytes())
+    if damage == "flipped byte":
+        data[len(data) // 2] ^= 0x40
+    elif damage == "truncated":
+        data = data[: len(data) // 2]
+    elif damage == "empty":
+        data = bytearray()
+    else:
+        data = bytearray(b"PK\x03\x04" + bytes(200))
+    entry.write_bytes(bytes(data))
+    got, err = listing(run_ckptfs, checkpoint, "--catalog-cache", cache)
+    assert got == reference
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckptfs: ignoring the catalog cache entry") and str(entry) in lines[0]
+    # Replaced by a good entry: the next open is a quiet hit.
+    again, err = listing(run_ckptfs, checkpoint, "--catalog-cache", cache)
+    assert again == reference and err == ""
+
+
+def test_mount_reads_through_the_cache(checkpoint, tmp_path, mounts, run_ckptfs):
+    cache = tmp_path / "cache"
+    expected_bytes = run_ckptfs("cat", checkpoint, "model.safetensors").stdout
+    names = None
+    for _ in range(2):  # the first mount writes the entry, the second reads it
+        mnt = mounts.mount(checkpoint, None, "-o", f"catalog_cache={cache}")
+        assert (mnt / "model.safetensors").read_bytes() == expected_bytes
+        listed = sorted(os.listdir(mnt / "tensors"))
+        assert names is None or listed == names
+        names = listed
+        mounts.unmount(mnt)
+    assert len(entries(cache)) == 1
