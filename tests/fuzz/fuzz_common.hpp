@@ -63,6 +63,18 @@ class MemFile {
   std::string path_ = "/fuzz/input";
 };
 
+// Opens `data` as the one input file with the fuzzing limits. A refusal must say why.
+inline ckptfs::Status OpenInput(const uint8_t* data, size_t size, std::shared_ptr<const ckptfs::Catalog>* out) {
+  MemFile& input = MemFile::Get();
+  const std::string& path = input.Write(data, size);
+  ckptfs::SourceOptions options;
+  options.limits = FuzzLimits();
+  options.env = input.env();
+  ckptfs::Status st = ckptfs::OpenCatalog(path, options, out);
+  if (!st.ok() && st.message().empty()) std::abort();
+  return st;
+}
+
 // a * b, trapping on overflow (callers check values a reader accepted: it must have
 // rejected overflowing shapes itself).
 inline uint64_t MulOrTrap(uint64_t a, uint64_t b) {

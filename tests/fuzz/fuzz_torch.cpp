@@ -16,17 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Only the torch reader: OpenCatalog picks it by the "PK\3\4" magic, so inputs that lost
   // it would exercise other readers (each has its own target).
   if (size < 4 || std::string_view(reinterpret_cast<const char*>(data), 4) != std::string_view("PK\3\4", 4)) return 0;
-  ckptfs_fuzz::MemFile& input = ckptfs_fuzz::MemFile::Get();
-  const std::string& path = input.Write(data, size);
-  SourceOptions options;
-  options.limits = ckptfs_fuzz::FuzzLimits();
-  options.env = input.env();
   std::shared_ptr<const Catalog> catalog;
-  Status st = OpenCatalog(path, options, &catalog);
-  if (!st.ok()) {
-    FUZZ_CHECK(!st.message().empty());
-    return 0;
-  }
+  if (!ckptfs_fuzz::OpenInput(data, size, &catalog).ok()) return 0;
   // A zip holding constants.pkl or archive_format goes to the TorchScript or torch.export
   // reader: those run here too.
   FUZZ_CHECK(catalog->format == "torch-zip" || catalog->format == "torchscript" || catalog->format == "torch-export");

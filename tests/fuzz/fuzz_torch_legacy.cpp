@@ -17,17 +17,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Only the legacy reader: OpenCatalog picks it by the leading PROTO opcode (0x80); inputs
   // that lost it would exercise other readers (each has its own target).
   if (size < 1 || data[0] != 0x80) return 0;
-  ckptfs_fuzz::MemFile& input = ckptfs_fuzz::MemFile::Get();
-  const std::string& path = input.Write(data, size);
-  SourceOptions options;
-  options.limits = ckptfs_fuzz::FuzzLimits();
-  options.env = input.env();
   std::shared_ptr<const Catalog> catalog;
-  Status st = OpenCatalog(path, options, &catalog);
-  if (!st.ok()) {
-    FUZZ_CHECK(!st.message().empty());
-    return 0;
-  }
+  if (!ckptfs_fuzz::OpenInput(data, size, &catalog).ok()) return 0;
   FUZZ_CHECK(catalog->format == "torch-legacy");
   ckptfs_fuzz::CheckCatalog(*catalog);
   std::set<std::string> keys;

@@ -54,6 +54,18 @@ class MemorySource {
   std::shared_ptr<ckptfs::MemoryEnv> env_ = std::make_shared<ckptfs::MemoryEnv>();
 };
 
+// The catalog of `bytes` written as one in-memory file: what reader tests open and inspect.
+struct BuiltCatalog {
+  MemorySource source;
+  std::string path;
+  std::shared_ptr<const ckptfs::Catalog> catalog;
+  ckptfs::Status status;
+  BuiltCatalog(const std::string& bytes, std::string at) : path(std::move(at)) {
+    source.Write(path, bytes);
+    status = source.OpenCatalog(path, &catalog);
+  }
+};
+
 // ---- files ---------------------------------------------------------------------------
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.

@@ -57,15 +57,8 @@ void CheckError(const Status& s, const std::string& path, Status::Code code, std
   BOOST_TEST(Contains(s.message(), part), s.message());
 }
 
-struct Built {
-  MemorySource source;
-  std::string path = "/mem/legacy.pt";
-  std::shared_ptr<const Catalog> catalog;
-  Status status;
-  explicit Built(const std::string& bytes) {
-    source.Write(path, bytes);
-    status = source.OpenCatalog(path, &catalog);
-  }
+struct Built : BuiltCatalog {
+  explicit Built(const std::string& bytes) : BuiltCatalog(bytes, "/mem/legacy.pt") {}
 };
 
 }  // namespace

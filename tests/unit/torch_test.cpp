@@ -274,15 +274,8 @@ std::string OneTensorPickle(std::string_view storage_class, uint32_t numel, uint
   return p.bytes();
 }
 
-struct Built {
-  MemorySource source;
-  std::string path = "/mem/built.pt";
-  std::shared_ptr<const Catalog> catalog;
-  Status status;
-  explicit Built(const std::string& bytes) {
-    source.Write(path, bytes);
-    status = source.OpenCatalog(path, &catalog);
-  }
+struct Built : BuiltCatalog {
+  explicit Built(const std::string& bytes) : BuiltCatalog(bytes, "/mem/built.pt") {}
 };
 
 }  // namespace
