@@ -7,9 +7,8 @@ way a user would do it without ckptfs. Wall time and peak memory of every proces
      training dtype, saved by DeepSpeed with config.json beside it as the HF Trainer does):
        reference  python SAVE/zero_to_fp32.py SAVE OUT --safe_serialization, then
                   from_pretrained(OUT) (config.json copied) in a second process
-       ckptfs     ckptfs -f SAVE MNT, then from_pretrained(folder: config.json + a link to
-                  MNT/model.safetensors; a ZeRO mount serves the weights, not the save dir's
-                  other files)
+       ckptfs     ckptfs -f SAVE MNT, then from_pretrained(MNT) (the mount serves the save
+                  folder's config.json beside the consolidated model.safetensors)
      Goals: ckptfs <= 0.5x the reference's time and <= 0.2x its peak memory.
   b  an fp32 torch.save .pt (>= 4 GB) loaded as bf16:
        torch.load + .to(bf16);  torch.load(mmap=True) + .to(bf16)
@@ -370,7 +369,6 @@ def case_a(args, ckptfs, fx, work, res):
     tag = (save / "latest").read_text().strip()
     out = work / "out-zero"
     mnt = work / "mnt"
-    folder = model_folder(work / "zero-model", save / "config.json", mnt)
     rows = {"zero_to_fp32 + from_pretrained": [], "mount + from_pretrained": []}
     env_note = "DS_ACCELERATOR=cpu"
     for rep in range(args.repeats):
@@ -386,7 +384,7 @@ def case_a(args, ckptfs, fx, work, res):
                    s.peak_kib))
         shutil.rmtree(out, ignore_errors=True)
         warm([save / tag])
-        rows["mount + from_pretrained"].append(with_mount(ckptfs, save, mnt, "", py(FROM_PRETRAINED, folder),
+        rows["mount + from_pretrained"].append(with_mount(ckptfs, save, mnt, "", py(FROM_PRETRAINED, mnt),
                                                           args.timeout))
         print(f"  a: run {rep + 1} done", flush=True)
     report(res, "a", rows, "zero_to_fp32 + from_pretrained", 0.5, 0.2, ["mount + from_pretrained"], helpers=True)
@@ -435,7 +433,7 @@ def case_c(args, ckptfs, fx, work, res):
         out_pt.unlink(missing_ok=True)
         warm([dcp_dir])
         rows["mount -o root=model + from_pretrained"].append(
-            with_mount(ckptfs, dcp_dir, mnt, "root=model", py(FROM_PRETRAINED, folder), args.timeout))
+            with_mount(ckptfs, dcp_dir, mnt, "root=model", py(FROM_PRETRAINED, mnt), args.timeout))
         print(f"  c: run {rep + 1} done", flush=True)
     report(res, "c", rows, "dcp_to_torch_save + torch.load", 0.5, 0.2, ["mount -o root=model + from_pretrained"],
            helpers=True)
