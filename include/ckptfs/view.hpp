@@ -37,9 +37,12 @@ Status ApplyViewOptions(std::shared_ptr<const Catalog> catalog, const ViewOption
 
 // A piece of a virtual file.
 struct Segment {
-  enum class Kind : uint8_t { kLiteral, kExtent, kGather, kConvert };
+  // kTensorHeader: the safetensors header of a per-tensor file, made again on each read
+  // rather than kept: kept, a million tensors' headers held ~150 MB of a mount.
+  enum class Kind : uint8_t { kLiteral, kExtent, kGather, kConvert, kTensorHeader };
   Kind kind = Kind::kLiteral;
-  uint32_t ref = 0;     // kLiteral: literal index; kExtent: source file; kGather, kConvert: tensor index
+  // kLiteral: literal index; kExtent: source file; kGather, kConvert, kTensorHeader: tensor index
+  uint32_t ref = 0;
   uint64_t start = 0;   // offset of this segment in the virtual file
   uint64_t length = 0;
   uint64_t source_offset = 0;  // kExtent: where the bytes start in the source file

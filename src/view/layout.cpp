@@ -47,6 +47,7 @@ class ViewBuilder {
   const ViewOptions& options_;
   View* view_;
   int64_t newest_mtime_ = 0;
+  View::NodeId tensors_dir_ = View::kRoot;
   std::set<std::string> hidden_siblings_;
 };
 
@@ -219,22 +220,21 @@ void ViewBuilder::BuildModelFiles(View::NodeId root, std::vector<ModelPlace>* pl
 }
 
 Status ViewBuilder::BuildTensorFiles(View::NodeId root) {
-  View::NodeId dir = AddNode(root, "tensors", true);
-  std::set<std::string> names;
+  tensors_dir_ = AddNode(root, "tensors", true);
   view_->tensor_files_.resize(catalog_.tensors.size());
+  view_->nodes_[tensors_dir_].children.reserve(catalog_.tensors.size());
   for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
     const TensorEntry& t = catalog_.tensors[i];
-    std::string name = TensorFileName(t.key);
-    if (!names.insert(name).second)
-      return Status::NotSupported(catalog_.source, "two tensor keys map to the file name '" + name + "'");
-    HeaderEntry e;
-    e.key = t.key;
-    ServedDTypeAndShape(t, &e.dtype, &e.shape);
-    e.end = t.served_nbytes();
-    View::NodeId id = AddNode(dir, std::move(name), false);
+    // Two keys mapping to one file name are found once the folder is sorted (Build): a set
+    // of a million names cost ~100 MB and a second of a mount.
+    View::NodeId id = AddNode(tensors_dir_, TensorFileName(t.key), false);
     view_->nodes_[id].tensor = static_cast<int64_t>(i);
-    uint64_t pos = 0;
-    AddLiteral(SafetensorsHeader({e}), &pos);
+    Segment header;
+    header.kind = Segment::Kind::kTensorHeader;
+    header.ref = static_cast<uint32_t>(i);
+    header.length = TensorFileHeader(t).size();
+    view_->segments_.push_back(header);
+    uint64_t pos = header.length;
     AddTensorData(i, &pos);
     FinishFile(id, pos, TensorMTime(i));
     view_->tensor_files_[i] = id;
@@ -306,6 +306,11 @@ Status ViewBuilder::BuildManifest(View::NodeId root, const std::vector<ModelPlac
 Status ViewBuilder::Build() {
   for (uint32_t f = 0; f < catalog_.files->count(); ++f)
     newest_mtime_ = std::max(newest_mtime_, catalog_.files->identity(f).mtime_ns);
+  // A node and about three segments per tensor: reserved, the vectors are not copied as
+  // they grow (a million-tensor mount's peak memory held two copies of each).
+  const size_t tensor_count = catalog_.tensors.size();
+  view_->nodes_.reserve(tensor_count + catalog_.sibling_files.size() + 16);
+  view_->segments_.reserve(3 * tensor_count + catalog_.sibling_files.size() + 16);
   View::NodeId root = AddNode(View::kRoot, "", true);
 
   std::vector<ModelPlace> places;
@@ -350,6 +355,12 @@ Status ViewBuilder::Build() {
     std::stable_sort(keyed.begin(), keyed.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
     for (size_t i = 0; i < keyed.size(); ++i) n.children[i] = keyed[i].second;
+  }
+  const std::vector<View::NodeId>& tensor_names = view_->nodes_[tensors_dir_].children;
+  for (size_t i = 1; i < tensor_names.size(); ++i) {
+    const std::string& name = view_->nodes_[tensor_names[i]].name;
+    if (name == view_->nodes_[tensor_names[i - 1]].name)
+      return Status::NotSupported(catalog_.source, "two tensor keys map to the file name '" + name + "'");
   }
   return Status::OK();
 }
