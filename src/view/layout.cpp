@@ -33,8 +33,9 @@ class ViewBuilder {
   void FinishFile(View::NodeId id, uint64_t size, int64_t mtime_ns);
   int64_t TensorMTime(size_t index) const;
   // Where a tensor's bytes sit in the model file(s).
+  // `file` indexes model_files_: a name per tensor cost a million allocations.
   struct ModelPlace {
-    std::string file;
+    uint32_t file = 0;
     uint64_t begin = 0, end = 0;
   };
   void BuildSafetensorsFile(View::NodeId root, const std::string& name, const std::vector<size_t>& members,
@@ -49,6 +50,7 @@ class ViewBuilder {
   int64_t newest_mtime_ = 0;
   View::NodeId tensors_dir_ = View::kRoot;
   std::set<std::string> hidden_siblings_;
+  std::vector<std::string> model_files_;  // the model file names, in order
 };
 
 View::NodeId ViewBuilder::AddNode(View::NodeId parent, std::string name, bool is_dir) {
@@ -139,9 +141,11 @@ void ViewBuilder::BuildSafetensorsFile(View::NodeId root, const std::string& nam
     entries.push_back(std::move(e));
   }
   std::string header = SafetensorsHeader(entries);
+  const uint32_t file_index = static_cast<uint32_t>(model_files_.size());
+  model_files_.push_back(name);
   const uint64_t data_start = header.size();
   for (size_t k = 0; k < order.size(); ++k)
-    (*places)[order[k]] = ModelPlace{name, data_start + entries[k].begin, data_start + entries[k].end};
+    (*places)[order[k]] = ModelPlace{file_index, data_start + entries[k].begin, data_start + entries[k].end};
 
   View::NodeId id = AddNode(root, name, false);
   uint64_t pos = 0;
@@ -211,7 +215,7 @@ void ViewBuilder::BuildModelFiles(View::NodeId root, std::vector<ModelPlace>* pl
   json index;
   index["metadata"] = {{"total_size", total_size}};
   json weight_map = json::object();
-  for (size_t i = 0; i < tensors.size(); ++i) weight_map[tensors[i].key] = (*places)[i].file;
+  for (size_t i = 0; i < tensors.size(); ++i) weight_map[tensors[i].key] = model_files_[(*places)[i].file];
   index["weight_map"] = std::move(weight_map);
   View::NodeId id = AddNode(root, "model.safetensors.index.json", false);
   uint64_t pos = 0;
@@ -260,9 +264,21 @@ Status ViewBuilder::BuildManifest(View::NodeId root, const std::vector<ModelPlac
   if (!options_.root.empty()) m["root"] = options_.root;
   if (options_.shard_size) m["shard_size"] = options_.shard_size;
   // Storage shared by several tensors (tied weights): name the group on each member.
-  std::map<std::string, int> sharing;
-  for (const TensorEntry& t : catalog_.tensors)
-    if (!t.storage_id.empty()) ++sharing[t.storage_id];
+  // Found by sorting (id, tensor) pairs: a map of a million ids took ~100 MB and a second.
+  std::vector<bool> shares_storage(catalog_.tensors.size(), false);
+  {
+    std::vector<std::pair<std::string_view, size_t>> ids;
+    for (size_t i = 0; i < catalog_.tensors.size(); ++i)
+      if (!catalog_.tensors[i].storage_id.empty()) ids.emplace_back(catalog_.tensors[i].storage_id, i);
+    std::sort(ids.begin(), ids.end());
+    for (size_t k = 0; k < ids.size();) {
+      size_t end = k + 1;
+      while (end < ids.size() && ids[end].first == ids[k].first) ++end;
+      if (end - k > 1)
+        for (; k < end; ++k) shares_storage[ids[k].second] = true;
+      k = end;
+    }
+  }
   if (!hidden_siblings_.empty()) m["hidden_sibling_files"] = hidden_siblings_;
   // The per-tensor entries are written as text: a json tree of 100,000 entries took most
   // of a mount's start-up time and doubled its peak memory.
@@ -274,7 +290,7 @@ Status ViewBuilder::BuildManifest(View::NodeId root, const std::vector<ModelPlac
     text += i ? ",\n  {" : "\n  {";
     AppendTensorSummary(&text, t);
     text += ", \"model_file\": ";
-    AppendJsonString(&text, places[i].file);
+    AppendJsonString(&text, model_files_[places[i].file]);
     text += ", \"model_offsets\": [" + std::to_string(places[i].begin) + ", " + std::to_string(places[i].end) + "]";
     if (options_.checksums) {
       uint64_t hash = 0;
@@ -285,7 +301,7 @@ Status ViewBuilder::BuildManifest(View::NodeId root, const std::vector<ModelPlac
       text += hex;
       text += '"';
     }
-    if (!t.storage_id.empty() && sharing[t.storage_id] > 1) {
+    if (shares_storage[i]) {
       text += ", \"shared_storage\": ";
       AppendJsonString(&text, t.storage_id);
     }
