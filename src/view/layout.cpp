@@ -17,6 +17,10 @@ namespace ckptfs {
 
 using json = nlohmann::json;
 
+static void AppendManifestEntry(std::string* text, const TensorEntry& t, const std::string& model_file,
+                                const View::ModelPlace& place, const char* xxh3_hex, bool shares_storage,
+                                bool first);
+
 class ViewBuilder {
  public:
   ViewBuilder(std::shared_ptr<const Catalog> catalog, const ViewOptions& options, View* view)
@@ -32,17 +36,12 @@ class ViewBuilder {
   void AddTensorData(size_t index, uint64_t* pos);
   void FinishFile(View::NodeId id, uint64_t size, int64_t mtime_ns);
   int64_t TensorMTime(size_t index) const;
-  // Where a tensor's bytes sit in the model file(s).
-  // `file` indexes model_files_: a name per tensor cost a million allocations.
-  struct ModelPlace {
-    uint32_t file = 0;
-    uint64_t begin = 0, end = 0;
-  };
+  using ModelPlace = View::ModelPlace;
   void BuildSafetensorsFile(View::NodeId root, const std::string& name, const std::vector<size_t>& members,
                             std::vector<ModelPlace>* places);
   void BuildModelFiles(View::NodeId root, std::vector<ModelPlace>* places);
   Status BuildTensorFiles(View::NodeId root);
-  Status BuildManifest(View::NodeId root, const std::vector<ModelPlace>& places);
+  Status BuildManifest(View::NodeId root);
 
   const Catalog& catalog_;
   const ViewOptions& options_;
@@ -50,7 +49,7 @@ class ViewBuilder {
   int64_t newest_mtime_ = 0;
   View::NodeId tensors_dir_ = View::kRoot;
   std::set<std::string> hidden_siblings_;
-  std::vector<std::string> model_files_;  // the model file names, in order
+  std::vector<std::string>& model_files_ = view_->model_files_;
 };
 
 View::NodeId ViewBuilder::AddNode(View::NodeId parent, std::string name, bool is_dir) {
@@ -246,7 +245,7 @@ Status ViewBuilder::BuildTensorFiles(View::NodeId root) {
   return Status::OK();
 }
 
-Status ViewBuilder::BuildManifest(View::NodeId root, const std::vector<ModelPlace>& places) {
+Status ViewBuilder::BuildManifest(View::NodeId root) {
   json m;
   m["ckptfs_manifest_version"] = 1;
   json files = json::array();
@@ -265,7 +264,8 @@ Status ViewBuilder::BuildManifest(View::NodeId root, const std::vector<ModelPlac
   if (options_.shard_size) m["shard_size"] = options_.shard_size;
   // Storage shared by several tensors (tied weights): name the group on each member.
   // Found by sorting (id, tensor) pairs: a map of a million ids took ~100 MB and a second.
-  std::vector<bool> shares_storage(catalog_.tensors.size(), false);
+  std::vector<bool>& shares_storage = view_->shares_storage_;
+  shares_storage.assign(catalog_.tensors.size(), false);
   {
     std::vector<std::pair<std::string_view, size_t>> ids;
     for (size_t i = 0; i < catalog_.tensors.size(); ++i)
@@ -282,55 +282,91 @@ Status ViewBuilder::BuildManifest(View::NodeId root, const std::vector<ModelPlac
   if (!hidden_siblings_.empty()) m["hidden_sibling_files"] = hidden_siblings_;
   // The per-tensor entries are written as text: a json tree of 100,000 entries took most
   // of a mount's start-up time and doubled its peak memory.
-  std::string text = m.dump(1, ' ', false, json::error_handler_t::replace);
-  text.pop_back();  // the closing brace; "tensors" goes last
-  text += ",\n \"tensors\": [";
-  for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
-    const TensorEntry& t = catalog_.tensors[i];
-    text += i ? ",\n  {" : "\n  {";
-    AppendTensorSummary(&text, t);
-    text += ", \"model_file\": ";
-    AppendJsonString(&text, model_files_[places[i].file]);
-    text += ", \"model_offsets\": [" + std::to_string(places[i].begin) + ", " + std::to_string(places[i].end) + "]";
-    if (options_.checksums) {
+  std::string head = m.dump(1, ' ', false, json::error_handler_t::replace);
+  head.pop_back();  // the closing brace; "tensors" goes last
+  head += ",\n \"tensors\": [";
+  const std::string tail = catalog_.tensors.empty() ? "]\n}\n" : "\n ]\n}\n";
+  const auto& places = view_->model_places_;
+  if (options_.checksums) {
+    // Hashing reads every tensor: the entries are made once, here, and kept.
+    std::string text = std::move(head);
+    for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
       uint64_t hash = 0;
       CKPTFS_RETURN_IF_ERROR(view_->Xxh3(view_->tensor_files_[i], &hash));
       char hex[17];
       std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
-      text += ", \"xxh3\": \"";
-      text += hex;
-      text += '"';
+      AppendManifestEntry(&text, catalog_.tensors[i], model_files_[places[i].file], places[i], hex,
+                          view_->shares_storage_[i], i == 0);
     }
-    if (shares_storage[i]) {
-      text += ", \"shared_storage\": ";
-      AppendJsonString(&text, t.storage_id);
-    }
-    bool shortened = false;
-    TensorFileName(t.key, &shortened);
-    if (shortened) text += ", \"file_name_shortened\": true";
-    text += '}';
+    text += tail;
+    View::NodeId id = AddNode(root, "manifest.json", false);
+    uint64_t pos = 0;
+    AddLiteral(std::move(text), &pos);
+    FinishFile(id, pos, newest_mtime_);
+    return Status::OK();
   }
-  text += catalog_.tensors.empty() ? "]\n}\n" : "\n ]\n}\n";
-
+  // Each tensor's entry is a segment made on read (View::ManifestEntry): only its length
+  // is kept. As one text, a million entries held ~250 MB for a file few ever read.
   View::NodeId id = AddNode(root, "manifest.json", false);
   uint64_t pos = 0;
-  AddLiteral(std::move(text), &pos);
+  AddLiteral(std::move(head), &pos);
+  for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
+    Segment entry;
+    entry.kind = Segment::Kind::kManifestEntry;
+    entry.ref = static_cast<uint32_t>(i);
+    entry.start = pos;
+    entry.length = view_->ManifestEntry(i).size();
+    pos += entry.length;
+    view_->segments_.push_back(entry);
+  }
+  AddLiteral(tail, &pos);
   FinishFile(id, pos, newest_mtime_);
   return Status::OK();
+}
+
+// One tensor's entry in manifest.json, preceded by its separator; `xxh3_hex` may be null.
+static void AppendManifestEntry(std::string* text, const TensorEntry& t, const std::string& model_file,
+                                const View::ModelPlace& place, const char* xxh3_hex, bool shares_storage,
+                                bool first) {
+  *text += first ? "\n  {" : ",\n  {";
+  AppendTensorSummary(text, t);
+  *text += ", \"model_file\": ";
+  AppendJsonString(text, model_file);
+  *text += ", \"model_offsets\": [" + std::to_string(place.begin) + ", " + std::to_string(place.end) + "]";
+  if (xxh3_hex) {
+    *text += ", \"xxh3\": \"";
+    *text += xxh3_hex;
+    *text += '"';
+  }
+  if (shares_storage) {
+    *text += ", \"shared_storage\": ";
+    AppendJsonString(text, t.storage_id);
+  }
+  bool shortened = false;
+  TensorFileName(t.key, &shortened);
+  if (shortened) *text += ", \"file_name_shortened\": true";
+  *text += '}';
+}
+
+std::string View::ManifestEntry(size_t index) const {
+  std::string text;
+  const ModelPlace& place = model_places_[index];
+  AppendManifestEntry(&text, catalog_->tensors[index], model_files_[place.file], place, nullptr,
+                      shares_storage_[index], index == 0);
+  return text;
 }
 
 Status ViewBuilder::Build() {
   for (uint32_t f = 0; f < catalog_.files->count(); ++f)
     newest_mtime_ = std::max(newest_mtime_, catalog_.files->identity(f).mtime_ns);
-  // A node and about three segments per tensor: reserved, the vectors are not copied as
+  // A node and about four segments per tensor: reserved, the vectors are not copied as
   // they grow (a million-tensor mount's peak memory held two copies of each).
   const size_t tensor_count = catalog_.tensors.size();
   view_->nodes_.reserve(tensor_count + catalog_.sibling_files.size() + 16);
-  view_->segments_.reserve(3 * tensor_count + catalog_.sibling_files.size() + 16);
+  view_->segments_.reserve(4 * tensor_count + catalog_.sibling_files.size() + 16);
   View::NodeId root = AddNode(View::kRoot, "", true);
 
-  std::vector<ModelPlace> places;
-  BuildModelFiles(root, &places);
+  BuildModelFiles(root, &view_->model_places_);
   CKPTFS_RETURN_IF_ERROR(BuildTensorFiles(root));
   View::NodeId meta = AddNode(root, "metadata.json", false);
   uint64_t pos = 0;
@@ -356,7 +392,7 @@ Status ViewBuilder::Build() {
     spos = seg.length;
     FinishFile(id, spos, catalog_.files->identity(f).mtime_ns);
   }
-  CKPTFS_RETURN_IF_ERROR(BuildManifest(root, places));
+  CKPTFS_RETURN_IF_ERROR(BuildManifest(root));
 
   // Sorted by (name, id) pairs held side by side: comparing through nodes_ costs a cache
   // miss per comparison, and a folder of a million tensor files sorted that way took seconds.

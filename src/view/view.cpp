@@ -106,6 +106,12 @@ Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* 
         std::memcpy(dst, header.data() + in_seg, piece);
         break;
       }
+      case Segment::Kind::kManifestEntry: {
+        const std::string entry = ManifestEntry(seg->ref);
+        if (entry.size() != seg->length) return Status::Corruption(PathOf(id), "manifest entry changed size");
+        std::memcpy(dst, entry.data() + in_seg, piece);
+        break;
+      }
       case Segment::Kind::kExtent:
         CKPTFS_RETURN_IF_ERROR(checks.Check(seg->ref));
         CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(seg->ref, seg->source_offset + in_seg, piece, dst));
