@@ -306,8 +306,11 @@ class CkptfsMount:
     is found by its command line. Unmounted on exit, and the daemon waited for.
 
     hwm_kib() is the peak of the whole start-up: the mounting process builds the catalog and
-    the View before it forks the daemon, and the daemon's own VmHWM starts at the fork, so
-    the peak is the larger of the mounting process's max RSS (from wait4) and the daemon's."""
+    the View before it forks the daemon, and the daemon's VmHWM starts at the fork, so the
+    peak is the larger of the mounting process's max RSS and the daemon's VmHWM. The former
+    comes from GNU time (`/usr/bin/time -f %M`; ru_maxrss of a child of this process would
+    count this process's own memory, which the child had until its exec); without GNU time
+    only the daemon's VmHWM is known."""
 
     def __init__(self, ckptfs: Path, src: Path, mnt: Path, opts: str = "", timeout: float = 120):
         self.argv = [str(ckptfs), str(src), str(mnt)] + (["-o", opts] if opts else [])
@@ -320,27 +323,17 @@ class CkptfsMount:
         self.mnt.mkdir(parents=True, exist_ok=True)
         if mounted(self.mnt):
             unmount(self.mnt)
-        t0 = time.perf_counter()
-        with tempfile.TemporaryFile(mode="w+") as err:
-            p = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=err, text=True)
-            deadline = time.monotonic() + self.timeout
-            while True:
-                pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-                if pid:
-                    break
-                if time.monotonic() > deadline:
-                    p.kill()
-                    _, status, usage = os.wait4(p.pid, 0)
-                    break
-                time.sleep(0.002)
-            p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait
+        gnu_time = Path("/usr/bin/time")
+        with tempfile.NamedTemporaryFile(mode="r", suffix=".maxrss") as rss:
+            argv = ([str(gnu_time), "-f", "%M", "-o", rss.name] if gnu_time.exists() else []) + self.argv
+            t0 = time.perf_counter()
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout)
             self.mount_s = time.perf_counter() - t0
-            self.startup_maxrss_kib = usage.ru_maxrss  # KiB on Linux
-            err.seek(0)
-            stderr = err.read()
-        if p.returncode != 0 or not mounted(self.mnt):
+            words = rss.read().split()
+            self.startup_maxrss_kib = int(words[-1]) if words and words[-1].isdigit() else 0
+        if r.returncode != 0 or not mounted(self.mnt):
             unmount(self.mnt)
-            raise RuntimeError(f"{' '.join(self.argv)} exited {p.returncode}: {stderr.strip()}")
+            raise RuntimeError(f"{' '.join(self.argv)} exited {r.returncode}: {r.stderr.strip()}")
         pids = daemon_pids(self.mnt)
         self.pid = pids[0] if pids else None
         return self
