@@ -37,9 +37,13 @@ Status ApplyViewOptions(std::shared_ptr<const Catalog> catalog, const ViewOption
 
 // A piece of a virtual file.
 struct Segment {
-  enum class Kind : uint8_t { kLiteral, kExtent, kGather, kConvert };
+  // kTensorHeader: the safetensors header of a per-tensor file; kManifestEntry: one
+  // tensor's entry in manifest.json. Both are made again on each read rather than kept:
+  // kept, a million tensors' headers and entries held ~400 MB of a mount.
+  enum class Kind : uint8_t { kLiteral, kExtent, kGather, kConvert, kTensorHeader, kManifestEntry };
   Kind kind = Kind::kLiteral;
-  uint32_t ref = 0;     // kLiteral: literal index; kExtent: source file; kGather, kConvert: tensor index
+  // kLiteral: literal index; kExtent: source file; the others: tensor index
+  uint32_t ref = 0;
   uint64_t start = 0;   // offset of this segment in the virtual file
   uint64_t length = 0;
   uint64_t source_offset = 0;  // kExtent: where the bytes start in the source file
@@ -86,6 +90,13 @@ class View {
   // gathered), without any safetensors header. The range must lie within served_nbytes().
   Status ReadTensorData(size_t tensor_index, uint64_t offset, size_t length, char* out) const;
 
+  // Where a tensor's bytes sit in the model file(s): the file's index in model order, and
+  // the byte range [begin, end) in it.
+  struct ModelPlace {
+    uint32_t file = 0;
+    uint64_t begin = 0, end = 0;
+  };
+
  private:
   friend class ViewBuilder;
   View() = default;
@@ -95,12 +106,18 @@ class View {
   // The same, assembled element by element from its boxes (view/gather.hpp).
   Status ReadGather(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
   Status ReadConverted(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
+  // Tensor `index`'s entry in manifest.json, with the separator that precedes it.
+  std::string ManifestEntry(size_t index) const;
+
 
   std::shared_ptr<const Catalog> catalog_;
   std::vector<Node> nodes_;
   std::vector<Segment> segments_;
   std::vector<std::string> literals_;
   std::vector<NodeId> tensor_files_;  // tensor index -> its per-tensor file
+  std::vector<std::string> model_files_;  // the model file names, in order
+  std::vector<ModelPlace> model_places_;  // tensor index -> where it sits in a model file
+  std::vector<bool> shares_storage_;      // tensor index -> its storage is shared (tied)
 };
 
 // How tensor `t` is written in safetensors: dtype string and shape (complex types

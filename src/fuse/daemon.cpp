@@ -5,6 +5,7 @@
 #include "fuse/daemon.hpp"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <syslog.h>
@@ -220,6 +221,10 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
     return 1;
   }
   for (View::NodeId id = 0; id < fs.view->node_count(); ++id) fs.total_bytes += fs.view->node(id).size;
+  // Parsing left freed memory in the heap (a million-tensor pickle's values, the catalog
+  // reader's and the View builder's scratch): hand it back, or the daemon keeps that peak
+  // as its resident size for the life of the mount.
+  malloc_trim(0);
 
   fuse_session* se = fuse_session_new(&args.args, &Operations(), sizeof(fuse_lowlevel_ops), &fs);
   if (!se) return 1;

@@ -17,6 +17,10 @@ namespace ckptfs {
 
 using json = nlohmann::json;
 
+static void AppendManifestEntry(std::string* text, const TensorEntry& t, const std::string& model_file,
+                                const View::ModelPlace& place, const char* xxh3_hex, bool shares_storage,
+                                bool first);
+
 class ViewBuilder {
  public:
   ViewBuilder(std::shared_ptr<const Catalog> catalog, const ViewOptions& options, View* view)
@@ -32,22 +36,20 @@ class ViewBuilder {
   void AddTensorData(size_t index, uint64_t* pos);
   void FinishFile(View::NodeId id, uint64_t size, int64_t mtime_ns);
   int64_t TensorMTime(size_t index) const;
-  // Where a tensor's bytes sit in the model file(s).
-  struct ModelPlace {
-    std::string file;
-    uint64_t begin = 0, end = 0;
-  };
+  using ModelPlace = View::ModelPlace;
   void BuildSafetensorsFile(View::NodeId root, const std::string& name, const std::vector<size_t>& members,
                             std::vector<ModelPlace>* places);
   void BuildModelFiles(View::NodeId root, std::vector<ModelPlace>* places);
   Status BuildTensorFiles(View::NodeId root);
-  Status BuildManifest(View::NodeId root, const std::vector<ModelPlace>& places);
+  Status BuildManifest(View::NodeId root);
 
   const Catalog& catalog_;
   const ViewOptions& options_;
   View* view_;
   int64_t newest_mtime_ = 0;
+  View::NodeId tensors_dir_ = View::kRoot;
   std::set<std::string> hidden_siblings_;
+  std::vector<std::string>& model_files_ = view_->model_files_;
 };
 
 View::NodeId ViewBuilder::AddNode(View::NodeId parent, std::string name, bool is_dir) {
@@ -138,9 +140,11 @@ void ViewBuilder::BuildSafetensorsFile(View::NodeId root, const std::string& nam
     entries.push_back(std::move(e));
   }
   std::string header = SafetensorsHeader(entries);
+  const uint32_t file_index = static_cast<uint32_t>(model_files_.size());
+  model_files_.push_back(name);
   const uint64_t data_start = header.size();
   for (size_t k = 0; k < order.size(); ++k)
-    (*places)[order[k]] = ModelPlace{name, data_start + entries[k].begin, data_start + entries[k].end};
+    (*places)[order[k]] = ModelPlace{file_index, data_start + entries[k].begin, data_start + entries[k].end};
 
   View::NodeId id = AddNode(root, name, false);
   uint64_t pos = 0;
@@ -210,7 +214,7 @@ void ViewBuilder::BuildModelFiles(View::NodeId root, std::vector<ModelPlace>* pl
   json index;
   index["metadata"] = {{"total_size", total_size}};
   json weight_map = json::object();
-  for (size_t i = 0; i < tensors.size(); ++i) weight_map[tensors[i].key] = (*places)[i].file;
+  for (size_t i = 0; i < tensors.size(); ++i) weight_map[tensors[i].key] = model_files_[(*places)[i].file];
   index["weight_map"] = std::move(weight_map);
   View::NodeId id = AddNode(root, "model.safetensors.index.json", false);
   uint64_t pos = 0;
@@ -219,22 +223,21 @@ void ViewBuilder::BuildModelFiles(View::NodeId root, std::vector<ModelPlace>* pl
 }
 
 Status ViewBuilder::BuildTensorFiles(View::NodeId root) {
-  View::NodeId dir = AddNode(root, "tensors", true);
-  std::set<std::string> names;
+  tensors_dir_ = AddNode(root, "tensors", true);
   view_->tensor_files_.resize(catalog_.tensors.size());
+  view_->nodes_[tensors_dir_].children.reserve(catalog_.tensors.size());
   for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
     const TensorEntry& t = catalog_.tensors[i];
-    std::string name = TensorFileName(t.key);
-    if (!names.insert(name).second)
-      return Status::NotSupported(catalog_.source, "two tensor keys map to the file name '" + name + "'");
-    HeaderEntry e;
-    e.key = t.key;
-    ServedDTypeAndShape(t, &e.dtype, &e.shape);
-    e.end = t.served_nbytes();
-    View::NodeId id = AddNode(dir, std::move(name), false);
+    // Two keys mapping to one file name are found once the folder is sorted (Build): a set
+    // of a million names cost ~100 MB and a second of a mount.
+    View::NodeId id = AddNode(tensors_dir_, TensorFileName(t.key), false);
     view_->nodes_[id].tensor = static_cast<int64_t>(i);
-    uint64_t pos = 0;
-    AddLiteral(SafetensorsHeader({e}), &pos);
+    Segment header;
+    header.kind = Segment::Kind::kTensorHeader;
+    header.ref = static_cast<uint32_t>(i);
+    header.length = TensorFileHeader(t).size();
+    view_->segments_.push_back(header);
+    uint64_t pos = header.length;
     AddTensorData(i, &pos);
     FinishFile(id, pos, TensorMTime(i));
     view_->tensor_files_[i] = id;
@@ -242,7 +245,7 @@ Status ViewBuilder::BuildTensorFiles(View::NodeId root) {
   return Status::OK();
 }
 
-Status ViewBuilder::BuildManifest(View::NodeId root, const std::vector<ModelPlace>& places) {
+Status ViewBuilder::BuildManifest(View::NodeId root) {
   json m;
   m["ckptfs_manifest_version"] = 1;
   json files = json::array();
@@ -260,56 +263,110 @@ Status ViewBuilder::BuildManifest(View::NodeId root, const std::vector<ModelPlac
   if (!options_.root.empty()) m["root"] = options_.root;
   if (options_.shard_size) m["shard_size"] = options_.shard_size;
   // Storage shared by several tensors (tied weights): name the group on each member.
-  std::map<std::string, int> sharing;
-  for (const TensorEntry& t : catalog_.tensors)
-    if (!t.storage_id.empty()) ++sharing[t.storage_id];
+  // Found by sorting (id, tensor) pairs: a map of a million ids took ~100 MB and a second.
+  std::vector<bool>& shares_storage = view_->shares_storage_;
+  shares_storage.assign(catalog_.tensors.size(), false);
+  {
+    std::vector<std::pair<std::string_view, size_t>> ids;
+    for (size_t i = 0; i < catalog_.tensors.size(); ++i)
+      if (!catalog_.tensors[i].storage_id.empty()) ids.emplace_back(catalog_.tensors[i].storage_id, i);
+    std::sort(ids.begin(), ids.end());
+    for (size_t k = 0; k < ids.size();) {
+      size_t end = k + 1;
+      while (end < ids.size() && ids[end].first == ids[k].first) ++end;
+      if (end - k > 1)
+        for (; k < end; ++k) shares_storage[ids[k].second] = true;
+      k = end;
+    }
+  }
   if (!hidden_siblings_.empty()) m["hidden_sibling_files"] = hidden_siblings_;
   // The per-tensor entries are written as text: a json tree of 100,000 entries took most
   // of a mount's start-up time and doubled its peak memory.
-  std::string text = m.dump(1, ' ', false, json::error_handler_t::replace);
-  text.pop_back();  // the closing brace; "tensors" goes last
-  text += ",\n \"tensors\": [";
-  for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
-    const TensorEntry& t = catalog_.tensors[i];
-    text += i ? ",\n  {" : "\n  {";
-    AppendTensorSummary(&text, t);
-    text += ", \"model_file\": ";
-    AppendJsonString(&text, places[i].file);
-    text += ", \"model_offsets\": [" + std::to_string(places[i].begin) + ", " + std::to_string(places[i].end) + "]";
-    if (options_.checksums) {
+  std::string head = m.dump(1, ' ', false, json::error_handler_t::replace);
+  head.pop_back();  // the closing brace; "tensors" goes last
+  head += ",\n \"tensors\": [";
+  const std::string tail = catalog_.tensors.empty() ? "]\n}\n" : "\n ]\n}\n";
+  const auto& places = view_->model_places_;
+  if (options_.checksums) {
+    // Hashing reads every tensor: the entries are made once, here, and kept.
+    std::string text = std::move(head);
+    for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
       uint64_t hash = 0;
       CKPTFS_RETURN_IF_ERROR(view_->Xxh3(view_->tensor_files_[i], &hash));
       char hex[17];
       std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
-      text += ", \"xxh3\": \"";
-      text += hex;
-      text += '"';
+      AppendManifestEntry(&text, catalog_.tensors[i], model_files_[places[i].file], places[i], hex,
+                          view_->shares_storage_[i], i == 0);
     }
-    if (!t.storage_id.empty() && sharing[t.storage_id] > 1) {
-      text += ", \"shared_storage\": ";
-      AppendJsonString(&text, t.storage_id);
-    }
-    bool shortened = false;
-    TensorFileName(t.key, &shortened);
-    if (shortened) text += ", \"file_name_shortened\": true";
-    text += '}';
+    text += tail;
+    View::NodeId id = AddNode(root, "manifest.json", false);
+    uint64_t pos = 0;
+    AddLiteral(std::move(text), &pos);
+    FinishFile(id, pos, newest_mtime_);
+    return Status::OK();
   }
-  text += catalog_.tensors.empty() ? "]\n}\n" : "\n ]\n}\n";
-
+  // Each tensor's entry is a segment made on read (View::ManifestEntry): only its length
+  // is kept. As one text, a million entries held ~250 MB for a file few ever read.
   View::NodeId id = AddNode(root, "manifest.json", false);
   uint64_t pos = 0;
-  AddLiteral(std::move(text), &pos);
+  AddLiteral(std::move(head), &pos);
+  for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
+    Segment entry;
+    entry.kind = Segment::Kind::kManifestEntry;
+    entry.ref = static_cast<uint32_t>(i);
+    entry.start = pos;
+    entry.length = view_->ManifestEntry(i).size();
+    pos += entry.length;
+    view_->segments_.push_back(entry);
+  }
+  AddLiteral(tail, &pos);
   FinishFile(id, pos, newest_mtime_);
   return Status::OK();
+}
+
+// One tensor's entry in manifest.json, preceded by its separator; `xxh3_hex` may be null.
+static void AppendManifestEntry(std::string* text, const TensorEntry& t, const std::string& model_file,
+                                const View::ModelPlace& place, const char* xxh3_hex, bool shares_storage,
+                                bool first) {
+  *text += first ? "\n  {" : ",\n  {";
+  AppendTensorSummary(text, t);
+  *text += ", \"model_file\": ";
+  AppendJsonString(text, model_file);
+  *text += ", \"model_offsets\": [" + std::to_string(place.begin) + ", " + std::to_string(place.end) + "]";
+  if (xxh3_hex) {
+    *text += ", \"xxh3\": \"";
+    *text += xxh3_hex;
+    *text += '"';
+  }
+  if (shares_storage) {
+    *text += ", \"shared_storage\": ";
+    AppendJsonString(text, t.storage_id);
+  }
+  bool shortened = false;
+  TensorFileName(t.key, &shortened);
+  if (shortened) *text += ", \"file_name_shortened\": true";
+  *text += '}';
+}
+
+std::string View::ManifestEntry(size_t index) const {
+  std::string text;
+  const ModelPlace& place = model_places_[index];
+  AppendManifestEntry(&text, catalog_->tensors[index], model_files_[place.file], place, nullptr,
+                      shares_storage_[index], index == 0);
+  return text;
 }
 
 Status ViewBuilder::Build() {
   for (uint32_t f = 0; f < catalog_.files->count(); ++f)
     newest_mtime_ = std::max(newest_mtime_, catalog_.files->identity(f).mtime_ns);
+  // A node and about four segments per tensor: reserved, the vectors are not copied as
+  // they grow (a million-tensor mount's peak memory held two copies of each).
+  const size_t tensor_count = catalog_.tensors.size();
+  view_->nodes_.reserve(tensor_count + catalog_.sibling_files.size() + 16);
+  view_->segments_.reserve(4 * tensor_count + catalog_.sibling_files.size() + 16);
   View::NodeId root = AddNode(View::kRoot, "", true);
 
-  std::vector<ModelPlace> places;
-  BuildModelFiles(root, &places);
+  BuildModelFiles(root, &view_->model_places_);
   CKPTFS_RETURN_IF_ERROR(BuildTensorFiles(root));
   View::NodeId meta = AddNode(root, "metadata.json", false);
   uint64_t pos = 0;
@@ -335,7 +392,7 @@ Status ViewBuilder::Build() {
     spos = seg.length;
     FinishFile(id, spos, catalog_.files->identity(f).mtime_ns);
   }
-  CKPTFS_RETURN_IF_ERROR(BuildManifest(root, places));
+  CKPTFS_RETURN_IF_ERROR(BuildManifest(root));
 
   // Sorted by (name, id) pairs held side by side: comparing through nodes_ costs a cache
   // miss per comparison, and a folder of a million tensor files sorted that way took seconds.
@@ -350,6 +407,12 @@ Status ViewBuilder::Build() {
     std::stable_sort(keyed.begin(), keyed.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
     for (size_t i = 0; i < keyed.size(); ++i) n.children[i] = keyed[i].second;
+  }
+  const std::vector<View::NodeId>& tensor_names = view_->nodes_[tensors_dir_].children;
+  for (size_t i = 1; i < tensor_names.size(); ++i) {
+    const std::string& name = view_->nodes_[tensor_names[i]].name;
+    if (name == view_->nodes_[tensor_names[i - 1]].name)
+      return Status::NotSupported(catalog_.source, "two tensor keys map to the file name '" + name + "'");
   }
   return Status::OK();
 }

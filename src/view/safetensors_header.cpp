@@ -35,4 +35,12 @@ std::string SafetensorsHeader(const std::vector<HeaderEntry>& entries) {
   return out;
 }
 
+std::string TensorFileHeader(const TensorEntry& t) {
+  HeaderEntry e;
+  e.key = t.key;
+  ServedDTypeAndShape(t, &e.dtype, &e.shape);
+  e.end = t.served_nbytes();
+  return SafetensorsHeader({e});
+}
+
 }  // namespace ckptfs

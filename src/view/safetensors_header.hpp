@@ -24,6 +24,9 @@ struct HeaderEntry {
 // writer does, so the data buffer that follows starts 8-aligned.
 std::string SafetensorsHeader(const std::vector<HeaderEntry>& entries);
 
+// The header of tensor `t`'s own file (tensors/<name>): `t` alone, data at [0, nbytes).
+std::string TensorFileHeader(const TensorEntry& t);
+
 }  // namespace ckptfs
 
 #endif  // CKPTFS_VIEW_SAFETENSORS_HEADER_HPP_

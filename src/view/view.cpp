@@ -10,6 +10,7 @@
 #include "catalog/tiling.hpp"
 #include "view/convert.hpp"
 #include "view/gather.hpp"
+#include "view/safetensors_header.hpp"
 
 namespace ckptfs {
 namespace {
@@ -98,6 +99,19 @@ Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* 
       case Segment::Kind::kLiteral:
         std::memcpy(dst, literals_[seg->ref].data() + in_seg, piece);
         break;
+      case Segment::Kind::kTensorHeader: {
+        const std::string header = TensorFileHeader(catalog_->tensors[seg->ref]);
+        // The length was fixed at build time from the same catalog entry.
+        if (header.size() != seg->length) return Status::Corruption(PathOf(id), "tensor file header changed size");
+        std::memcpy(dst, header.data() + in_seg, piece);
+        break;
+      }
+      case Segment::Kind::kManifestEntry: {
+        const std::string entry = ManifestEntry(seg->ref);
+        if (entry.size() != seg->length) return Status::Corruption(PathOf(id), "manifest entry changed size");
+        std::memcpy(dst, entry.data() + in_seg, piece);
+        break;
+      }
       case Segment::Kind::kExtent:
         CKPTFS_RETURN_IF_ERROR(checks.Check(seg->ref));
         CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(seg->ref, seg->source_offset + in_seg, piece, dst));

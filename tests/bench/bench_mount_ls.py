@@ -19,9 +19,11 @@ million).
 
 One timed run: `ckptfs SRC MNT` (it returns once the mount is ready), then `ls MNT` and
 `ls MNT/tensors` (sorted, to /dev/null; the listing's line count is checked); wall time
-from starting ckptfs to the end of the second ls. Peak RSS: VmHWM in /proc/<pid>/status
-of the daemon after the listing. Then unmount. Page cache: warm (each checkpoint gets one
-untimed mount + ls first; the sources' metadata are in the page cache). The checkpoints
+from starting ckptfs to the end of the second ls. Peak RSS: the larger of the mounting
+process's max RSS (GNU time; it builds the catalog and View before forking the daemon) and
+VmHWM in /proc/<pid>/status of the daemon after the listing (benchlib.CkptfsMount). Then
+unmount. Page cache: warm (each checkpoint gets one untimed mount + ls first; the sources'
+metadata are in the page cache). The checkpoints
 take turns; medians of --repeats (default 5, quick 2).
 
 Goals: 100,000 tensors under 1 s and under 200 MB; the sparse 1 TB checkpoint as fast as

@@ -303,21 +303,34 @@ def vm_hwm_kib(pid: int) -> int:
 
 class CkptfsMount:
     """`ckptfs SRC MNT [-o OPTS]` (returns once mounted), with a deadline; the daemon's pid
-    is found by its command line. Unmounted on exit, and the daemon waited for."""
+    is found by its command line. Unmounted on exit, and the daemon waited for.
+
+    hwm_kib() is the peak of the whole start-up: the mounting process builds the catalog and
+    the View before it forks the daemon, and the daemon's VmHWM starts at the fork, so the
+    peak is the larger of the mounting process's max RSS and the daemon's VmHWM. The former
+    comes from GNU time (`/usr/bin/time -f %M`; ru_maxrss of a child of this process would
+    count this process's own memory, which the child had until its exec); without GNU time
+    only the daemon's VmHWM is known."""
 
     def __init__(self, ckptfs: Path, src: Path, mnt: Path, opts: str = "", timeout: float = 120):
         self.argv = [str(ckptfs), str(src), str(mnt)] + (["-o", opts] if opts else [])
         self.mnt, self.timeout = Path(mnt), timeout
         self.pid = None
         self.mount_s = 0.0
+        self.startup_maxrss_kib = 0
 
     def __enter__(self):
         self.mnt.mkdir(parents=True, exist_ok=True)
         if mounted(self.mnt):
             unmount(self.mnt)
-        t0 = time.perf_counter()
-        r = subprocess.run(self.argv, capture_output=True, text=True, timeout=self.timeout)
-        self.mount_s = time.perf_counter() - t0
+        gnu_time = Path("/usr/bin/time")
+        with tempfile.NamedTemporaryFile(mode="r", suffix=".maxrss") as rss:
+            argv = ([str(gnu_time), "-f", "%M", "-o", rss.name] if gnu_time.exists() else []) + self.argv
+            t0 = time.perf_counter()
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout)
+            self.mount_s = time.perf_counter() - t0
+            words = rss.read().split()
+            self.startup_maxrss_kib = int(words[-1]) if words and words[-1].isdigit() else 0
         if r.returncode != 0 or not mounted(self.mnt):
             unmount(self.mnt)
             raise RuntimeError(f"{' '.join(self.argv)} exited {r.returncode}: {r.stderr.strip()}")
@@ -326,7 +339,8 @@ class CkptfsMount:
         return self
 
     def hwm_kib(self) -> int:
-        return vm_hwm_kib(self.pid) if self.pid else 0
+        daemon = vm_hwm_kib(self.pid) if self.pid else 0
+        return max(daemon, self.startup_maxrss_kib)
 
     def __exit__(self, *exc):
         unmount(self.mnt)
