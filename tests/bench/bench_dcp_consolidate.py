@@ -42,7 +42,8 @@ import time
 from pathlib import Path
 
 import benchlib
-from bench_zero_consolidate import Method, Run, build_model, count_params, dir_bytes, fmt_ratio, run_mount_cp
+from bench_zero_consolidate import (Method, Run, build_model, check_targets, count_params, dir_bytes, print_table,
+                                    run_mount_cp)
 from benchlib import GNU_TIME, Cache, unmount
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -295,24 +296,10 @@ def main() -> int:
     print(f"\nDCP (FSDP2, world {spec['world']}) -> one file, {n_params / 1e6:.0f}M params "
           f"({4 * n_params / 1e9:.2f} GB fp32) + Adam moments; page cache {cache.mode.split(' ')[0]}; "
           f"median wall of {args.repeats}, max peak RSS")
-    header = f"  {'method':30s} {'wall s':>8s} {'peak RSS MiB':>13s} {'time ratio':>11s} {'RSS ratio':>10s}"
-    print(header)
-    print("  " + "-" * (len(header) - 2))
-    for m in methods.values():
-        print(f"  {m.name:30s} {m.wall:8.2f} {m.rss_mib:13.1f} {fmt_ratio(m.wall / ref.wall):>11s} "
-              f"{fmt_ratio(m.rss_mib / ref.rss_mib):>10s}")
-    print(f"  (ratios: method / dcp_to_torch_save; targets: RSS ratio <= {RSS_TARGET:g}, "
-          f"time ratio <= {TIME_TARGET:g})\n")
+    print_table(methods, ref, "dcp_to_torch_save", RSS_TARGET, TIME_TARGET)
     failed = not all(verdicts.values())
     for key in ("mount", "cat", "export"):
-        m = methods[key]
-        rss_ok = m.rss_mib <= RSS_TARGET * ref.rss_mib
-        time_ok = m.wall <= TIME_TARGET * ref.wall
-        failed |= not (rss_ok and time_ok)
-        print(f"  {'PASS' if rss_ok else 'FAIL'}  {m.name}: peak RSS {m.rss_mib:.1f} MiB <= {RSS_TARGET:g} x "
-              f"{ref.rss_mib:.1f} MiB")
-        print(f"  {'PASS' if time_ok else 'FAIL'}  {m.name}: wall {m.wall:.2f} s <= {TIME_TARGET:g} x "
-              f"{ref.wall:.2f} s")
+        failed |= not check_targets(methods[key], ref, RSS_TARGET, TIME_TARGET)
     print("\nRESULT:", "FAIL" if failed else "PASS")
     return 1 if failed else 0
 

@@ -408,6 +408,27 @@ def measure(methods: dict[str, Method], args, ckptfs: Path, save_dir: Path, z2f:
     os.sync()
 
 
+
+def print_table(methods: dict, ref: "Method", ref_name: str, rss_target: float, time_target: float) -> None:
+    """Each method's median wall time and peak RSS, and both as ratios of the reference's."""
+    header = f"  {'method':30s} {'wall s':>8s} {'peak RSS MiB':>13s} {'time ratio':>11s} {'RSS ratio':>10s}"
+    print(header)
+    print("  " + "-" * (len(header) - 2))
+    for m in methods.values():
+        print(f"  {m.name:30s} {m.wall:8.2f} {m.rss_mib:13.1f} {fmt_ratio(m.wall / ref.wall):>11s} "
+              f"{fmt_ratio(m.rss_mib / ref.rss_mib):>10s}")
+    print(f"  (ratios: method / {ref_name}; targets: RSS ratio <= {rss_target:g}, time ratio <= {time_target:g})\n")
+
+
+def check_targets(m: "Method", ref: "Method", rss_target: float, time_target: float) -> bool:
+    """Prints PASS/FAIL for M's peak RSS and wall time against the reference's; True if both pass."""
+    rss_ok = m.rss_mib <= rss_target * ref.rss_mib
+    time_ok = m.wall <= time_target * ref.wall
+    print(f"  {'PASS' if rss_ok else 'FAIL'}  {m.name}: peak RSS {m.rss_mib:.1f} MiB <= {rss_target:g} x "
+          f"{ref.rss_mib:.1f} MiB = {rss_target * ref.rss_mib:.1f} MiB")
+    print(f"  {'PASS' if time_ok else 'FAIL'}  {m.name}: wall {m.wall:.2f} s <= {time_target:g} x {ref.wall:.2f} s")
+    return rss_ok and time_ok
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ckptfs", default=str(REPO_ROOT / "build" / "ckptfs"))
@@ -505,23 +526,12 @@ def main() -> int:
     ds = methods["zero_to_fp32"]
     print(f"\nZeRO-3 -> model.safetensors, {n_params / 1e6:.0f}M params ({4 * n_params / 1e9:.2f} GB fp32), "
           f"world {spec['world']}; page cache {cache.mode.split(' ')[0]}; median wall of {args.repeats}, max peak RSS")
-    header = f"  {'method':30s} {'wall s':>8s} {'peak RSS MiB':>13s} {'time ratio':>11s} {'RSS ratio':>10s}"
-    print(header)
-    print("  " + "-" * (len(header) - 2))
-    for m in methods.values():
-        print(f"  {m.name:30s} {m.wall:8.2f} {m.rss_mib:13.1f} {fmt_ratio(m.wall / ds.wall):>11s} "
-              f"{fmt_ratio(m.rss_mib / ds.rss_mib):>10s}")
-    print(f"  (ratios: method / zero_to_fp32; targets: RSS ratio <= {RSS_TARGET:g}, time ratio <= {TIME_TARGET:g})\n")
+    print_table(methods, ds, "zero_to_fp32", RSS_TARGET, TIME_TARGET)
 
     failed = not all(verdicts.values())
     for key in ("export", "mount"):
         m = methods[key]
-        rss_ok = m.rss_mib <= RSS_TARGET * ds.rss_mib
-        time_ok = m.wall <= TIME_TARGET * ds.wall
-        failed |= not (rss_ok and time_ok and verdicts[key])
-        print(f"  {'PASS' if rss_ok else 'FAIL'}  {m.name}: peak RSS {m.rss_mib:.1f} MiB <= {RSS_TARGET:g} x "
-              f"{ds.rss_mib:.1f} MiB = {RSS_TARGET * ds.rss_mib:.1f} MiB")
-        print(f"  {'PASS' if time_ok else 'FAIL'}  {m.name}: wall {m.wall:.2f} s <= {ds.wall:.2f} s")
+        failed |= not (check_targets(m, ds, RSS_TARGET, TIME_TARGET) and verdicts[key])
         print(f"  {'PASS' if verdicts[key] else 'FAIL'}  {m.name}: output equals zero_to_fp32's")
     exp, cp = methods["export"], methods["mount"]
     speed_ok = exp.wall <= cp.wall / EXPORT_VS_CP
