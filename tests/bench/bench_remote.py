@@ -163,7 +163,7 @@ def main() -> int:
         if s3:
             s3.stop()
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps({"bench": "remote", "machine": "loaded (other jobs running)", **results}))
+    print(json.dumps({"bench": "remote", "machine": f"{os.cpu_count()} cpus, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}", **results}))
     return 0
 
 
