@@ -129,18 +129,9 @@ def load_main(mode: str, path: str):
     # Make every tensor resident: safetensors' default (mmap) backend returns tensors that
     # map the file and are read only when touched. One byte per 4 KiB page (no temporaries
     # beyond a few KiB); on tensors already in anonymous memory this costs milliseconds.
-    touched = 0
-    for v in out.values():
-        b = v.reshape(-1).view(torch.uint8)
-        if b.numel():
-            touched += int(b[::4096].sum(dtype=torch.int64)) + int(b[-1])
+    benchlib.touch_pages(out.values())
     t3 = time.perf_counter()
-    status = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
-                status[key] = int(rest.split()[0])
+    status = benchlib.vm_status()
     print(json.dumps({
         "import_s": t1 - t0, "load_s": t2 - t1, "touch_s": t3 - t2, "tensors": len(out),
         "bytes": sum(v.numel() * v.element_size() for v in out.values()),

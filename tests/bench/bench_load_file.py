@@ -47,10 +47,7 @@ if mode == "safetensors":
 else:
     sd = torch.load(path, mmap=True, weights_only=True)
 t1 = time.perf_counter()
-total = 0
-for v in sd.values():
-    b = v.reshape(-1).view(torch.uint8)
-    total += int(b[::4096].sum()) + b.numel()
+touch_pages(sd.values())
 t2 = time.perf_counter()
 print(json.dumps({"load": t1 - t0, "touch": t2 - t1, "total": t2 - t0, "tensors": len(sd)}))
 """
@@ -67,7 +64,7 @@ def make_checkpoint(path: Path, n: int, size: int):
 
 
 def load(mode: str, path: Path, timeout: float = 600) -> dict:
-    r = subprocess.run([sys.executable, "-c", LOADER, mode, str(path)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", benchlib.TOUCH_PAGES_SOURCE + LOADER, mode, str(path)], capture_output=True, text=True,
                        timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"loader {mode} {path}: {r.stderr.strip()[-2000:]}")

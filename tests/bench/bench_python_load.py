@@ -51,6 +51,8 @@ import sys
 import time
 from pathlib import Path
 
+import benchlib
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 TIME_GOAL = 1.1
@@ -58,16 +60,6 @@ RSS_GOAL = 1.1
 
 
 # --- child modes (torch is imported only here) ---------------------------------------------
-
-
-def vm_status() -> dict:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
-                out[key] = int(rest.split()[0])
-    return out
 
 
 def child_load(mode: str, source: str) -> None:
@@ -93,14 +85,10 @@ def child_load(mode: str, source: str) -> None:
     else:
         raise SystemExit(f"unknown mode {mode}")
     t1 = time.perf_counter()
-    touched = 0
-    for tensor in out.values():
-        flat = tensor.reshape(-1).view(torch.uint8)
-        if flat.numel():
-            touched += int(flat[::4096].sum(dtype=torch.int64)) + int(flat[-1])
+    benchlib.touch_pages(out.values())
     t2 = time.perf_counter()
     print(json.dumps({"call_s": t1 - t0, "touch_s": t2 - t1, "tensors": len(out),
-                      "bytes": sum(t.numel() * t.element_size() for t in out.values()), **vm_status()}))
+                      "bytes": sum(t.numel() * t.element_size() for t in out.values()), **benchlib.vm_status()}))
 
 
 def child_generate_pt(out: str, tensors: int, rows: int, cols: int) -> None:

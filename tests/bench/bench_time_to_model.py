@@ -68,23 +68,13 @@ BIG = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidde
 # Loaders (run with `python -c`, each in a fresh process; torch imported inside the clock).
 # ---------------------------------------------------------------------------
 
-TOUCH = r"""
-def touch(tensors):
-    import torch
-    n = 0
-    for t in tensors:
-        if t.numel() == 0:
-            continue
-        b = t.detach().reshape(-1).view(torch.uint8)
-        n += int(b[::4096].sum()) + b.numel()
-    return n
-"""
+TOUCH = benchlib.TOUCH_PAGES_SOURCE
 
 FROM_PRETRAINED = TOUCH + r"""
 import sys, torch
 from transformers import AutoModelForCausalLM
 m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
-touch(list(m.parameters()))
+touch_pages(list(m.parameters()))
 """
 
 LOAD_STATE_DICT_PT = TOUCH + r"""
@@ -96,7 +86,7 @@ cfg = AutoConfig.from_pretrained(sys.argv[2])
 with torch.device("meta"):
     m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
 m.load_state_dict(sd, strict=False, assign=True)
-touch(list(m.parameters()))
+touch_pages(list(m.parameters()))
 """
 
 TORCH_LOAD_BF16 = TOUCH + r"""
@@ -104,14 +94,14 @@ import sys, torch
 sd = torch.load(sys.argv[1], weights_only=True, mmap=sys.argv[2] == "mmap")
 out = {k: v.to(torch.bfloat16) for k, v in sd.items()}
 del sd
-touch(out.values())
+touch_pages(out.values())
 """
 
 LOAD_FILE = TOUCH + r"""
 import sys
 from safetensors.torch import load_file
 out = load_file(sys.argv[1])
-touch(out.values())
+touch_pages(out.values())
 """
 
 CKPTFS_LOAD_BF16 = TOUCH + r"""
@@ -119,7 +109,7 @@ import sys
 sys.path.insert(0, sys.argv[2])
 import ckptfs
 out = ckptfs.load(sys.argv[1], device="cpu", dtype="bf16")
-touch(out.values())
+touch_pages(out.values())
 """
 
 DCP_TO_TORCH_SAVE = r"""

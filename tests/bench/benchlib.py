@@ -5,6 +5,7 @@ so their own directory is sys.path[0] and `import benchlib` finds this file."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import subprocess
@@ -362,6 +363,34 @@ def set_read_ahead_kb(mnt: Path, kb: int) -> int:
 def read_ahead_kb(mnt: Path) -> int:
     dev = os.stat(mnt).st_dev
     return int(Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb").read_text())
+
+
+def vm_status() -> dict:
+    """This process's peak and current memory from /proc/self/status, in KiB."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
+                out[key] = int(rest.split()[0])
+    return out
+
+
+def touch_pages(tensors) -> int:
+    """Reads one byte of every 4 KiB page of every tensor, and its last byte, so tensors that
+    only map a file are really read (as a loader's first use would); returns their sum, which
+    callers keep so the reads are not optimised away. torch is imported here, not by benchlib."""
+    import torch
+    total = 0
+    for t in tensors:
+        b = t.detach().reshape(-1).view(torch.uint8)
+        if b.numel():
+            total += int(b[::4096].sum(dtype=torch.int64)) + int(b[-1])
+    return total
+
+
+# touch_pages as source text, for the loaders run with `python -c` in fresh processes.
+TOUCH_PAGES_SOURCE = inspect.getsource(touch_pages)
 
 
 def machine_note() -> str:
