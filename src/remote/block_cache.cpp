@@ -2,6 +2,27 @@
 
 namespace ckptfs {
 
+void BlockCache::TouchLocked(Entry& e) {
+  if (e.consumed) {
+    // Read again after all: an ordinary block once more.
+    lru_.splice(lru_.begin(), consumed_, e.lru);
+    e.consumed = false;
+    consumed_bytes_ -= e.block.length;
+  } else {
+    lru_.splice(lru_.begin(), lru_, e.lru);
+  }
+}
+
+void BlockCache::EraseLocked(std::map<Key, Entry>::iterator it) {
+  Entry& e = it->second;
+  if (!e.pending) {
+    (e.consumed ? consumed_ : lru_).erase(e.lru);
+    ready_bytes_ -= e.block.length;
+    if (e.consumed) consumed_bytes_ -= e.block.length;
+  }
+  entries_.erase(it);
+}
+
 BlockCache::Lookup BlockCache::Find(uint64_t object, uint64_t index, bool claim, Block* block) {
   std::lock_guard<std::mutex> lock(mu_);
   const Key key{object, index};
@@ -12,7 +33,7 @@ BlockCache::Lookup BlockCache::Find(uint64_t object, uint64_t index, bool claim,
     return Lookup::kClaimed;
   }
   if (it->second.pending) return Lookup::kPending;
-  lru_.splice(lru_.begin(), lru_, it->second.lru);
+  TouchLocked(it->second);
   *block = it->second.block;
   return Lookup::kReady;
 }
@@ -26,24 +47,15 @@ BlockCache::Lookup BlockCache::Wait(uint64_t object, uint64_t index, Block* bloc
   });
   auto it = entries_.find(key);
   if (it == entries_.end()) return Lookup::kAbsent;
-  lru_.splice(lru_.begin(), lru_, it->second.lru);
+  TouchLocked(it->second);
   *block = it->second.block;
   return Lookup::kReady;
 }
 
 void BlockCache::Fill(uint64_t object, uint64_t index, Block block) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const Key key{object, index};
-    Entry& e = entries_[key];
-    e.pending = false;
-    ready_bytes_ += block.length;
-    e.block = std::move(block);
-    lru_.push_front(key);
-    e.lru = lru_.begin();
-    EvictLocked(1);
-  }
-  done_.notify_all();
+  std::vector<Block> one;
+  one.push_back(std::move(block));
+  FillRun(object, index, std::move(one));
 }
 
 void BlockCache::FillRun(uint64_t object, uint64_t first, std::vector<Block> blocks) {
@@ -66,21 +78,28 @@ void BlockCache::FillRun(uint64_t object, uint64_t first, std::vector<Block> blo
 void BlockCache::Fail(uint64_t object, uint64_t index) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    entries_.erase(Key{object, index});
+    auto it = entries_.find(Key{object, index});
+    if (it != entries_.end()) EraseLocked(it);
   }
   done_.notify_all();
 }
 
+void BlockCache::Consumed(uint64_t object, uint64_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(Key{object, index});
+  if (it == entries_.end() || it->second.pending || it->second.consumed) return;
+  Entry& e = it->second;
+  consumed_.splice(consumed_.begin(), lru_, e.lru);
+  e.consumed = true;
+  consumed_bytes_ += e.block.length;
+  while (consumed_bytes_ > consumed_keep_) EraseLocked(entries_.find(consumed_.back()));
+}
+
 void BlockCache::EvictLocked(size_t keep) {
-  // The blocks just filled are at the front and are never evicted by their own Fill, so a
-  // cache smaller than one request still serves that request.
-  while (ready_bytes_ > capacity_ && lru_.size() > keep) {
-    const Key key = lru_.back();
-    lru_.pop_back();
-    auto it = entries_.find(key);
-    ready_bytes_ -= it->second.block.length;
-    entries_.erase(it);
-  }
+  // Consumed blocks go first. The blocks just filled are at the front of lru_ and are never
+  // evicted by their own Fill, so a cache smaller than one request still serves that request.
+  while (ready_bytes_ > capacity_ && !consumed_.empty()) EraseLocked(entries_.find(consumed_.back()));
+  while (ready_bytes_ > capacity_ && lru_.size() > keep) EraseLocked(entries_.find(lru_.back()));
 }
 
 }  // namespace ckptfs

@@ -28,14 +28,19 @@ constexpr uint64_t kReadaheadAfterBytes = 1 << 20;
 
 // Readahead requests in flight per source.
 constexpr int kReadaheadThreads = 4;
+// Consumed blocks kept (block_cache.hpp): enough for the reads the kernel has in flight
+// around a sequential reader's position (a few 1 MiB requests).
+constexpr uint64_t kConsumedKeepBytes = 16 << 20;
 
 }  // namespace
 
 RemoteContext::RemoteContext(const RemoteOptions& o)
     : options(o),
       client(o),
-      buffers(std::make_shared<BufferPool>(kReadaheadRequestBytes, 2 * kReadaheadThreads)),
-      cache(o.cache_bytes),
+      // As many recycled buffers as the cache can hold blocks of, plus those in flight.
+      buffers(std::make_shared<BufferPool>(kReadaheadRequestBytes,
+                                           o.cache_bytes / kReadaheadRequestBytes + 2 * kReadaheadThreads)),
+      cache(o.cache_bytes, kConsumedKeepBytes),
       pool(kReadaheadThreads) {}
 
 int64_t ParseHttpDate(const std::string& text) {
@@ -94,7 +99,7 @@ struct RemoteFile::State {
     const uint64_t offset = first * kBlockBytes;
     const uint64_t end = std::min(size(), (last + 1) * kBlockBytes);
     // Written here, then shared read-only by the blocks that slice it.
-    std::shared_ptr<std::vector<char>> buffer = context->buffers->Get(end - offset);
+    std::shared_ptr<FetchBuffer> buffer = context->buffers->Get(end - offset);
     Status s;
     if (changed.load()) {
       s = change;
@@ -166,8 +171,9 @@ struct RemoteFile::State {
   }
 
   // Called by each read: when reads follow each other, fetch ahead of them in parallel
-  // requests, doubling the distance up to the readahead option.
-  void MaybeReadahead(const std::shared_ptr<State>& self, uint64_t offset, uint64_t length) {
+  // requests, doubling the distance up to the readahead option. Returns whether the read
+  // continues a sequential stream (whose blocks are consumed once read to their end).
+  bool MaybeReadahead(const std::shared_ptr<State>& self, uint64_t offset, uint64_t length) {
     const uint64_t end = offset + length;
     const uint64_t max_window =
         std::min(context->options.readahead_bytes, context->cache.capacity() / 2);
@@ -187,16 +193,17 @@ struct RemoteFile::State {
         run_bytes = length;
         prefetched_until = end;
         next_expected = end;
-        return;
+        return false;
       }
       run_bytes += length;
       next_expected = std::max(end, next_expected);
-      if (run_bytes < kReadaheadAfterBytes || max_window < kBlockBytes) return;
+      if (run_bytes < kReadaheadAfterBytes) return false;
+      if (max_window < kBlockBytes) return true;
       const uint64_t window = std::min(max_window, 2 * run_bytes);
       start = std::max(prefetched_until, next_expected);
       stop = std::min(size(), next_expected + window);
       // Top up in whole requests, not a sliver after every read.
-      if (stop <= start || (stop - start < kReadaheadRequestBytes && stop != size())) return;
+      if (stop <= start || (stop - start < kReadaheadRequestBytes && stop != size())) return true;
       prefetched_until = stop;
     }
     // The blocks are claimed now, so a reader that gets there before the request does waits
@@ -226,6 +233,7 @@ struct RemoteFile::State {
         b = run_last + 1;
       }
     }
+    return true;
   }
 };
 
@@ -255,7 +263,7 @@ Status RemoteFile::Read(uint64_t offset, size_t length, void* out) const {
   if (length == 0) return Status::OK();
   State& st = *state_;
   if (st.changed.load()) return st.change;
-  st.MaybeReadahead(state_, offset, length);
+  const bool streaming = st.MaybeReadahead(state_, offset, length);
   const uint64_t first = offset / kBlockBytes;
   const uint64_t last = (offset + length - 1) / kBlockBytes;
   // Fetch what nobody has or is fetching, in as few requests as possible, then collect.
@@ -285,6 +293,7 @@ Status RemoteFile::Read(uint64_t offset, size_t length, void* out) const {
     const uint64_t to = std::min<uint64_t>(offset + length, block_start + block.length);
     if (to <= from || from - block_start + (to - from) > block.length) return ShorterThanIndexed(st.object.display);
     std::memcpy(dst + (from - offset), block.data() + (from - block_start), to - from);
+    if (streaming && to == block_start + block.length) st.context->cache.Consumed(st.id, b);
   }
   return Status::OK();
 }

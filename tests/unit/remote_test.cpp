@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -78,7 +79,7 @@ BOOST_AUTO_TEST_CASE(http_dates) {
 }
 
 BOOST_AUTO_TEST_CASE(block_cache_claims_waits_and_evicts) {
-  BlockCache cache(2 * 100);
+  BlockCache cache(2 * 100, 100);
   BlockCache::Block block;
   BOOST_TEST((cache.Find(1, 0, true, &block) == BlockCache::Lookup::kClaimed));
   BOOST_TEST((cache.Find(1, 0, true, &block) == BlockCache::Lookup::kPending));
@@ -89,7 +90,8 @@ BOOST_AUTO_TEST_CASE(block_cache_claims_waits_and_evicts) {
     BOOST_TEST(got.length == 100u);
     BOOST_TEST(got.data()[0] == 'a');
   });
-  auto buf = std::make_shared<const std::vector<char>>(100, 'a');
+  auto buf = std::make_shared<FetchBuffer>(100);
+  std::memset(buf->data(), 'a', 100);
   cache.Fill(1, 0, BlockCache::Block{buf, 0, 100});
   waiter.join();
   // A failed claim leaves no trace: the next reader claims it again.
@@ -104,6 +106,60 @@ BOOST_AUTO_TEST_CASE(block_cache_claims_waits_and_evicts) {
   BOOST_TEST((cache.Find(1, 0, false, &block) == BlockCache::Lookup::kAbsent));
   BOOST_TEST((cache.Find(1, 3, false, &block) == BlockCache::Lookup::kReady));
   BOOST_TEST((cache.Find(2, 3, false, &block) == BlockCache::Lookup::kAbsent));
+}
+
+BOOST_AUTO_TEST_CASE(block_cache_drops_consumed_blocks_first) {
+  BlockCache cache(4 * 100, 100);
+  BlockCache::Block block;
+  auto buf = std::make_shared<FetchBuffer>(100);
+  auto fill = [&](uint64_t b) {
+    BOOST_TEST((cache.Find(1, b, true, &block) == BlockCache::Lookup::kClaimed));
+    cache.Fill(1, b, BlockCache::Block{buf, 0, 100});
+  };
+  for (uint64_t b = 0; b <= 3; ++b) fill(b);
+  // Only consumed_keep bytes of consumed blocks stay, the most recently consumed.
+  cache.Consumed(1, 0);
+  BOOST_TEST((cache.Find(1, 0, false, &block) == BlockCache::Lookup::kReady));
+  cache.Consumed(1, 0);  // read again above: consumed again
+  cache.Consumed(1, 1);
+  BOOST_TEST((cache.Find(1, 0, false, &block) == BlockCache::Lookup::kAbsent));
+  // Block 1 is read again (an ordinary block once more); block 2 is consumed: over
+  // capacity, the consumed block goes before the least recently used one.
+  BOOST_TEST((cache.Find(1, 1, false, &block) == BlockCache::Lookup::kReady));
+  cache.Consumed(1, 2);
+  fill(4);
+  fill(5);
+  BOOST_TEST((cache.Find(1, 2, false, &block) == BlockCache::Lookup::kAbsent));
+  BOOST_TEST((cache.Find(1, 3, false, &block) == BlockCache::Lookup::kReady));
+  fill(6);  // then least recently used first: block 1 was read after block 3
+  BOOST_TEST((cache.Find(1, 1, false, &block) == BlockCache::Lookup::kAbsent));
+  BOOST_TEST((cache.Find(1, 3, false, &block) == BlockCache::Lookup::kReady));
+  // Pending and absent blocks are left alone.
+  BOOST_TEST((cache.Find(1, 9, true, &block) == BlockCache::Lookup::kClaimed));
+  cache.Consumed(1, 9);
+  cache.Consumed(1, 10);
+  BOOST_TEST((cache.Find(1, 9, false, &block) == BlockCache::Lookup::kPending));
+  cache.Fail(1, 9);
+}
+
+BOOST_AUTO_TEST_CASE(buffer_pool_recycles_within_its_bound) {
+  auto pool = std::make_shared<BufferPool>(1000, 1);
+  const char* first = nullptr;
+  {
+    auto a = pool->Get(1000);
+    first = a->data();
+    BOOST_TEST(a->size() == 1000u);
+  }
+  {
+    auto again = pool->Get(600);  // half the pool's size or more: pooled
+    BOOST_TEST(static_cast<const void*>(again->data()) == static_cast<const void*>(first));
+    BOOST_TEST(again->size() == 600u);
+    auto second = pool->Get(1000);  // a second buffer exists while the first is out
+    BOOST_TEST(static_cast<const void*>(second->data()) != static_cast<const void*>(first));
+  }
+  // Small and oversized requests get buffers of their own size.
+  BOOST_TEST(pool->Get(10)->capacity() == 10u);
+  BOOST_TEST(pool->Get(5000)->capacity() == 5000u);
 }
 
 BOOST_AUTO_TEST_CASE(disk_cache_is_keyed_by_etag) {
