@@ -39,7 +39,8 @@ std::string Trim(std::string_view s) {
 struct Attempt {
   const HttpRequest* request;
   HttpResponse* response;
-  uint64_t received = 0;
+  uint64_t received = 0;  // body bytes of the current response
+  uint64_t counted = 0;   // body bytes of all responses (redirects too), counted once at the end
   bool overflow = false;  // more body than asked for: the transfer was cut
 };
 
@@ -89,7 +90,7 @@ size_t OnBody(char* data, size_t size, size_t count, void* user) {
     req.body->append(data, n);
   }
   a->received += n;
-  CountBytes(n);
+  a->counted += n;
   return n;
 }
 
@@ -192,6 +193,9 @@ Status HttpClient::TryOnce(const HttpRequest& req, HttpResponse* resp, bool* tra
 
   CountRequest();
   const CURLcode rc = curl_easy_perform(h);
+  // Once per request: an atomic add per write callback contended between the fetching
+  // threads (about 1 % of the daemon in a profile).
+  CountBytes(a.counted);
   long status = 0;
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
   resp->status = status;
