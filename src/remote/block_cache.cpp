@@ -3,14 +3,12 @@
 namespace ckptfs {
 
 void BlockCache::TouchLocked(Entry& e) {
-  if (e.consumed) {
-    // Read again after all: an ordinary block once more.
-    lru_.splice(lru_.begin(), consumed_, e.lru);
-    e.consumed = false;
-    consumed_bytes_ -= e.block.length;
-  } else {
-    lru_.splice(lru_.begin(), lru_, e.lru);
-  }
+  // A consumed block stays consumed when read again: the kernel delivers a sequential
+  // reader's requests out of order, so the read of a block's start often comes after the
+  // read that finished it, and making it an ordinary block again would leave it pinning
+  // its request's whole buffer until the cache is full.
+  std::list<Key>& list = e.consumed ? consumed_ : lru_;
+  list.splice(list.begin(), list, e.lru);
 }
 
 void BlockCache::EraseLocked(std::map<Key, Entry>::iterator it) {

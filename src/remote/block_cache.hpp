@@ -70,7 +70,7 @@ class BlockCache {
     Block block;
     std::list<Key>::iterator lru;  // in lru_ or consumed_; valid when !pending
   };
-  // Moves a ready entry to the front of lru_ (it is being used again).
+  // Moves a ready entry to the front of its list (it is being used again).
   void TouchLocked(Entry& e);
   void EraseLocked(std::map<Key, Entry>::iterator it);
   void EvictLocked(size_t keep);

@@ -109,7 +109,7 @@ BOOST_AUTO_TEST_CASE(block_cache_claims_waits_and_evicts) {
 }
 
 BOOST_AUTO_TEST_CASE(block_cache_drops_consumed_blocks_first) {
-  BlockCache cache(4 * 100, 100);
+  BlockCache cache(4 * 100, 200);
   BlockCache::Block block;
   auto buf = std::make_shared<FetchBuffer>(100);
   auto fill = [&](uint64_t b) {
@@ -117,22 +117,23 @@ BOOST_AUTO_TEST_CASE(block_cache_drops_consumed_blocks_first) {
     cache.Fill(1, b, BlockCache::Block{buf, 0, 100});
   };
   for (uint64_t b = 0; b <= 3; ++b) fill(b);
-  // Only consumed_keep bytes of consumed blocks stay, the most recently consumed.
+  // Only consumed_keep bytes of consumed blocks stay: the most recently used of them.
   cache.Consumed(1, 0);
-  BOOST_TEST((cache.Find(1, 0, false, &block) == BlockCache::Lookup::kReady));
-  cache.Consumed(1, 0);  // read again above: consumed again
   cache.Consumed(1, 1);
-  BOOST_TEST((cache.Find(1, 0, false, &block) == BlockCache::Lookup::kAbsent));
-  // Block 1 is read again (an ordinary block once more); block 2 is consumed: over
-  // capacity, the consumed block goes before the least recently used one.
-  BOOST_TEST((cache.Find(1, 1, false, &block) == BlockCache::Lookup::kReady));
+  BOOST_TEST((cache.Find(1, 0, false, &block) == BlockCache::Lookup::kReady));  // still consumed
   cache.Consumed(1, 2);
+  BOOST_TEST((cache.Find(1, 1, false, &block) == BlockCache::Lookup::kAbsent));
+  BOOST_TEST((cache.Find(1, 0, false, &block) == BlockCache::Lookup::kReady));
+  // Over capacity, consumed blocks go before the least recently used ordinary one.
   fill(4);
-  fill(5);
+  fill(5);  // 0, 2, 3, 4, 5: one over
   BOOST_TEST((cache.Find(1, 2, false, &block) == BlockCache::Lookup::kAbsent));
   BOOST_TEST((cache.Find(1, 3, false, &block) == BlockCache::Lookup::kReady));
-  fill(6);  // then least recently used first: block 1 was read after block 3
-  BOOST_TEST((cache.Find(1, 1, false, &block) == BlockCache::Lookup::kAbsent));
+  fill(6);  // 0 (consumed) goes before 3
+  BOOST_TEST((cache.Find(1, 0, false, &block) == BlockCache::Lookup::kAbsent));
+  BOOST_TEST((cache.Find(1, 3, false, &block) == BlockCache::Lookup::kReady));
+  fill(7);  // then least recently used first: 4
+  BOOST_TEST((cache.Find(1, 4, false, &block) == BlockCache::Lookup::kAbsent));
   BOOST_TEST((cache.Find(1, 3, false, &block) == BlockCache::Lookup::kReady));
   // Pending and absent blocks are left alone.
   BOOST_TEST((cache.Find(1, 9, true, &block) == BlockCache::Lookup::kClaimed));
