@@ -6,7 +6,9 @@
          size of the source (what downloading it first would fetch);
   read   sequential read of the mounted model.safetensors vs `curl -o /dev/null` of the
          same .pt from the same server (goal: >= 0.8x curl's throughput), and vs the same file
-         mounted from local disk (what FUSE allows on the machine);
+         mounted from local disk (what FUSE allows on the machine), taking turns in each
+         repeat; with the CPU seconds each side spent (curl or the ckptfs daemon, nginx, and
+         the reading process), which a loaded machine changes much less than wall time;
   cache  a second mount with -o cache_dir: bytes the server sends for a full read (goal: 0).
 
 Run as a script: `python tests/bench/bench_remote.py [--size-mib 1024] [--repeats 3]`
@@ -58,6 +60,41 @@ def read_file(path: Path) -> float:
         while f.read(4 * MiB):
             pass
     return time.perf_counter() - t0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process PID so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def children_cpu_seconds() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def mounted_read(binary, source, mnt: Path, server_pid: int) -> tuple[float, dict]:
+    """Mounts SOURCE, reads model.safetensors once; (seconds, CPU seconds of the daemon,
+    the server and this reading process during the read)."""
+    mount(binary, source, mnt)
+    try:
+        daemon = benchlib.daemon_pids(mnt)[0]
+        d0, s0, r0 = cpu_seconds(daemon), cpu_seconds(server_pid), own_cpu_seconds()
+        secs = read_file(mnt / "model.safetensors")
+        cpu = {"daemon": cpu_seconds(daemon) - d0, "server": cpu_seconds(server_pid) - s0,
+               "reader": own_cpu_seconds() - r0}
+    finally:
+        benchlib.unmount(mnt)
+    return secs, cpu
+
+
+def median_cpu(samples: list[dict]) -> dict:
+    return {k: round(statistics.median(s[k] for s in samples), 3) for k in samples[0]}
 
 
 def main() -> int:
@@ -112,34 +149,41 @@ def main() -> int:
 
         # --- sequential read vs curl -------------------------------------------------------
         mnt = work / "mnt"
+        load_before = os.getloadavg()
         curl_s, mount_s, local_s = [], [], []
+        curl_cpu, mount_cpu, local_cpu = [], [], []
         for _ in range(args.repeats):
+            s0, c0 = cpu_seconds(nginx.proc.pid), children_cpu_seconds()
             secs, _ = timed(["curl", "-sf", "-o", "/dev/null", url])
             curl_s.append(secs)
-            mount(binary, url, mnt)
-            try:
-                mount_s.append(read_file(mnt / "model.safetensors"))
-            finally:
-                benchlib.unmount(mnt)
+            curl_cpu.append({"curl": children_cpu_seconds() - c0, "server": cpu_seconds(nginx.proc.pid) - s0})
+            secs, cpu = mounted_read(binary, url, mnt, nginx.proc.pid)
+            mount_s.append(secs)
+            mount_cpu.append(cpu)
             # The same file mounted from the local disk (in the page cache, as nginx serves
             # it): what FUSE itself allows on this machine.
-            mount(binary, pt, mnt)
-            try:
-                local_s.append(read_file(mnt / "model.safetensors"))
-            finally:
-                benchlib.unmount(mnt)
+            secs, cpu = mounted_read(binary, pt, mnt, nginx.proc.pid)
+            local_s.append(secs)
+            local_cpu.append(cpu)
         served = size  # model.safetensors holds the same tensor bytes (plus a header)
         curl_rate = served / statistics.median(curl_s) / MiB
         mount_rate = served / statistics.median(mount_s) / MiB
         local_rate = served / statistics.median(local_s) / MiB
+        cpu = {"curl": median_cpu(curl_cpu), "mount": median_cpu(mount_cpu), "local_mount": median_cpu(local_cpu)}
         results["read"] = {"curl_mib_s": round(curl_rate, 1), "mount_mib_s": round(mount_rate, 1),
                            "local_mount_mib_s": round(local_rate, 1),
                            "ratio": round(mount_rate / curl_rate, 3), "goal": 0.8,
                            "ratio_to_local_mount": round(mount_rate / local_rate, 3),
+                           "cpu_seconds_median": cpu,
+                           "load_before": [round(x, 2) for x in load_before],
+                           "load_after": [round(x, 2) for x in os.getloadavg()],
                            "curl_samples_s": curl_s, "mount_samples_s": mount_s, "local_samples_s": local_s}
         print(f"sequential read: mount {mount_rate:.0f} MiB/s vs curl {curl_rate:.0f} MiB/s "
               f"= {mount_rate / curl_rate:.2f}x (goal >= 0.8x; median of {args.repeats}); the same file "
               f"mounted from local disk: {local_rate:.0f} MiB/s (remote = {mount_rate / local_rate:.2f}x local)")
+        print("  CPU seconds (median): " + "; ".join(
+            f"{side}: " + ", ".join(f"{k} {v:.2f}" for k, v in c.items()) + f" (total {sum(c.values()):.2f})"
+            for side, c in cpu.items()) + f"; load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after")
 
         # --- disk cache ----------------------------------------------------------------------
         cache = work / "cache"
