@@ -46,12 +46,24 @@ def _stop(proc) -> None:
             proc.wait(timeout=10)
 
 
+def self_signed_certificate(workdir: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by itself, made by the openssl tool: (cert, key).
+    It is its own CA file: a client that trusts it reaches the server; others refuse."""
+    cert, key = Path(workdir) / "cert.pem", Path(workdir) / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
 class Nginx:
-    """nginx serving ROOT on 127.0.0.1:PORT. One process (master_process off), so it runs as
+    """nginx serving ROOT on 127.0.0.1:PORT, over TLS with a self-signed certificate when
+    `tls` (its CA file is `ca_file`). One process (master_process off), so it runs as
     whoever starts it and reads whatever that user can. Its access log has one line per
     request: method, URI, status, body bytes sent."""
 
-    def __init__(self, root: Path, workdir: Path):
+    def __init__(self, root: Path, workdir: Path, tls: bool = False):
         self.nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         if not Path(self.nginx).exists():
             raise RuntimeError("nginx is not installed (Debian package nginx; scripts/install-deps.sh)")
@@ -64,6 +76,13 @@ class Nginx:
         temp = {k: self.workdir / k for k in ("body", "proxy", "fastcgi", "uwsgi", "scgi")}
         for p in temp.values():
             p.mkdir(exist_ok=True)
+        self.scheme = "https" if tls else "http"
+        self.ca_file = None
+        listen = f"127.0.0.1:{self.port}"
+        if tls:
+            cert, key = self_signed_certificate(self.workdir)
+            self.ca_file = cert
+            listen += f" ssl;\n    ssl_certificate {cert};\n    ssl_certificate_key {key}"
         conf = self.workdir / "nginx.conf"
         conf.write_text(f"""
 daemon off;
@@ -82,7 +101,7 @@ http {{
   sendfile on;
   keepalive_requests 100000;
   server {{
-    listen 127.0.0.1:{self.port};
+    listen {listen};
     root {self.root};
     default_type application/octet-stream;
   }}
@@ -95,7 +114,7 @@ http {{
         _wait_listening(self.port, self.proc, "nginx", self.error_log)
 
     def url(self, relative: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{relative}"
+        return f"{self.scheme}://127.0.0.1:{self.port}/{relative}"
 
     def log_mark(self) -> int:
         return self.access_log.stat().st_size if self.access_log.exists() else 0

@@ -32,6 +32,10 @@ struct RemoteOptions {
   int retries = 4;
   // How far ahead of a sequential reader blocks are fetched, in parallel requests.
   uint64_t readahead_bytes = uint64_t{64} << 20;
+  // A PEM file of the certificate authorities HTTPS servers are checked against, instead of
+  // the system's; empty: EnvForSource takes it from $CURL_CA_BUNDLE (for s3:// sources
+  // $AWS_CA_BUNDLE first), as curl and the AWS tools do.
+  std::string ca_file;
 };
 
 // What this process fetched from remote sources so far (all Envs together).

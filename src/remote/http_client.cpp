@@ -166,6 +166,7 @@ Status HttpClient::TryOnce(const HttpRequest& req, HttpResponse* resp, bool* tra
   curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, static_cast<long>(options_.timeout_seconds));
   curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
   curl_easy_setopt(h, CURLOPT_USERAGENT, "ckptfs/0.1");
+  if (!options_.ca_file.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, options_.ca_file.c_str());
   // Fewer, larger writes into the block buffers on fast links.
   curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);
   curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
@@ -206,7 +207,8 @@ Status HttpClient::TryOnce(const HttpRequest& req, HttpResponse* resp, bool* tra
     // Leave a handle whose connection may be broken out of the pool.
     curl_easy_cleanup(h);
     *transient = rc != CURLE_ABORTED_BY_CALLBACK && rc != CURLE_UNSUPPORTED_PROTOCOL && rc != CURLE_URL_MALFORMAT && rc != CURLE_COULDNT_RESOLVE_HOST &&
-                 rc != CURLE_SSL_CACERT && rc != CURLE_PEER_FAILED_VERIFICATION && rc != CURLE_TOO_MANY_REDIRECTS;
+                 rc != CURLE_SSL_CACERT && rc != CURLE_SSL_CACERT_BADFILE && rc != CURLE_PEER_FAILED_VERIFICATION &&
+                 rc != CURLE_TOO_MANY_REDIRECTS;
     return fail(error[0] ? std::string(error) : std::string(curl_easy_strerror(rc)));
   }
   Release(h);

@@ -32,6 +32,14 @@ def nginx(www, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def nginx_tls(www, tmp_path_factory):
+    """The same folder over https://, with a self-signed certificate (nginx_tls.ca_file)."""
+    server = Nginx(www, tmp_path_factory.mktemp("nginx-tls"), tls=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def s3(tmp_path_factory):
     server = MotoS3(tmp_path_factory.mktemp("moto"))
     yield server

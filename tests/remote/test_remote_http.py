@@ -1,9 +1,11 @@
-"""http:// sources served by a real nginx on loopback: a remote mount serves exactly the bytes
-of the same checkpoint mounted from disk, the real loaders read it (torch, safetensors,
-transformers' from_pretrained), building a catalog fetches a small part of the object, a
-missing object is one line at mount, and a remount with the disk cache fetches nothing."""
+"""http:// and https:// sources served by a real nginx on loopback: a remote mount serves
+exactly the bytes of the same checkpoint mounted from disk, the real loaders read it (torch,
+safetensors, transformers' from_pretrained), building a catalog fetches a small part of the
+object, a missing object or an untrusted certificate is one line at mount, and a remount with
+the disk cache fetches nothing."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -144,3 +146,38 @@ def test_remount_with_disk_cache_fetches_nothing(training_pt, nginx, mounts, tmp
     requests = nginx.requests_since(mark)
     assert requests and nginx.bytes_since(mark) == 0, requests
     assert all(method == "HEAD" for method, _, _, _ in requests), requests
+
+
+def env_without_ca(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("CURL_CA_BUNDLE", "AWS_CA_BUNDLE")}
+    env.update(extra)
+    return env
+
+
+@pytest.mark.timeout(120)
+def test_https_with_the_servers_ca_serves_the_same_bytes(training_pt, nginx_tls, mounts):
+    url = nginx_tls.url("training.pt")
+    remote = mounts.mount(url, None, env=env_without_ca(CURL_CA_BUNDLE=str(nginx_tls.ca_file)))
+    local = mounts.mount(training_pt)
+    assert_same_trees(local, remote)
+    # Every byte went over TLS: nginx logged the ranges it sent on its https port.
+    assert nginx_tls.bytes_since(0, "/training.pt") > 0
+
+
+@pytest.mark.timeout(60)
+def test_https_with_an_untrusted_certificate_is_one_line_and_no_mount(nginx_tls, mounts, tmp_path):
+    url = nginx_tls.url("training.pt")
+    mp = mounts.new_mountpoint()
+    # Not retried: a certificate problem is not transient, so this ends at once.
+    res = mounts.start([mounts.binary, url, mp], mp, timeout=20, env=env_without_ca())
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and url in lines[0] and "certificate" in lines[0], res.stderr
+    assert mount_entry(mp) is None
+    # A CA file that cannot be read is named, not a TLS failure.
+    missing = tmp_path / "no-such-ca.pem"
+    res = mounts.start([mounts.binary, url, mp], mp, timeout=20, env=env_without_ca(CURL_CA_BUNDLE=str(missing)))
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(missing) in lines[0] and "CURL_CA_BUNDLE" in lines[0], res.stderr
+    assert mount_entry(mp) is None
