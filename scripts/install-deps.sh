@@ -6,6 +6,7 @@ packages=(g++ cmake ninja-build pkg-config libfuse3-dev fuse3 nlohmann-json3-dev
 packages+=(fuse-zip)  # tests/bench/bench_archive_peers.py: the archive-mount peer
 packages+=(libcurl4-openssl-dev)  # remote sources (src/remote): range requests, SigV4
 packages+=(nginx)  # tests/remote, tests/bench/bench_remote.py: the web server on loopback
+packages+=(openssl)  # tests/remote: the self-signed certificate of the https:// server
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
