@@ -9,6 +9,8 @@
          mounted from local disk (what FUSE allows on the machine), taking turns in each
          repeat; with the CPU seconds each side spent (curl or the ckptfs daemon, nginx, and
          the reading process), which a loaded machine changes much less than wall time;
+  https  the same read over TLS (nginx with a self-signed certificate) vs `curl --cacert`
+         (information: both sides then pay for the cipher);
   cache  a second mount with -o cache_dir: bytes the server sends for a full read (goal: 0).
 
 Run as a script: `python tests/bench/bench_remote.py [--size-mib 1024] [--repeats 3]`
@@ -78,10 +80,10 @@ def children_cpu_seconds() -> float:
     return t.children_user + t.children_system
 
 
-def mounted_read(binary, source, mnt: Path, server_pid: int) -> tuple[float, dict]:
+def mounted_read(binary, source, mnt: Path, server_pid: int, env=None) -> tuple[float, dict]:
     """Mounts SOURCE, reads model.safetensors once; (seconds, CPU seconds of the daemon,
     the server and this reading process during the read)."""
-    mount(binary, source, mnt)
+    mount(binary, source, mnt, env=env)
     try:
         daemon = benchlib.daemon_pids(mnt)[0]
         d0, s0, r0 = cpu_seconds(daemon), cpu_seconds(server_pid), own_cpu_seconds()
@@ -115,6 +117,7 @@ def main() -> int:
     torch.save({f"layer{i}.weight": torch.randn(16 * MiB, generator=g) for i in range(n)}, pt)
     size = pt.stat().st_size
     nginx = Nginx(work / "www", work / "nginx")
+    nginx_tls = Nginx(work / "www", work / "nginx-tls", tls=True)
     s3 = None
     results = {}
     try:
@@ -185,6 +188,23 @@ def main() -> int:
             f"{side}: " + ", ".join(f"{k} {v:.2f}" for k, v in c.items()) + f" (total {sum(c.values()):.2f})"
             for side, c in cpu.items()) + f"; load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after")
 
+        # --- the same over https ---------------------------------------------------------------
+        tls_url = nginx_tls.url("big.pt")
+        tls_env = dict(os.environ, CURL_CA_BUNDLE=str(nginx_tls.ca_file))
+        curl_tls_s, mount_tls_s = [], []
+        for _ in range(args.repeats):
+            secs, _ = timed(["curl", "-sf", "--cacert", nginx_tls.ca_file, "-o", "/dev/null", tls_url])
+            curl_tls_s.append(secs)
+            secs, _ = mounted_read(binary, tls_url, mnt, nginx_tls.proc.pid, env=tls_env)
+            mount_tls_s.append(secs)
+        curl_tls = served / statistics.median(curl_tls_s) / MiB
+        mount_tls = served / statistics.median(mount_tls_s) / MiB
+        results["read_https"] = {"curl_mib_s": round(curl_tls, 1), "mount_mib_s": round(mount_tls, 1),
+                                 "ratio": round(mount_tls / curl_tls, 3),
+                                 "curl_samples_s": curl_tls_s, "mount_samples_s": mount_tls_s}
+        print(f"sequential read over https: mount {mount_tls:.0f} MiB/s vs curl {curl_tls:.0f} MiB/s "
+              f"= {mount_tls / curl_tls:.2f}x (median of {args.repeats})")
+
         # --- disk cache ----------------------------------------------------------------------
         cache = work / "cache"
         mount(binary, url, mnt, f"cache_dir={cache}")
@@ -204,6 +224,7 @@ def main() -> int:
               f"({len(nginx.requests_since(mark))} requests, HEAD only); full read {secs:.2f} s")
     finally:
         nginx.stop()
+        nginx_tls.stop()
         if s3:
             s3.stop()
         shutil.rmtree(work, ignore_errors=True)
