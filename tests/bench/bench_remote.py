@@ -13,7 +13,8 @@
          (information: both sides then pay for the cipher);
   cache  a second mount with -o cache_dir: bytes the server sends for a full read (goal: 0).
 
-Run as a script: `python tests/bench/bench_remote.py [--size-mib 1024] [--repeats 3]`
+Run as a script: `python tests/bench/bench_remote.py [--size-mib 1024] [--repeats 3]
+[--baseline-bin OLD_CKPTFS]`
 (build/ckptfs or CKPTFS_BIN; nginx from scripts/install-deps.sh, moto from the test venv)."""
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ def main() -> int:
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "ckptfs-bench-remote")
+    ap.add_argument("--baseline-bin", type=Path, default=None,
+                    help="another ckptfs binary (an older build) whose remote read takes its turn in "
+                         "every repeat too: a before/after pair measured under the same load")
     args = ap.parse_args()
     binary = ckptfs_bin()
     work = args.workdir
@@ -155,6 +159,7 @@ def main() -> int:
         load_before = os.getloadavg()
         curl_s, mount_s, local_s = [], [], []
         curl_cpu, mount_cpu, local_cpu = [], [], []
+        baseline_s, baseline_cpu = [], []
         for _ in range(args.repeats):
             s0, c0 = cpu_seconds(nginx.proc.pid), children_cpu_seconds()
             secs, _ = timed(["curl", "-sf", "-o", "/dev/null", url])
@@ -168,11 +173,20 @@ def main() -> int:
             secs, cpu = mounted_read(binary, pt, mnt, nginx.proc.pid)
             local_s.append(secs)
             local_cpu.append(cpu)
+            if args.baseline_bin:
+                secs, cpu = mounted_read(args.baseline_bin.resolve(), url, mnt, nginx.proc.pid)
+                baseline_s.append(secs)
+                baseline_cpu.append(cpu)
         served = size  # model.safetensors holds the same tensor bytes (plus a header)
         curl_rate = served / statistics.median(curl_s) / MiB
         mount_rate = served / statistics.median(mount_s) / MiB
         local_rate = served / statistics.median(local_s) / MiB
         cpu = {"curl": median_cpu(curl_cpu), "mount": median_cpu(mount_cpu), "local_mount": median_cpu(local_cpu)}
+        if baseline_s:
+            cpu["baseline_mount"] = median_cpu(baseline_cpu)
+            baseline_rate = served / statistics.median(baseline_s) / MiB
+            results["read_baseline"] = {"binary": str(args.baseline_bin), "mount_mib_s": round(baseline_rate, 1),
+                                        "ratio": round(baseline_rate / curl_rate, 3), "samples_s": baseline_s}
         results["read"] = {"curl_mib_s": round(curl_rate, 1), "mount_mib_s": round(mount_rate, 1),
                            "local_mount_mib_s": round(local_rate, 1),
                            "ratio": round(mount_rate / curl_rate, 3), "goal": 0.8,
@@ -184,6 +198,9 @@ def main() -> int:
         print(f"sequential read: mount {mount_rate:.0f} MiB/s vs curl {curl_rate:.0f} MiB/s "
               f"= {mount_rate / curl_rate:.2f}x (goal >= 0.8x; median of {args.repeats}); the same file "
               f"mounted from local disk: {local_rate:.0f} MiB/s (remote = {mount_rate / local_rate:.2f}x local)")
+        if baseline_s:
+            print(f"  baseline binary {args.baseline_bin}: mount {baseline_rate:.0f} MiB/s = "
+                  f"{baseline_rate / curl_rate:.2f}x curl (same repeats)")
         print("  CPU seconds (median): " + "; ".join(
             f"{side}: " + ", ".join(f"{k} {v:.2f}" for k, v in c.items()) + f" (total {sum(c.values()):.2f})"
             for side, c in cpu.items()) + f"; load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after")
