@@ -160,23 +160,31 @@ def main() -> int:
         curl_s, mount_s, local_s = [], [], []
         curl_cpu, mount_cpu, local_cpu = [], [], []
         baseline_s, baseline_cpu = [], []
-        for _ in range(args.repeats):
+        def remote_read():
+            secs, cpu = mounted_read(binary, url, mnt, nginx.proc.pid)
+            mount_s.append(secs)
+            mount_cpu.append(cpu)
+
+        def baseline_read():
+            secs, cpu = mounted_read(args.baseline_bin.resolve(), url, mnt, nginx.proc.pid)
+            baseline_s.append(secs)
+            baseline_cpu.append(cpu)
+
+        for repeat in range(args.repeats):
             s0, c0 = cpu_seconds(nginx.proc.pid), children_cpu_seconds()
             secs, _ = timed(["curl", "-sf", "-o", "/dev/null", url])
             curl_s.append(secs)
             curl_cpu.append({"curl": children_cpu_seconds() - c0, "server": cpu_seconds(nginx.proc.pid) - s0})
-            secs, cpu = mounted_read(binary, url, mnt, nginx.proc.pid)
-            mount_s.append(secs)
-            mount_cpu.append(cpu)
+            # The two binaries swap places every repeat: a daemon's first touches of fresh
+            # memory cost more or less depending on what ran just before it.
+            order = [remote_read] + ([baseline_read] if args.baseline_bin else [])
+            for read in order if repeat % 2 == 0 else reversed(order):
+                read()
             # The same file mounted from the local disk (in the page cache, as nginx serves
             # it): what FUSE itself allows on this machine.
             secs, cpu = mounted_read(binary, pt, mnt, nginx.proc.pid)
             local_s.append(secs)
             local_cpu.append(cpu)
-            if args.baseline_bin:
-                secs, cpu = mounted_read(args.baseline_bin.resolve(), url, mnt, nginx.proc.pid)
-                baseline_s.append(secs)
-                baseline_cpu.append(cpu)
         served = size  # model.safetensors holds the same tensor bytes (plus a header)
         curl_rate = served / statistics.median(curl_s) / MiB
         mount_rate = served / statistics.median(mount_s) / MiB
@@ -192,6 +200,8 @@ def main() -> int:
                            "ratio": round(mount_rate / curl_rate, 3), "goal": 0.8,
                            "ratio_to_local_mount": round(mount_rate / local_rate, 3),
                            "cpu_seconds_median": cpu,
+                           "cpu_seconds_samples": {"curl": curl_cpu, "mount": mount_cpu, "local_mount": local_cpu,
+                                                   **({"baseline_mount": baseline_cpu} if baseline_s else {})},
                            "load_before": [round(x, 2) for x in load_before],
                            "load_after": [round(x, 2) for x in os.getloadavg()],
                            "curl_samples_s": curl_s, "mount_samples_s": mount_s, "local_samples_s": local_s}
