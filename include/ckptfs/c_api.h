@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define CKPTFS_C_API_VERSION 3
+#define CKPTFS_C_API_VERSION 4
 
 typedef struct ckptfs_handle ckptfs_handle;
 
@@ -43,7 +43,10 @@ size_t ckptfs_tensor_count(const ckptfs_handle* handle);
  * view's trailing 2), "nbytes"}. Since API version 3, a tensor whose served bytes are one
  * byte range of a local source file, as stored (no conversion, no gather), also has
  * "extent": {"file" (an index into ckptfs_source_files), "offset"}: a caller may map that
- * range instead of reading it. Owned by the handle, valid until ckptfs_close. */
+ * range instead of reading it. Since API version 4, a tensor whose served bytes are several
+ * such ranges, as stored (a ZeRO-3 parameter split over the ranks' files), of which
+ * ckptfs_map_tensors would map some, has instead "maps": how many maps it would make.
+ * Owned by the handle, valid until ckptfs_close. */
 const char* ckptfs_tensor_info(ckptfs_handle* handle);
 
 /* A JSON array, one object per source file of the view, in the order "extent" refers to:
@@ -89,6 +92,25 @@ int ckptfs_load_into_stream(ckptfs_handle* handle, size_t count, const uint64_t*
 /* JSON of the calling thread's last successful load: {"tensors", "bytes", "bytes_read",
  * "direct_bytes", "view_bytes", "seconds", "backend", "o_direct"}. */
 const char* ckptfs_last_load_stats(void);
+
+/* Places COUNT tensors (INDICES into ckptfs_tensor_info) in one new region of private memory
+ * and maps into it every whole page of them that is a page of a local source file at the same
+ * offset within a page: private and copy-on-write (the files are never written, pages are
+ * read when first touched, writes go to anonymous copies). A tensor whose byte ranges lie at one
+ * offset within a page in their files (ZeRO-3 partitions of whole pages) is then the files' own
+ * pages, except where two ranges meet inside a page. Sets *REGION and *REGION_SIZE (NULL and 0 when every tensor is empty) and
+ * returns JSON: {"offsets": [tensor i starts at REGION + offsets[i], aligned for its dtype],
+ * "reads": [[i, offset, length], ...] (bytes of tensor i as served that no map supplies: the
+ * caller reads them with ckptfs_read_tensor into their place; until then they are zero),
+ * "mapped_bytes", "maps"}, valid until the calling thread's next call of this function. Each
+ * file is opened by its local path and must still be the file the handle indexed. The region
+ * outlives the handle; release it with ckptfs_unmap(REGION, REGION_SIZE). NULL on error
+ * (nothing is left mapped). Since API version 4. */
+const char* ckptfs_map_tensors(ckptfs_handle* handle, size_t count, const uint64_t* indices, void** region,
+                               uint64_t* region_size);
+
+/* Releases a region of ckptfs_map_tensors. 0, or -1. Since API version 4. */
+int ckptfs_unmap(void* region, uint64_t region_size);
 
 /* The option table as a JSON array, one object per option: {"name", "kind" ("switch" or
  * "value"), "on_by_default", "groups", "flag" (the CLI spelling), "value_name", "help",

@@ -92,17 +92,27 @@ def load(source: str | os.PathLike, device: str | int = "cuda:0", dtype=None, se
         v is not None for v in (buffer_size, buffers, io_threads, direct_io))
 
     with Source(source, view_options(dtype, root, moments=moments)) as opened:
-        out, filled, tensors = {}, [], []
+        out, filled, tensors, composed = {}, [], [], []
         for entry in _selected(opened.tensors, select):
             if map_stored and opened.mappable(entry):
                 out[entry["key"]] = opened.mapped_torch(entry)
+                continue
+            if map_stored and entry.get("maps") and not pipeline:
+                out[entry["key"]] = None  # keeps the checkpoint's order; set below
+                composed.append(entry)
                 continue
             tensor = torch.empty(entry["shape"], dtype=torch_dtype(entry["dtype"]), device=dev)
             out[entry["key"]] = tensor
             filled.append(entry)
             tensors.append(tensor)
+        # Tensors split over several files (ZeRO-3) are composed of maps of those files'
+        # pages: a copy into new memory costs several times more (a zeroed page and a fault
+        # per 4 KiB), see tests/bench/README.md.
+        views, reads = opened.compose_torch(composed)
+        for entry, view in zip(composed, views):
+            out[entry["key"]] = view
         if not pipeline:
-            _read_into(opened, filled, tensors)
+            _read_into(opened, filled, tensors, reads)
             return out
         # torch.empty's memory may still be in use by kernels queued on the current stream
         # (the caching allocator reuses blocks in stream order): the load waits for them. It
@@ -117,18 +127,21 @@ def load(source: str | os.PathLike, device: str | int = "cuda:0", dtype=None, se
 _READ_THREADS = 2
 
 
-def _read_into(opened: Source, entries: list, tensors: list) -> None:
-    """Fills CPU TENSORS with ENTRIES' bytes as served: buffered preads straight into each
-    tensor (conversions through the library's small per-thread scratch), largest first."""
+def _read_into(opened: Source, entries: list, tensors: list, ranges: list = ()) -> None:
+    """Fills CPU TENSORS with ENTRIES' bytes as served, and RANGES ([(entry, offset, length,
+    address)], the bytes of composed tensors no map supplies): buffered preads straight into
+    place (conversions through the library's small per-thread scratch), largest first."""
     from concurrent.futures import ThreadPoolExecutor
 
-    order = sorted(range(len(entries)), key=lambda i: -entries[i]["nbytes"])
-    if len(order) < 2:
-        for i in order:
-            opened.read_whole(entries[i], tensors[i].data_ptr())
+    jobs = [(entry["nbytes"], opened.read_whole, (entry, tensor.data_ptr())) for entry, tensor in zip(entries, tensors)]
+    jobs += [(length, opened.read_range, (entry, offset, length, address)) for entry, offset, length, address in ranges]
+    jobs.sort(key=lambda job: -job[0])
+    if len(jobs) < 2:
+        for _, read, args in jobs:
+            read(*args)
         return
     with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
-        for done in [pool.submit(opened.read_whole, entries[i], tensors[i].data_ptr()) for i in order]:
+        for done in [pool.submit(read, *args) for _, read, args in jobs]:
             done.result()
 
 

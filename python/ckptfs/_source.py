@@ -25,6 +25,25 @@ def view_options(dtype=None, root=None, **options) -> dict:
     return {"dtype": dtype_option(dtype), "root": root or None, **options}
 
 
+class MappedRegion:
+    """Memory of ckptfs_map_tensors: private maps of source files over anonymous memory,
+    released when this object goes. Tensors over it hold it through their storage's buffer."""
+
+    def __init__(self, lib, address: int, size: int):
+        self._lib, self.address, self.size = lib, address, size
+
+    def buffer(self):
+        """A writable ctypes array over the region, which keeps the region alive."""
+        array = (ctypes.c_char * self.size).from_address(self.address)
+        array._region = self
+        return array
+
+    def __del__(self):
+        if self.address:
+            self._lib.ckptfs_unmap(self.address, self.size)
+            self.address = 0
+
+
 class Source:
     """The view of one checkpoint, as `ckptfs ls` lists it: libckptfs's handle, closed by
     close() or the with block."""
@@ -143,6 +162,48 @@ class Source:
         tensor = torch.empty(0, dtype=dtype)
         tensor.set_(storage, entry["extent"]["offset"] // itemsize(entry["dtype"]), shape, list(reversed(strides)))
         return tensor
+
+    def compose_torch(self, entries: list) -> tuple[list, list]:
+        """ENTRIES (with "maps") as torch tensors over one region where libckptfs mapped
+        the source files' pages that hold them (ckptfs_map_tensors), and the byte ranges no
+        map supplies, [(entry, offset, length, address)], which the caller must read
+        (read_range) before the tensors are used."""
+        import numpy as np
+        import torch
+
+        from ._dtypes import torch_dtype
+
+        if not entries:
+            return [], []
+        indices = np.array([e["index"] for e in entries], np.uint64)
+        address, size = ctypes.c_void_p(), ctypes.c_uint64()
+        u64p = ctypes.POINTER(ctypes.c_uint64)
+        layout = self.lib.ckptfs_map_tensors(self._handle(), len(entries), indices.ctypes.data_as(u64p),
+                                             ctypes.byref(address), ctypes.byref(size))
+        if layout is None:
+            raise last_error()
+        layout = json.loads(layout)
+        region = MappedRegion(self.lib, address.value, size.value)
+        storage = torch.frombuffer(region.buffer(), dtype=torch.uint8).untyped_storage()
+        tensors = []
+        for entry, offset in zip(entries, layout["offsets"]):
+            shape = entry["shape"]
+            strides, step = [], 1
+            for dim in reversed(shape):
+                strides.append(step)
+                step *= dim
+            tensor = torch.empty(0, dtype=torch_dtype(entry["dtype"]))
+            tensor.set_(storage, offset // itemsize(entry["dtype"]), shape, list(reversed(strides)))
+            tensors.append(tensor)
+        reads = [(entries[i], start, length, region.address + layout["offsets"][i] + start)
+                 for i, start, length in layout["reads"]]
+        return tensors, reads
+
+    def read_range(self, entry: dict, offset: int, length: int, out_address: int) -> None:
+        """Reads bytes [OFFSET, OFFSET + LENGTH) of ENTRY as served into OUT_ADDRESS."""
+        import numpy as np
+
+        self.read(entry["index"], np.array([offset], np.uint64), np.array([length], np.uint64), out_address)
 
     def mapped_numpy(self, entry: dict):
         """ENTRY as a numpy array over the source file's pages (no copy)."""

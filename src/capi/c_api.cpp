@@ -1,6 +1,8 @@
 // libckptfs.so: the C ABI of include/ckptfs/c_api.h.
 #include "ckptfs/c_api.h"
 
+#include "capi/tensor_map.hpp"
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +30,7 @@ using ckptfs::Status;
 
 thread_local std::string g_error;
 thread_local std::string g_stats = "{}";
+thread_local std::string g_map_layout;
 
 void SetError(const std::string& message) { g_error = message; }
 
@@ -61,6 +64,8 @@ nlohmann::json TensorInfo(const ckptfs::View& view) {
                             {"shape", shape}, {"nbytes", tensors[i].served_nbytes()}};
     if (auto extent = MappableExtent(tensors[i], *view.catalog().files))
       entry["extent"] = {{"file", extent->file}, {"offset", extent->offset}};
+    else if (size_t maps = ckptfs::MappedPieceCount(tensors[i], *view.catalog().files); maps > 0)
+      entry["maps"] = maps;
     info.push_back(std::move(entry));
   }
   return info;
@@ -206,6 +211,40 @@ CKPTFS_EXPORT int ckptfs_load_into_stream(ckptfs_handle* handle, size_t count, c
                                           void* const* ptrs, const uint64_t* nbytes, const char* backend, int device,
                                           void* stream, const char* options_json) {
   return LoadInto(handle, count, indices, ptrs, nbytes, backend, device, stream, options_json);
+}
+
+CKPTFS_EXPORT const char* ckptfs_map_tensors(ckptfs_handle* handle, size_t count, const uint64_t* indices,
+                                             void** region, uint64_t* region_size) {
+  using namespace ckptfs;
+  try {
+    *region = nullptr;
+    *region_size = 0;
+    if (!handle) return SetError("ckptfs_map_tensors: null handle"), nullptr;
+    TensorRegion mapped;
+    Status s = MapTensors(*handle->view, std::vector<size_t>(indices, indices + count), &mapped);
+    if (!s.ok()) return SetError(s.message()), nullptr;
+    nlohmann::json reads = nlohmann::json::array();
+    for (const TensorRead& r : mapped.reads) reads.push_back({r.tensor, r.offset, r.length});
+    try {
+      g_map_layout = nlohmann::json{{"offsets", mapped.offsets}, {"reads", std::move(reads)},
+                                    {"mapped_bytes", mapped.mapped_bytes}, {"maps", mapped.maps}}
+                         .dump();
+    } catch (...) {
+      UnmapRegion(mapped.base, mapped.size);
+      throw;
+    }
+    *region = mapped.base;
+    *region_size = mapped.size;
+    return g_map_layout.c_str();
+  } catch (const std::exception& e) {
+    SetError(std::string("ckptfs_map_tensors: ") + e.what());
+    return nullptr;
+  }
+}
+
+CKPTFS_EXPORT int ckptfs_unmap(void* region, uint64_t region_size) {
+  if (ckptfs::Status s = ckptfs::UnmapRegion(region, region_size); !s.ok()) return SetError(s.message()), -1;
+  return 0;
 }
 
 CKPTFS_EXPORT const char* ckptfs_options(void) {

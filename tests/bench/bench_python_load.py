@@ -63,15 +63,20 @@ RSS_GOAL = 1.1
 
 
 def child_load(mode: str, source: str) -> None:
+    import resource
+
     import safetensors.torch
     import torch
 
     import ckptfs
 
     ckptfs.option_table()  # loads libckptfs.so before the clock, as importing safetensors loads its own
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     if mode == "ckptfs":
         out = ckptfs.load(source, device="cpu")
+    elif mode == "ckptfs-copy":
+        out = ckptfs.load(source, device="cpu", mmap=False)
     elif mode == "ckptfs-bf16":
         out = ckptfs.load(source, device="cpu", dtype="bf16")
     elif mode == "torch-mmap":
@@ -87,7 +92,10 @@ def child_load(mode: str, source: str) -> None:
     t1 = time.perf_counter()
     benchlib.touch_pages(out.values())
     t2 = time.perf_counter()
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({"call_s": t1 - t0, "touch_s": t2 - t1, "tensors": len(out),
+                      "cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
+                      "faults": r1.ru_minflt - r0.ru_minflt,
                       "bytes": sum(t.numel() * t.element_size() for t in out.values()), **benchlib.vm_status()}))
 
 
@@ -120,17 +128,23 @@ def warm(path: Path) -> None:
                 pass
 
 
-def measure(mode: str, source: Path, warm_path: Path, repeats: int, timeout: float) -> dict:
-    runs = []
+def measure(methods: dict, repeats: int, timeout: float) -> dict:
+    """Runs every method of METHODS ({name: (mode, source)}) REPEATS times, interleaved (one
+    run of each per round, so a change in the machine's load hits them alike); medians."""
+    runs = {name: [] for name in methods}
     for _ in range(repeats):
-        warm(warm_path)
-        runs.append(run_child(["--_load", mode, str(source)], timeout))
-    med = {key: statistics.median(r[key] for r in runs) for key in ("call_s", "touch_s", "VmHWM")}
-    med["total_s"] = statistics.median(r["call_s"] + r["touch_s"] for r in runs)
-    med["best_s"] = min(r["call_s"] + r["touch_s"] for r in runs)
-    med["bytes"] = runs[0]["bytes"]
-    med["tensors"] = runs[0]["tensors"]
-    return med
+        for name, (mode, source) in methods.items():
+            warm(source)
+            runs[name].append(run_child(["--_load", mode, str(source)], timeout))
+    out = {}
+    for name, rs in runs.items():
+        med = {key: statistics.median(r[key] for r in rs) for key in ("call_s", "touch_s", "VmHWM", "cpu_s", "faults")}
+        med["total_s"] = statistics.median(r["call_s"] + r["touch_s"] for r in rs)
+        med["best_s"] = min(r["call_s"] + r["touch_s"] for r in rs)
+        med["bytes"] = rs[0]["bytes"]
+        med["tensors"] = rs[0]["tensors"]
+        out[name] = med
+    return out
 
 
 def ckptfs_binary() -> Path:
@@ -176,22 +190,27 @@ def main() -> int:
             subprocess.run([str(ckptfs_binary()), "export", str(zero), str(copy)], check=True, timeout=args.timeout)
         sources["zero"] = (zero, copy / "model.safetensors")
 
-    floor = measure("floor", pt, pt, args.repeats, args.timeout)["VmHWM"]
+    floor = measure({"floor": ("floor", pt)}, args.repeats, args.timeout)["floor"]["VmHWM"]
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; page cache warm; "
-          f"floor (torch + safetensors + ckptfs imported) {floor / 1024:.0f} MiB; medians of {args.repeats}\n")
-    header = f"{'source':8} {'method':28} {'GB':>6} {'call s':>8} {'+touch s':>9} {'peak MiB':>9} {'net MiB':>8}  ratio"
+          f"floor (torch + safetensors + ckptfs imported) {floor / 1024:.0f} MiB; medians of {args.repeats}, "
+          f"methods interleaved\n")
+    header = (f"{'source':8} {'method':30} {'GB':>6} {'call s':>8} {'+touch s':>9} {'cpu s':>7} {'faults':>7} "
+              f"{'peak MiB':>9} {'net MiB':>8}  ratio")
     print(header)
     failed = []
     for name, (source, copy) in sources.items():
-        rows = {"ckptfs.load": measure("ckptfs", source, source, args.repeats, args.timeout),
-                "ckptfs.load bf16": measure("ckptfs-bf16", source, source, args.repeats, args.timeout)}
+        methods = {"ckptfs.load": ("ckptfs", source), "ckptfs.load bf16": ("ckptfs-bf16", source)}
         if name == "pt":
-            rows["torch.load mmap"] = measure("torch-mmap", source, source, args.repeats, args.timeout)
-        rows["load_file (safetensors copy)"] = measure("load_file", copy, copy, args.repeats, args.timeout)
-        rows["load_file + clone (copy floor)"] = measure("load_file-clone", copy, copy, args.repeats, args.timeout)
-        rows["ckptfs.load of the copy"] = measure("ckptfs", copy, copy, args.repeats, args.timeout)
+            methods["torch.load mmap"] = ("torch-mmap", source)
+        else:
+            methods["ckptfs.load mmap=False (copy)"] = ("ckptfs-copy", source)
+        methods["load_file (safetensors copy)"] = ("load_file", copy)
+        methods["load_file + clone (copy floor)"] = ("load_file-clone", copy)
+        methods["ckptfs.load of the copy"] = ("ckptfs", copy)
+        rows = measure(methods, args.repeats, args.timeout)
         reference = rows["load_file (safetensors copy)"]["total_s"]
         reference_best = rows["load_file (safetensors copy)"]["best_s"]
+        reference_cpu = rows["load_file (safetensors copy)"]["cpu_s"]
         for method, m in rows.items():
             net = (m["VmHWM"] - floor) / 1024
             ratio = m["total_s"] / reference
@@ -201,11 +220,11 @@ def main() -> int:
                     failed.append(f"{name}: {ratio_text}")
             else:
                 ratio_text = f"{ratio:.2f}x load_file (call+touch; best of {args.repeats}: " \
-                             f"{m['best_s']:.3f} s, {m['best_s'] / reference_best:.2f}x)"
-                if method.startswith("ckptfs.load") and ratio > TIME_GOAL:
+                             f"{m['best_s']:.3f} s, {m['best_s'] / reference_best:.2f}x; cpu {m['cpu_s'] / reference_cpu:.2f}x)"
+                if method in ("ckptfs.load", "ckptfs.load of the copy") and ratio > TIME_GOAL:
                     failed.append(f"{name} {method}: {ratio_text}, goal <= {TIME_GOAL}")
-            print(f"{name:8} {method:28} {m['bytes'] / 1e9:6.2f} {m['call_s']:8.3f} {m['total_s']:9.3f} "
-                  f"{m['VmHWM'] / 1024:9.0f} {net:8.0f}  {ratio_text}", flush=True)
+            print(f"{name:8} {method:30} {m['bytes'] / 1e9:6.2f} {m['call_s']:8.3f} {m['total_s']:9.3f} "
+                  f"{m['cpu_s']:7.3f} {m['faults']:7.0f} {m['VmHWM'] / 1024:9.0f} {net:8.0f}  {ratio_text}", flush=True)
     print("\ngoals: " + ("all met" if not failed else "NOT met: " + "; ".join(failed)))
     return 1 if failed else 0
 

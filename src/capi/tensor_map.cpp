@@ -1,0 +1,244 @@
+// Composing tensors of private file maps: one anonymous reservation, file pages mapped over it
+// with MAP_FIXED where a tensor's byte offset within a page matches its source's.
+//
+// Why maps: a tensor loaded by copying pays a fault and a zeroed page for every 4 KiB of new
+// anonymous memory plus the copy, several times what mapping pages already in the page cache
+// costs (doc in tests/bench/README.md, bench_python_load.py). A ZeRO-3 parameter is one range
+// of every rank's flat fp32 partition; those partitions sit at the same offset within a page
+// in every rank's file, and the ranges have whole-page lengths for ordinary shapes, so all but
+// the page where two ranks' ranges meet can be the files' own pages.
+#include "capi/tensor_map.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "ckptfs/catalog.hpp"
+
+namespace ckptfs {
+namespace {
+
+// A map shorter than this is not worth its mmap call and its split of the region's mapping:
+// those bytes are read instead.
+constexpr uint64_t kMinMapBytes = 64 << 10;
+// Every map splits the region's mapping in up to three, and a process has
+// /proc/sys/vm/max_map_count (65530 by default) mappings in all: past this many maps in one
+// region the remaining bytes are read.
+constexpr size_t kMaxMaps = 8192;
+// madvise(MADV_POPULATE_READ), which older C library headers lack.
+#ifdef MADV_POPULATE_READ
+constexpr int kPopulateRead = MADV_POPULATE_READ;
+#else
+constexpr int kPopulateRead = 22;
+#endif
+// Where unmapped tensors start: enough for any element type and for vector loads.
+constexpr uint64_t kReadAlignment = 64;
+
+uint64_t RoundDown(uint64_t x, uint64_t to) { return x - x % to; }
+uint64_t RoundUp(uint64_t x, uint64_t to) { return RoundDown(x + to - 1, to); }
+
+// The size of the pages a file's large folios can be mapped with (PMD), for alignment only.
+uint64_t HugePageSize(uint64_t page) {
+  uint64_t size = 2 << 20;
+  if (FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r")) {
+    unsigned long long value = 0;
+    if (std::fscanf(f, "%llu", &value) == 1 && value >= page && value % page == 0) size = value;
+    std::fclose(f);
+  }
+  return size;
+}
+
+// SIZE bytes of anonymous private memory (pages appear zero-filled when touched) whose
+// address is a multiple of ALIGNMENT; nullptr with errno on failure.
+char* Reserve(uint64_t size, uint64_t alignment) {
+  const uint64_t padded = size + alignment;
+  void* raw = ::mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const uint64_t at = reinterpret_cast<uint64_t>(raw);
+  const uint64_t aligned = RoundUp(at, alignment);
+  if (aligned > at) ::munmap(raw, aligned - at);
+  if (at + padded > aligned + size) ::munmap(reinterpret_cast<void*>(aligned + size), at + padded - aligned - size);
+  return reinterpret_cast<char*>(aligned);
+}
+
+// A map of part of a tensor: bytes [map_begin, map_end) from the start of the tensor's first
+// page are bytes [file_offset, +map_end - map_begin) of `file`. Whole pages, so it may run
+// past the piece of the tensor it is for only into the tensor's first and last pages, which
+// are the tensor's own (bytes of the file outside the tensor, never part of another tensor).
+struct PieceMap {
+  uint32_t file = 0;
+  uint64_t file_offset = 0;
+  uint64_t map_begin = 0, map_end = 0;
+  uint64_t tensor_begin = 0, tensor_end = 0;  // the tensor's bytes it supplies
+};
+
+// The maps worth making for tensor `t` placed at offset *lead within a page (its first
+// extent's): one per extent whose file offset lies at the same offset within a page as its
+// place in the tensor, covering its whole pages, when those are at least kMinMapBytes. Empty
+// when the tensor is not stored as byte ranges of local files.
+std::vector<PieceMap> PlanMaps(const TensorEntry& t, const SourceFiles& files, uint64_t page, uint64_t* lead) {
+  std::vector<PieceMap> out;
+  *lead = 0;
+  if (RouteOf(t) != ReadRoute::kExtents) return out;
+  const std::vector<Extent> extents = ExtentsOf(t);
+  if (extents.empty()) return out;
+  *lead = extents[0].offset % page;
+  if (*lead % Info(t.served_dtype()).itemsize != 0) return out;  // a view must start on an element
+  const uint64_t nbytes = t.served_nbytes();
+  uint64_t at = 0;
+  for (const Extent& e : extents) {
+    const uint64_t begin = *lead + at, end = begin + e.length;  // from the tensor's first page
+    at += e.length;
+    if (begin % page != e.offset % page || files.file(e.file).local_path().empty()) continue;
+    const uint64_t map_begin = begin == *lead ? 0 : RoundUp(begin, page);
+    const uint64_t map_end = end == *lead + nbytes ? RoundUp(end, page) : RoundDown(end, page);
+    if (map_end <= map_begin || map_end - map_begin < kMinMapBytes) continue;
+    out.push_back({e.file, e.offset - (begin - map_begin), map_begin, map_end, std::max(map_begin, begin) - *lead,
+                   std::min(map_end, end) - *lead});
+  }
+  return out;
+}
+
+// Opens source file `index` for mapping, checked to be the file the view indexed: a file
+// put in its place or rewritten since is an error, never other bytes.
+Status OpenChecked(const SourceFiles& files, uint32_t index, int* fd) {
+  const std::string& path = files.file(index).local_path();
+  const std::string& name = files.path(index);
+  *fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (*fd < 0) return Status::FromErrno(name, "cannot open to map", errno);
+  struct stat st {};
+  if (::fstat(*fd, &st) != 0) return Status::FromErrno(name, "cannot stat to map", errno);
+  const FileIdentity& id = files.identity(index);
+  if (st.st_dev != id.dev || st.st_ino != id.ino || !S_ISREG(st.st_mode))
+    return Status::SourceChanged(name, "file was replaced since it was indexed");
+  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  const int64_t ctime = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+  if (static_cast<uint64_t>(st.st_size) != id.size || mtime != id.mtime_ns || ctime != id.ctime_ns)
+    return Status::SourceChanged(name, "file changed since it was indexed (size, mtime or ctime differ)");
+  return Status::OK();
+}
+
+class FileDescriptors {
+ public:
+  explicit FileDescriptors(const SourceFiles& files) : files_(files) {}
+  ~FileDescriptors() {
+    for (auto& [index, fd] : fds_) ::close(fd);
+  }
+  FileDescriptors(const FileDescriptors&) = delete;
+  FileDescriptors& operator=(const FileDescriptors&) = delete;
+
+  Status Get(uint32_t index, int* fd) {
+    if (auto it = fds_.find(index); it != fds_.end()) return *fd = it->second, Status::OK();
+    Status s = OpenChecked(files_, index, fd);
+    if (*fd >= 0) fds_[index] = *fd;
+    return s;
+  }
+
+ private:
+  const SourceFiles& files_;
+  std::map<uint32_t, int> fds_;
+};
+
+// Adds [begin, end) of tensor `position` to the reads, unless empty.
+void AddRead(size_t position, uint64_t begin, uint64_t end, std::vector<TensorRead>* reads) {
+  if (end > begin) reads->push_back({position, begin, end - begin});
+}
+
+}  // namespace
+
+size_t MappedPieceCount(const TensorEntry& tensor, const SourceFiles& files) {
+  uint64_t lead = 0;
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  return PlanMaps(tensor, files, page, &lead).size();
+}
+
+Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRegion* region) {
+  const auto& tensors = view.catalog().tensors;
+  const SourceFiles& files = *view.catalog().files;
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  *region = TensorRegion{};
+
+  // Layout: a tensor with maps gets pages of its own and starts at its first extent's offset
+  // within a page; the others are packed. A large one starts at its first extent's offset
+  // within a huge page: the page cache holds large files in folios of up to 2 MiB, which the
+  // kernel maps with one page-table entry each (one fault per 2 MiB instead of one per 64 KiB)
+  // only where the address and the file offset agree modulo 2 MiB.
+  const uint64_t huge = HugePageSize(page);
+  std::vector<std::vector<PieceMap>> plans(indices.size());
+  std::vector<uint64_t> page_starts(indices.size());
+  uint64_t end = 0;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    if (indices[i] >= tensors.size()) return Status::InvalidArgument("map_tensors", "tensor index out of range");
+    const TensorEntry& t = tensors[indices[i]];
+    uint64_t lead = 0;
+    plans[i] = PlanMaps(t, files, page, &lead);
+    uint64_t start = RoundUp(end, kReadAlignment);
+    if (!plans[i].empty()) {
+      const uint64_t unit = t.served_nbytes() >= huge ? huge : page;
+      const uint64_t free_from = RoundUp(end, page);
+      // Agreeing with the largest map (several maps of one tensor agree modulo a page, not
+      // necessarily modulo a huge page).
+      const PieceMap& largest = *std::max_element(plans[i].begin(), plans[i].end(), [](const auto& a, const auto& b) {
+        return a.map_end - a.map_begin < b.map_end - b.map_begin;
+      });
+      const uint64_t residue = (largest.file_offset % unit + unit - largest.map_begin % unit + lead) % unit;
+      start = RoundDown(free_from, unit) + residue;
+      if (start < free_from) start += unit;
+    }
+    region->offsets.push_back(start);
+    page_starts[i] = start - (plans[i].empty() ? 0 : lead);
+    if (__builtin_add_overflow(start, t.served_nbytes(), &end) || end > (uint64_t{1} << 62))
+      return Status::InvalidArgument("map_tensors", "tensors too large to map");
+    if (!plans[i].empty()) end = RoundUp(end, page);
+  }
+  region->size = RoundUp(end, page);
+  if (region->size == 0) return Status::OK();
+  char* const bytes = Reserve(region->size, huge);
+  if (!bytes) return Status::FromErrno("map_tensors", "cannot reserve memory", errno);
+  region->base = bytes;
+
+  FileDescriptors fds(files);
+  auto fail = [&](Status s) {
+    UnmapRegion(bytes, region->size);
+    *region = TensorRegion{};
+    return s;
+  };
+  for (size_t i = 0; i < indices.size(); ++i) {
+    const uint64_t nbytes = tensors[indices[i]].served_nbytes();
+    uint64_t unread_from = 0;  // tensor bytes before this are mapped or listed to read
+    for (const PieceMap& m : plans[i]) {
+      if (region->maps >= kMaxMaps) break;
+      int fd = -1;
+      if (Status s = fds.Get(m.file, &fd); !s.ok()) return fail(s);
+      char* const at = bytes + page_starts[i] + m.map_begin;
+      const uint64_t length = m.map_end - m.map_begin;
+      if (::mmap(at, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, static_cast<off_t>(m.file_offset)) ==
+          MAP_FAILED)
+        return fail(Status::FromErrno(files.path(m.file), "cannot map", errno));
+      ++region->maps;
+      // Pages a huge page-table entry cannot map would each cost a fault per 64 KiB when
+      // first touched; the kernel maps them in one pass now instead (Linux 5.14+; an older
+      // kernel refuses, and they are mapped on first touch).
+      if ((reinterpret_cast<uint64_t>(at) - m.file_offset) % huge != 0) ::madvise(at, length, kPopulateRead);
+      region->mapped_bytes += m.tensor_end - m.tensor_begin;
+      AddRead(i, unread_from, m.tensor_begin, &region->reads);
+      unread_from = m.tensor_end;
+    }
+    AddRead(i, unread_from, nbytes, &region->reads);
+  }
+  return Status::OK();
+}
+
+Status UnmapRegion(void* base, uint64_t size) {
+  if (base && ::munmap(base, size) != 0) return Status::FromErrno("map_tensors", "cannot unmap", errno);
+  return Status::OK();
+}
+
+}  // namespace ckptfs

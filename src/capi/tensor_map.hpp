@@ -1,0 +1,50 @@
+// Tensors as private memory maps of their source files, composed from several maps where a
+// tensor's bytes are several byte ranges (a ZeRO-3 parameter split over the rank files).
+#ifndef CKPTFS_CAPI_TENSOR_MAP_HPP_
+#define CKPTFS_CAPI_TENSOR_MAP_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "ckptfs/status.hpp"
+#include "ckptfs/view.hpp"
+
+namespace ckptfs {
+
+// Bytes of one tensor the caller still has to read into the region ([offset, offset +
+// length) of the tensor's served bytes), because no map could supply them.
+struct TensorRead {
+  size_t tensor = 0;  // position in the indices passed to MapTensors
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// One anonymous private region holding the tensors: tensor i's bytes start at
+// base + offsets[i]. The caller owns it and releases it with UnmapRegion.
+struct TensorRegion {
+  void* base = nullptr;
+  uint64_t size = 0;
+  std::vector<uint64_t> offsets;
+  std::vector<TensorRead> reads;
+  uint64_t mapped_bytes = 0;  // tensor bytes backed by maps of source files
+  size_t maps = 0;            // mmap calls made (each splits the region's mapping)
+};
+
+// Lays out tensors `indices` of `view` in one new region and maps into it, private and
+// copy-on-write (the files are never written), every whole page of them that is a page of a
+// local source file at the same offset within a page; `region->reads` lists the bytes left
+// (their pages are zero-filled anonymous memory). A tensor whose pieces share one offset
+// within a page (ZeRO-3 partitions of one flat buffer per rank) is then maps of the ranks'
+// files, except the page where two pieces meet. Each source file is opened by its local path
+// and must still be the file the view indexed, else an error naming it.
+Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRegion* region);
+
+Status UnmapRegion(void* base, uint64_t size);
+
+// How many maps MapTensors would make of `tensor` (0: it would read the whole tensor).
+size_t MappedPieceCount(const TensorEntry& tensor, const SourceFiles& files);
+
+}  // namespace ckptfs
+
+#endif  // CKPTFS_CAPI_TENSOR_MAP_HPP_
