@@ -10,24 +10,35 @@ Sources (generated once, cached under --workdir):
   zero.st      `ckptfs export` of it: model.safetensors, a real safetensors file holding what
                zero_to_fp32 gives (tests/zero checks that bit for bit)
 
-Methods, each in a fresh process (this file with a hidden mode), --repeats times, medians:
+Methods, each in a fresh process (this file with a hidden mode), --repeats rounds of one run
+of each method (interleaved, so a change in the machine's load hits every method alike), medians:
   ckptfs.load             ckptfs.load(SOURCE, device="cpu"): tensors stored as served are views
-                          of a private map of their file, others are filled by libckptfs
+                          of a private map of their file; tensors split over files (ZeRO-3) are
+                          composed of maps of those files where their pages line up; others
+                          are filled by libckptfs
   ckptfs.load bf16        ckptfs.load(SOURCE, device="cpu", dtype="bf16"): converted by the
                           library through bounded buffers into the bf16 tensors
   torch.load mmap         torch.load(SOURCE, mmap=True, weights_only=True)     (.pt only)
+  ckptfs.load mmap=False  (ZeRO only) every tensor copied by buffered pread into torch.empty
+                          tensors (two threads): what ckptfs.load did for ZeRO before its maps
+  new memory              (ZeRO only) torch.empty(N bytes).fill_(1), N = the copy's size: the
+                          page faults and zeroing that any loader copying into new memory pays
+  memcpy into faulted     (ZeRO only) the tensors of load_file, made resident, copied into
+                          memory allocated and written before the clock: the copy alone
   load_file               safetensors.torch.load_file(COPY.safetensors)         the reference
-  load_file + clone       the same, each tensor cloned: what any loader that copies (a tensor
-                          split over rank files cannot be a map) costs at least  (information)
+  load_file + clone       the same, each tensor cloned: what any loader that copies costs at
+                          least                                                  (information)
   ckptfs.load of the copy ckptfs.load(COPY.safetensors, device="cpu")
 
 Times: `call` is the load call; `+touch` adds reading one byte of every 4 KiB page of every
 tensor, which makes lazily mapped tensors resident, so it is the time until all bytes are in
-memory whatever the method (the fair comparison: a map costs nothing until touched). Each
-child imports torch, safetensors and ckptfs and loads libckptfs.so before the clock. Medians
-of --repeats runs decide the goals; the best run is printed too (the machine may be loaded). Peak RSS
-is VmHWM of the loading process after the touch, and net of the floor (the VmHWM of a process
-that only imported torch, safetensors and ckptfs), which every loader pays.
+memory whatever the method (the fair comparison: a map costs nothing until touched). `cpu s`
+is the loading process's user + system time over call and touch, `faults` its minor page
+faults: both barely change with the machine's load, unlike the times. Each child imports torch,
+safetensors and ckptfs and loads libckptfs.so before the clock. Medians of --repeats runs
+decide the goals; the best run is printed too (the machine may be loaded). Peak RSS is VmHWM of
+the loading process after the touch, and net of the floor (the VmHWM of a process that only
+imported torch, safetensors and ckptfs), which every loader pays.
 
 Goals (printed; exit status 1 when one fails):
   ckptfs.load call+touch time <= 1.1 x load_file's of the safetensors copy, for every source
@@ -37,7 +48,7 @@ The page cache is warm (every source file read once before each run): the figure
 the loaders' own work, not the disk. Run by hand from the repo root with the interpreter whose
 ckptfs is to be measured (the installed wheel's, or the test venv with PYTHONPATH=python):
 
-    python tests/bench/bench_python_load.py --zero /tmp/ckptfs-bench-pyload/zero/ckpt
+    python tests/bench/bench_python_load.py --zero /tmp/ckptfs-bench-pyload/zero/ckpt [--only zero]
 """
 
 from __future__ import annotations
@@ -71,6 +82,11 @@ def child_load(mode: str, source: str) -> None:
     import ckptfs
 
     ckptfs.option_table()  # loads libckptfs.so before the clock, as importing safetensors loads its own
+    if mode == "memcpy":
+        # Made resident and allocated before the clock: what is timed is the copy alone.
+        sources = safetensors.torch.load_file(source)
+        benchlib.touch_pages(sources.values())
+        flat = torch.empty(sum(t.nbytes for t in sources.values()), dtype=torch.uint8).fill_(1)
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     if mode == "ckptfs":
@@ -85,6 +101,13 @@ def child_load(mode: str, source: str) -> None:
         out = safetensors.torch.load_file(source)
     elif mode == "load_file-clone":
         out = {key: tensor.clone() for key, tensor in safetensors.torch.load_file(source).items()}
+    elif mode == "new-memory":
+        out = {"buffer": torch.empty(os.path.getsize(source), dtype=torch.uint8).fill_(1)}
+    elif mode == "memcpy":
+        out, at = {}, 0
+        for key, tensor in sources.items():
+            out[key] = flat[at:at + tensor.nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor)
+            at += tensor.nbytes
     elif mode == "floor":
         out = {}
     else:
@@ -162,6 +185,7 @@ def main() -> int:
     ap.add_argument("--cols", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--only", default="", help="comma-separated sources to measure (pt, zero); default all")
     ap.add_argument("--_load", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--_generate", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -199,11 +223,15 @@ def main() -> int:
     print(header)
     failed = []
     for name, (source, copy) in sources.items():
+        if args.only and name not in args.only.split(","):
+            continue
         methods = {"ckptfs.load": ("ckptfs", source), "ckptfs.load bf16": ("ckptfs-bf16", source)}
         if name == "pt":
             methods["torch.load mmap"] = ("torch-mmap", source)
         else:
             methods["ckptfs.load mmap=False (copy)"] = ("ckptfs-copy", source)
+            methods["new memory (empty + fill_)"] = ("new-memory", copy)
+            methods["memcpy into faulted memory"] = ("memcpy", copy)
         methods["load_file (safetensors copy)"] = ("load_file", copy)
         methods["load_file + clone (copy floor)"] = ("load_file-clone", copy)
         methods["ckptfs.load of the copy"] = ("ckptfs", copy)
