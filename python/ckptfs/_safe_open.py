@@ -189,6 +189,12 @@ class safe_open:
             if self._framework == "numpy":
                 return self._source.mapped_numpy(entry)
             return self._source.mapped_torch(entry)
+        if self._device == "cpu" and self._framework == "pt" and entry.get("maps"):
+            # Split over files (ZeRO-3): maps of those files where their pages line up.
+            (tensor,), reads = self._source.compose_torch([entry])
+            for piece, offset, length, address in reads:
+                self._source.read_range(piece, offset, length, address)
+            return tensor
         if self._framework == "numpy":
             import numpy as np
 

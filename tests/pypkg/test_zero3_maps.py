@@ -67,6 +67,22 @@ def test_split_tensors_are_maps_of_every_rank_file(zero3_root, world):
     assert mapped_file(loaded["fc1.bias"].data_ptr()) not in files
 
 
+def test_safe_open_get_tensor_maps_them_too(zero3_root):
+    save_dir, reference = checkpoint(zero3_root, 4)
+    files = rank_files(save_dir)
+    with ckptfs.safe_open(save_dir) as f:
+        fc1 = f.get_tensor("fc1.weight")
+        bias = f.get_tensor("fc1.bias")
+    assert_bitwise_equal(fc1, reference["fc1.weight"], "fc1.weight")
+    assert_bitwise_equal(bias, reference["fc1.bias"], "fc1.bias")
+    # The first and last ranks' 64 KiB are maps; the middle ranks' (a page short once cut to
+    # whole pages) are read.
+    share = fc1.nbytes // 4
+    assert mapped_file(fc1.data_ptr() + share // 2) == files[0]
+    assert mapped_file(fc1.data_ptr() + 3 * share + share // 2) == files[3]
+    assert mapped_file(fc1.data_ptr() + share + share // 2) not in files
+
+
 def test_partly_mapped_tensors_are_whole(zero3_root):
     """At 2 ranks proj's partitions are 18.75 pages: the first rank's piece is mapped, the
     second's is read into the same tensor."""
