@@ -220,8 +220,15 @@ Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRe
       char* const at = bytes + page_starts[i] + m.map_begin;
       const uint64_t length = m.map_end - m.map_begin;
       if (::mmap(at, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, static_cast<off_t>(m.file_offset)) ==
-          MAP_FAILED)
-        return fail(Status::FromErrno(files.path(m.file), "cannot map", errno));
+          MAP_FAILED) {
+        // A file system that cannot map (or a limit reached): these bytes are read instead,
+        // into anonymous memory put back where a failed MAP_FIXED may have removed it.
+        const int err = errno;
+        if (::mmap(at, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) ==
+            MAP_FAILED)
+          return fail(Status::FromErrno(files.path(m.file), "cannot map", err));
+        continue;
+      }
       ++region->maps;
       // Pages a huge page-table entry cannot map would each cost a fault per 64 KiB when
       // first touched; the kernel maps them in one pass now instead (Linux 5.14+; an older
