@@ -96,16 +96,20 @@ const char* ckptfs_last_load_stats(void);
 /* Places COUNT tensors (INDICES into ckptfs_tensor_info) in one new region of private memory
  * and maps into it every whole page of them that is a page of a local source file at the same
  * offset within a page: private and copy-on-write (the files are never written, pages are
- * read when first touched, writes go to anonymous copies). A tensor whose byte ranges lie at one
- * offset within a page in their files (ZeRO-3 partitions of whole pages) is then the files' own
- * pages, except where two ranges meet inside a page. Sets *REGION and *REGION_SIZE (NULL and 0 when every tensor is empty) and
- * returns JSON: {"offsets": [tensor i starts at REGION + offsets[i], aligned for its dtype],
- * "reads": [[i, offset, length], ...] (bytes of tensor i as served that no map supplies: the
- * caller reads them with ckptfs_read_tensor into their place; until then they are zero),
- * "mapped_bytes", "maps"}, valid until the calling thread's next call of this function. Each
- * file is opened by its local path and must still be the file the handle indexed. The region
- * outlives the handle; release it with ckptfs_unmap(REGION, REGION_SIZE). NULL on error
- * (nothing is left mapped). Since API version 4. */
+ * read when first touched, writes go to anonymous copies). A tensor whose byte ranges lie at
+ * one offset within a page in their files (ZeRO-3 partitions of whole pages) is then the
+ * files' own pages, except where two ranges meet inside a page. Ranges shorter than 64 KiB,
+ * pages a file system refuses to map and pages past 8192 maps in one region are left to read.
+ * Pages that cannot be mapped with huge page-table entries are made resident before it
+ * returns (MADV_POPULATE_READ, Linux 5.14+); the rest when first touched. Sets *REGION and
+ * *REGION_SIZE (NULL and 0 when every tensor is empty) and returns JSON: {"offsets": [tensor i
+ * starts at REGION + offsets[i], aligned for its dtype], "reads": [[i, offset, length], ...]
+ * (bytes of tensor i as served that no map supplies: the caller reads them with
+ * ckptfs_read_tensor into their place; until then they are zero), "mapped_bytes", "maps"},
+ * valid until the calling thread's next call of this function. Each file is opened by its
+ * local path and must still be the file the handle indexed. The region outlives the handle;
+ * release it with ckptfs_unmap(REGION, REGION_SIZE). NULL on error (nothing is left mapped).
+ * Since API version 4. */
 const char* ckptfs_map_tensors(ckptfs_handle* handle, size_t count, const uint64_t* indices, void** region,
                                uint64_t* region_size);
 
