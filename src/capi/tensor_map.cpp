@@ -224,8 +224,8 @@ Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRe
         // A file system that cannot map (or a limit reached): these bytes are read instead,
         // into anonymous memory put back where a failed MAP_FIXED may have removed it.
         const int err = errno;
-        if (::mmap(at, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) ==
-            MAP_FAILED)
+        constexpr int kAnonymous = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE;
+        if (::mmap(at, length, PROT_READ | PROT_WRITE, kAnonymous, -1, 0) == MAP_FAILED)
           return fail(Status::FromErrno(files.path(m.file), "cannot map", err));
         continue;
       }

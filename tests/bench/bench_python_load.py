@@ -247,8 +247,8 @@ def main() -> int:
                 if net * MiB > RSS_GOAL * m["bytes"]:
                     failed.append(f"{name}: {ratio_text}")
             else:
-                ratio_text = f"{ratio:.2f}x load_file (call+touch; best of {args.repeats}: " \
-                             f"{m['best_s']:.3f} s, {m['best_s'] / reference_best:.2f}x; cpu {m['cpu_s'] / reference_cpu:.2f}x)"
+                ratio_text = (f"{ratio:.2f}x load_file (call+touch; best of {args.repeats}: {m['best_s']:.3f} s, "
+                              f"{m['best_s'] / reference_best:.2f}x; cpu {m['cpu_s'] / reference_cpu:.2f}x)")
                 if method in ("ckptfs.load", "ckptfs.load of the copy") and ratio > TIME_GOAL:
                     failed.append(f"{name} {method}: {ratio_text}, goal <= {TIME_GOAL}")
             print(f"{name:8} {method:30} {m['bytes'] / 1e9:6.2f} {m['call_s']:8.3f} {m['total_s']:9.3f} "
