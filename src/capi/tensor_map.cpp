@@ -19,6 +19,8 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <system_error>
+#include <thread>
 
 #include "ckptfs/catalog.hpp"
 
@@ -38,6 +40,8 @@ constexpr int kPopulateRead = MADV_POPULATE_READ;
 #else
 constexpr int kPopulateRead = 22;
 #endif
+// Threads that populate maps (Populate), at most.
+constexpr size_t kPopulateThreads = 4;
 // Where unmapped tensors start: enough for any element type and for vector loads.
 constexpr uint64_t kReadAlignment = 64;
 
@@ -66,6 +70,33 @@ char* Reserve(uint64_t size, uint64_t alignment) {
   if (aligned > at) ::munmap(raw, aligned - at);
   if (at + padded > aligned + size) ::munmap(reinterpret_cast<void*>(aligned + size), at + padded - aligned - size);
   return reinterpret_cast<char*>(aligned);
+}
+
+// Maps the page-table entries of RANGES (maps of cached files) now, on a few threads. Pages
+// a huge page-table entry cannot map would each cost a fault per 64 KiB when first touched;
+// MADV_POPULATE_READ maps them in one pass without breaking copy-on-write (Linux 5.14+; an
+// older kernel refuses, and they are mapped on first touch as before). It is as much work as
+// the faults would be, so it is split over threads as a toucher would split its touches.
+void Populate(const std::vector<std::pair<char*, uint64_t>>& ranges) {
+  constexpr uint64_t kChunk = 16 << 20;
+  std::vector<std::pair<char*, uint64_t>> chunks;
+  for (const auto& [at, length] : ranges)
+    for (uint64_t done = 0; done < length; done += kChunk) chunks.push_back({at + done, std::min(kChunk, length - done)});
+  const size_t threads = std::min<size_t>({kPopulateThreads, std::max(1u, std::thread::hardware_concurrency()),
+                                           chunks.size()});
+  auto work = [&chunks, threads](size_t first) {
+    for (size_t c = first; c < chunks.size(); c += threads) ::madvise(chunks[c].first, chunks[c].second, kPopulateRead);
+  };
+  std::vector<std::thread> pool;
+  try {
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  } catch (const std::system_error&) {
+    // No thread to be had: the calling thread populates the rest.
+    for (size_t t = pool.size() + 1; t < threads; ++t)
+      for (size_t c = t; c < chunks.size(); c += threads) ::madvise(chunks[c].first, chunks[c].second, kPopulateRead);
+  }
+  if (threads > 0) work(0);
+  for (std::thread& t : pool) t.join();
 }
 
 // A map of part of a tensor: bytes [map_begin, map_end) from the start of the tensor's first
@@ -205,6 +236,7 @@ Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRe
   region->base = bytes;
 
   FileDescriptors fds(files);
+  std::vector<std::pair<char*, uint64_t>> populate;
   auto fail = [&](Status s) {
     UnmapRegion(bytes, region->size);
     *region = TensorRegion{};
@@ -230,16 +262,14 @@ Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRe
         continue;
       }
       ++region->maps;
-      // Pages a huge page-table entry cannot map would each cost a fault per 64 KiB when
-      // first touched; the kernel maps them in one pass now instead (Linux 5.14+; an older
-      // kernel refuses, and they are mapped on first touch).
-      if ((reinterpret_cast<uint64_t>(at) - m.file_offset) % huge != 0) ::madvise(at, length, kPopulateRead);
+      if ((reinterpret_cast<uint64_t>(at) - m.file_offset) % huge != 0) populate.push_back({at, length});
       region->mapped_bytes += m.tensor_end - m.tensor_begin;
       AddRead(i, unread_from, m.tensor_begin, &region->reads);
       unread_from = m.tensor_end;
     }
     AddRead(i, unread_from, nbytes, &region->reads);
   }
+  Populate(populate);
   return Status::OK();
 }
 

@@ -44,8 +44,9 @@ Goals (printed; exit status 1 when one fails):
   ckptfs.load call+touch time <= 1.1 x load_file's of the safetensors copy, for every source
   ckptfs.load bf16 from fp32: peak RSS net of the floor <= 1.1 x the bf16 size
 
-The page cache is warm (every source file read once before each run): the figures compare
-the loaders' own work, not the disk. Run by hand from the repo root with the interpreter whose
+The page cache is warm (every source file dropped from it and read back before each run, so
+that it is cached in the same large folios for every method): the figures compare the
+loaders' own work, not the disk. Run by hand from the repo root with the interpreter whose
 ckptfs is to be measured (the installed wheel's, or the test venv with PYTHONPATH=python):
 
     python tests/bench/bench_python_load.py --zero /tmp/ckptfs-bench-pyload/zero/ckpt [--only zero]
@@ -143,10 +144,15 @@ def run_child(args: list[str], timeout: float) -> dict:
 
 
 def warm(path: Path) -> None:
+    """Drops PATH's pages from the page cache and reads them back in: every run starts with the
+    file wholly cached in the large folios that a sequential read gives. Left as other runs and
+    memory pressure leave them, a file can end up in small folios, and every loader that maps it
+    then takes several times the faults (3-6x seen on the loaded machine)."""
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     buf = bytearray(8 * MiB)
     for p in files:
         with open(p, "rb", buffering=0) as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
             while f.readinto(buf):
                 pass
 
