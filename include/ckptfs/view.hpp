@@ -106,8 +106,8 @@ class View {
   // The same, assembled element by element from its boxes (view/gather.hpp).
   Status ReadGather(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
   Status ReadConverted(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
-  // Tensor `index`'s entry in manifest.json, with the separator that precedes it.
-  std::string ManifestEntry(size_t index) const;
+  // Appends tensor `index`'s entry in manifest.json, with the separator that precedes it.
+  void AppendManifestEntry(size_t index, std::string* text) const;
 
 
   std::shared_ptr<const Catalog> catalog_;
@@ -129,7 +129,8 @@ void ServedDTypeAndShape(const TensorEntry& t, std::string_view* dtype, std::vec
 nlohmann::json TensorSummary(const TensorEntry& tensor);
 // The same fields written as JSON text, without the enclosing braces, for outputs with one
 // entry per tensor (ls --json, manifest.json) where building a json tree would dominate.
-void AppendTensorSummary(std::string* out, const TensorEntry& tensor);
+// `*file_name_shortened` (if given): whether the file name was cut (names.hpp).
+void AppendTensorSummary(std::string* out, const TensorEntry& tensor, bool* file_name_shortened = nullptr);
 
 }  // namespace ckptfs
 

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <utility>
 
+#include <xxhash.h>
+
 #include "ckptfs/names.hpp"
 #include "ckptfs/view.hpp"
 #include "io/json_text.hpp"
@@ -122,11 +124,19 @@ void ViewBuilder::BuildSafetensorsFile(View::NodeId root, const std::string& nam
   // Lay data out by descending item size (the reference writer's order), keeping catalog
   // order among equals: every tensor is then aligned to its element size.
   const auto& tensors = catalog_.tensors;
-  std::vector<size_t> order = members;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return Info(ServedAs(tensors[a].served_dtype()).dtype).itemsize >
-           Info(ServedAs(tensors[b].served_dtype()).dtype).itemsize;
-  });
+  // Item sizes are few (1 to 16 bytes): one stable pass per size, largest first, instead of
+  // a comparison sort of a million indices.
+  auto served_itemsize = [&](size_t i) { return Info(ServedAs(tensors[i].served_dtype()).dtype).itemsize; };
+  std::vector<size_t> order;
+  order.reserve(members.size());
+  for (uint64_t size = 16; size >= 1; size /= 2)
+    for (size_t i : members)
+      if (served_itemsize(i) == size) order.push_back(i);
+  if (order.size() != members.size()) {  // an item size that is no power of two up to 16
+    order = members;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return served_itemsize(a) > served_itemsize(b); });
+  }
   std::vector<HeaderEntry> entries;
   entries.reserve(order.size());
   uint64_t offset = 0;
@@ -226,6 +236,7 @@ Status ViewBuilder::BuildTensorFiles(View::NodeId root) {
   tensors_dir_ = AddNode(root, "tensors", true);
   view_->tensor_files_.resize(catalog_.tensors.size());
   view_->nodes_[tensors_dir_].children.reserve(catalog_.tensors.size());
+  std::string scratch;  // one buffer for every header, measured and dropped
   for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
     const TensorEntry& t = catalog_.tensors[i];
     // Two keys mapping to one file name are found once the folder is sorted (Build): a set
@@ -235,7 +246,9 @@ Status ViewBuilder::BuildTensorFiles(View::NodeId root) {
     Segment header;
     header.kind = Segment::Kind::kTensorHeader;
     header.ref = static_cast<uint32_t>(i);
-    header.length = TensorFileHeader(t).size();
+    scratch.clear();
+    AppendTensorFileHeader(t, &scratch);
+    header.length = scratch.size();
     view_->segments_.push_back(header);
     uint64_t pos = header.length;
     AddTensorData(i, &pos);
@@ -263,19 +276,25 @@ Status ViewBuilder::BuildManifest(View::NodeId root) {
   if (!options_.root.empty()) m["root"] = options_.root;
   if (options_.shard_size) m["shard_size"] = options_.shard_size;
   // Storage shared by several tensors (tied weights): name the group on each member.
-  // Found by sorting (id, tensor) pairs: a map of a million ids took ~100 MB and a second.
+  // Found by sorting (hash of id, tensor) pairs and comparing the ids only within a run of
+  // equal hashes: a map of a million ids took ~100 MB and a second, and sorting the ids as
+  // strings (a cache miss per comparison) most of a remount's View build.
   std::vector<bool>& shares_storage = view_->shares_storage_;
   shares_storage.assign(catalog_.tensors.size(), false);
   {
-    std::vector<std::pair<std::string_view, size_t>> ids;
-    for (size_t i = 0; i < catalog_.tensors.size(); ++i)
-      if (!catalog_.tensors[i].storage_id.empty()) ids.emplace_back(catalog_.tensors[i].storage_id, i);
+    std::vector<std::pair<uint64_t, uint32_t>> ids;
+    for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
+      const std::string& id = catalog_.tensors[i].storage_id;
+      if (!id.empty()) ids.emplace_back(XXH3_64bits(id.data(), id.size()), static_cast<uint32_t>(i));
+    }
     std::sort(ids.begin(), ids.end());
     for (size_t k = 0; k < ids.size();) {
       size_t end = k + 1;
       while (end < ids.size() && ids[end].first == ids[k].first) ++end;
-      if (end - k > 1)
-        for (; k < end; ++k) shares_storage[ids[k].second] = true;
+      for (size_t a = k; a < end; ++a)  // a run is one id, or rarely a few colliding ones
+        for (size_t b = a + 1; b < end; ++b)
+          if (catalog_.tensors[ids[a].second].storage_id == catalog_.tensors[ids[b].second].storage_id)
+            shares_storage[ids[a].second] = shares_storage[ids[b].second] = true;
       k = end;
     }
   }
@@ -310,12 +329,15 @@ Status ViewBuilder::BuildManifest(View::NodeId root) {
   View::NodeId id = AddNode(root, "manifest.json", false);
   uint64_t pos = 0;
   AddLiteral(std::move(head), &pos);
+  std::string scratch;  // one buffer for every entry's text, measured and dropped
   for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
     Segment entry;
     entry.kind = Segment::Kind::kManifestEntry;
     entry.ref = static_cast<uint32_t>(i);
     entry.start = pos;
-    entry.length = view_->ManifestEntry(i).size();
+    scratch.clear();
+    view_->AppendManifestEntry(i, &scratch);
+    entry.length = scratch.size();
     pos += entry.length;
     view_->segments_.push_back(entry);
   }
@@ -329,10 +351,15 @@ static void AppendManifestEntry(std::string* text, const TensorEntry& t, const s
                                 const View::ModelPlace& place, const char* xxh3_hex, bool shares_storage,
                                 bool first) {
   *text += first ? "\n  {" : ",\n  {";
-  AppendTensorSummary(text, t);
+  bool shortened = false;
+  AppendTensorSummary(text, t, &shortened);
   *text += ", \"model_file\": ";
   AppendJsonString(text, model_file);
-  *text += ", \"model_offsets\": [" + std::to_string(place.begin) + ", " + std::to_string(place.end) + "]";
+  *text += ", \"model_offsets\": [";
+  AppendDecimal(text, place.begin);
+  *text += ", ";
+  AppendDecimal(text, place.end);
+  *text += ']';
   if (xxh3_hex) {
     *text += ", \"xxh3\": \"";
     *text += xxh3_hex;
@@ -342,18 +369,14 @@ static void AppendManifestEntry(std::string* text, const TensorEntry& t, const s
     *text += ", \"shared_storage\": ";
     AppendJsonString(text, t.storage_id);
   }
-  bool shortened = false;
-  TensorFileName(t.key, &shortened);
   if (shortened) *text += ", \"file_name_shortened\": true";
   *text += '}';
 }
 
-std::string View::ManifestEntry(size_t index) const {
-  std::string text;
+void View::AppendManifestEntry(size_t index, std::string* text) const {
   const ModelPlace& place = model_places_[index];
-  AppendManifestEntry(&text, catalog_->tensors[index], model_files_[place.file], place, nullptr,
-                      shares_storage_[index], index == 0);
-  return text;
+  ckptfs::AppendManifestEntry(text, catalog_->tensors[index], model_files_[place.file], place, nullptr,
+                              shares_storage_[index], index == 0);
 }
 
 Status ViewBuilder::Build() {
@@ -435,7 +458,7 @@ json TensorSummary(const TensorEntry& t) {
           {"file", "tensors/" + TensorFileName(t.key)}};
 }
 
-void AppendTensorSummary(std::string* out, const TensorEntry& t) {
+void AppendTensorSummary(std::string* out, const TensorEntry& t, bool* file_name_shortened) {
   std::string_view dtype;
   std::vector<uint64_t> shape;
   ServedDTypeAndShape(t, &dtype, &shape);
@@ -453,8 +476,14 @@ void AppendTensorSummary(std::string* out, const TensorEntry& t) {
   *out += Info(t.dtype).torch_name;
   *out += "\", \"shape\": ";
   AppendJsonArray(out, shape);
-  *out += ", \"nbytes\": " + std::to_string(t.served_nbytes()) + ", \"file\": ";
-  AppendJsonString(out, "tensors/" + TensorFileName(t.key));
+  *out += ", \"nbytes\": ";
+  AppendDecimal(out, t.served_nbytes());
+  *out += ", \"file\": ";
+  // One buffer per thread for the file name: a million entries made a million strings.
+  thread_local std::string file;
+  file.assign("tensors/");
+  AppendTensorFileName(&file, t.key, file_name_shortened);
+  AppendJsonString(out, file);
 }
 
 Status View::Build(std::shared_ptr<const Catalog> catalog, const ViewOptions& options,

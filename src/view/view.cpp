@@ -100,14 +100,16 @@ Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* 
         std::memcpy(dst, literals_[seg->ref].data() + in_seg, piece);
         break;
       case Segment::Kind::kTensorHeader: {
-        const std::string header = TensorFileHeader(catalog_->tensors[seg->ref]);
+        std::string header;
+        AppendTensorFileHeader(catalog_->tensors[seg->ref], &header);
         // The length was fixed at build time from the same catalog entry.
         if (header.size() != seg->length) return Status::Corruption(PathOf(id), "tensor file header changed size");
         std::memcpy(dst, header.data() + in_seg, piece);
         break;
       }
       case Segment::Kind::kManifestEntry: {
-        const std::string entry = ManifestEntry(seg->ref);
+        std::string entry;
+        AppendManifestEntry(seg->ref, &entry);
         if (entry.size() != seg->length) return Status::Corruption(PathOf(id), "manifest entry changed size");
         std::memcpy(dst, entry.data() + in_seg, piece);
         break;
