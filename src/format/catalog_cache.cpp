@@ -32,7 +32,8 @@ class Writer {
     U64(s.size());
     out_.append(s);
   }
-  void Dims(const std::vector<uint64_t>& dims) {
+  template <typename Values>
+  void Dims(const Values& dims) {
     for (uint64_t d : dims) U64(d);
   }
   std::string& bytes() { return out_; }
@@ -66,7 +67,8 @@ class Reader {
     s->assign(view);
     return true;
   }
-  bool Dims(uint64_t rank, std::vector<uint64_t>* dims) {
+  template <typename Values>
+  bool Dims(uint64_t rank, Values* dims) {
     if (rank > kMaxRank) return false;
     dims->resize(rank);
     for (uint64_t& d : *dims)
@@ -128,15 +130,15 @@ bool ReadIdentity(Reader* r, FileIdentity* id) {
 void WriteTensor(Writer* w, const TensorEntry& t) {
   w->Str(t.key);
   w->U64(t.path.size());
-  for (const PathElement& e : t.path) {
-    if (const std::string* s = std::get_if<std::string>(&e)) {
-      w->U8(0);
-      w->Str(*s);
-    } else {
-      w->U8(1);
-      w->U64(static_cast<uint64_t>(std::get<int64_t>(e)));
-    }
-  }
+  t.path.ForEach(
+      [&](std::string_view s) {
+        w->U8(0);
+        w->Str(s);
+      },
+      [&](int64_t i) {
+        w->U8(1);
+        w->U64(static_cast<uint64_t>(i));
+      });
   w->U8(static_cast<uint8_t>(t.dtype));
   w->U64(t.shape.size());
   w->Dims(t.shape);
@@ -155,18 +157,18 @@ void WriteTensor(Writer* w, const TensorEntry& t) {
 bool ReadTensor(Reader* r, uint32_t file_count, TensorEntry* t) {
   uint64_t n;
   if (!r->Str(&t->key) || !r->Count(9, &n)) return false;
-  t->path.resize(n);
-  for (PathElement& e : t->path) {
+  t->path = KeyPath();
+  for (uint64_t k = 0; k < n; ++k) {
     uint8_t tag;
     if (!r->U8(&tag)) return false;
     if (tag == 0) {
       std::string s;
       if (!r->Str(&s)) return false;
-      e = std::move(s);
+      t->path.push_back(std::move(s));
     } else if (tag == 1) {
       int64_t i;
       if (!r->I64(&i)) return false;
-      e = i;
+      t->path.push_back(i);
     } else {
       return false;
     }

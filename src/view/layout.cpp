@@ -465,11 +465,18 @@ void AppendTensorSummary(std::string* out, const TensorEntry& t, bool* file_name
   *out += "\"key\": ";
   AppendJsonString(out, t.key);
   *out += ", \"path\": [";
-  for (size_t k = 0; k < t.path.size(); ++k) {
-    if (k) *out += ", ";
-    if (const auto* s = std::get_if<std::string>(&t.path[k])) AppendJsonString(out, *s);
-    else *out += std::to_string(std::get<int64_t>(t.path[k]));
-  }
+  bool first = true;
+  t.path.ForEach(
+      [&](std::string_view s) {
+        if (!first) *out += ", ";
+        first = false;
+        AppendJsonString(out, s);
+      },
+      [&](int64_t i) {
+        if (!first) *out += ", ";
+        first = false;
+        *out += std::to_string(i);
+      });
   *out += "], \"dtype\": \"";
   *out += dtype;
   *out += "\", \"torch_dtype\": \"";
