@@ -37,10 +37,10 @@ Status ApplyViewOptions(std::shared_ptr<const Catalog> catalog, const ViewOption
 
 // A piece of a virtual file.
 struct Segment {
-  // kTensorHeader: the safetensors header of a per-tensor file; kManifestEntry: one
-  // tensor's entry in manifest.json. Both are made again on each read rather than kept:
-  // kept, a million tensors' headers and entries held ~400 MB of a mount.
-  enum class Kind : uint8_t { kLiteral, kExtent, kGather, kConvert, kTensorHeader, kManifestEntry };
+  // kManifestEntry: one tensor's entry in manifest.json, made again on each read rather
+  // than kept: kept, a million tensors' entries held ~250 MB of a mount. (Per-tensor files
+  // have no segments: View::ReadTensorFile.)
+  enum class Kind : uint8_t { kLiteral, kExtent, kGather, kConvert, kManifestEntry };
   Kind kind = Kind::kLiteral;
   // kLiteral: literal index; kExtent: source file; the others: tensor index
   uint32_t ref = 0;
@@ -100,6 +100,9 @@ class View {
  private:
   friend class ViewBuilder;
   View() = default;
+  // Read of a per-tensor file (tensors/<name>): its header, made again, then the tensor's
+  // data as served.
+  Status ReadTensorFile(NodeId id, uint64_t offset, size_t length, char* out, size_t* nread) const;
   // Bytes [offset, offset+length) of tensor `t` as stored (row-major, before conversion):
   // byte ranges of its files when StoredAsExtents, else gathered.
   Status ReadStored(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;

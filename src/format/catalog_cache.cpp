@@ -1,8 +1,11 @@
 #include "format/catalog_cache.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -78,6 +81,7 @@ class Reader {
   // A count of items each at least `min_bytes` long: bounded by what is left.
   bool Count(uint64_t min_bytes, uint64_t* n) { return r_.U64(n) && *n <= r_.remaining() / min_bytes; }
   bool at_end() const { return r_.at_end(); }
+  size_t position() const { return r_.position(); }
 
  private:
   ByteReader r_;
@@ -190,8 +194,10 @@ bool ReadTensor(Reader* r, uint32_t file_count, TensorEntry* t) {
 
 // Parses an entry's body (after magic and version, before the checksum). False: damaged.
 // *stale: well formed but not for this source, these options or these files.
+// `release(n)`: the first n bytes of `body` are read and may be dropped from memory.
+template <typename Release>
 bool ReadEntry(std::string_view body, const std::string& source, const std::string& options_bytes, Catalog* catalog,
-               bool* stale, std::string* why) {
+               bool* stale, std::string* why, Release release) {
   Reader r(body);
   std::string recorded_source, recorded_options;
   if (!r.Str(&recorded_source) || !r.Str(&recorded_options)) return false;
@@ -225,8 +231,10 @@ bool ReadEntry(std::string_view body, const std::string& source, const std::stri
   if (catalog->metadata.is_discarded()) return false;
   if (!r.Count(40, &n)) return false;
   catalog->tensors.resize(n);
-  for (TensorEntry& t : catalog->tensors)
-    if (!ReadTensor(&r, file_count, &t)) return false;
+  for (size_t i = 0; i < catalog->tensors.size(); ++i) {
+    if (!ReadTensor(&r, file_count, &catalog->tensors[i])) return false;
+    if (i % 65536 == 65535) release(r.position());
+  }
   return r.at_end();
 }
 
@@ -248,24 +256,35 @@ void LoadCachedCatalog(const std::string& source, const SourceOptions& options, 
   if (folder.empty()) return;
   const std::string options_bytes = OptionsBytes(options);
   const std::string path = EntryPath(folder, source, options_bytes);
-  std::string bytes;
-  {
-    // One read of the whole entry: through istreambuf_iterator, a byte at a time, reading a
-    // million tensors' entry took longer than parsing their pickle.
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) return;  // no entry yet
-    struct stat st;
-    bool read_ok = ::fstat(::fileno(f), &st) == 0 && st.st_size >= 0;
-    if (read_ok) {
-      bytes.resize(static_cast<size_t>(st.st_size));
-      read_ok = std::fread(bytes.data(), 1, bytes.size(), f) == bytes.size() && std::fgetc(f) == EOF;
-    }
-    std::fclose(f);
-    if (!read_ok) {
-      *note = "cannot read the catalog cache entry " + path + "; reading the source";
-      return;
-    }
+  // The entry is mapped, and the pages already checked or parsed are dropped as the reading
+  // goes on: held whole, a million tensors' entry (~150 MB) added its size to the peak
+  // memory of the mount that loads it. (Read into a string through istreambuf_iterator, a
+  // byte at a time, it took longer than parsing the source's pickle.)
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;  // no entry yet
+  struct stat st;
+  void* mapped = MAP_FAILED;
+  if (::fstat(fd, &st) == 0 && st.st_size > 0)
+    mapped = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (mapped == MAP_FAILED) {
+    *note = "cannot read the catalog cache entry " + path + "; reading the source";
+    return;
   }
+  struct Unmap {
+    void* base;
+    size_t size;
+    ~Unmap() { ::munmap(base, size); }
+  } unmap{mapped, static_cast<size_t>(st.st_size)};
+  const std::string_view bytes(static_cast<const char*>(mapped), static_cast<size_t>(st.st_size));
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  size_t dropped = 0;  // bytes [0, dropped) of the mapping are dropped
+  auto drop_before = [&](size_t offset) {
+    const size_t end = offset / page * page;
+    if (end <= dropped) return;
+    ::madvise(static_cast<char*>(mapped) + dropped, end - dropped, MADV_DONTNEED);
+    dropped = end;
+  };
   const size_t header = sizeof kMagic + 4;
   uint64_t checksum = 0;
   uint32_t version = 0;
@@ -274,8 +293,22 @@ void LoadCachedCatalog(const std::string& source, const SourceOptions& options, 
     for (size_t i = 0; i < 8; ++i)
       checksum |= uint64_t{static_cast<uint8_t>(bytes[bytes.size() - 8 + i])} << (8 * i);
   }
-  if (bytes.size() < header + 8 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0 || version != kVersion ||
-      XXH3_64bits(bytes.data(), bytes.size() - 8) != checksum) {
+  bool intact = bytes.size() >= header + 8 && std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0 && version == kVersion;
+  if (intact) {
+    // In pieces, each dropped once hashed (parsing maps it in again from the page cache).
+    XXH3_state_t* state = XXH3_createState();
+    intact = state != nullptr && XXH3_64bits_reset(state) == XXH_OK;
+    constexpr size_t kPiece = size_t{8} << 20;
+    for (size_t at = 0; intact && at < bytes.size() - 8; at += kPiece) {
+      const size_t n = std::min(kPiece, bytes.size() - 8 - at);
+      XXH3_64bits_update(state, bytes.data() + at, n);
+      drop_before(at + n);
+    }
+    intact = intact && XXH3_64bits_digest(state) == checksum;
+    XXH3_freeState(state);
+    dropped = 0;
+  }
+  if (!intact) {
     *note = "ignoring the catalog cache entry " + path + ": damaged or of another version; reading the source";
     return;
   }
@@ -286,8 +319,8 @@ void LoadCachedCatalog(const std::string& source, const SourceOptions& options, 
   std::string why;
   bool ok = false;
   try {
-    ok = ReadEntry(std::string_view(bytes).substr(header, bytes.size() - 8 - header), source, options_bytes,
-                   catalog.get(), &stale, &why);
+    ok = ReadEntry(bytes.substr(header, bytes.size() - 8 - header), source, options_bytes, catalog.get(), &stale, &why,
+                   [&](size_t n) { drop_before(header + n); });
   } catch (const std::exception&) {  // nlohmann::json on a damaged CBOR document
     ok = false;
   }

@@ -11,29 +11,38 @@ void ServedDTypeAndShape(const TensorEntry& t, std::string_view* dtype, std::vec
   if (served.extra_dim) shape->push_back(2);
 }
 
-void AppendSafetensorsHeader(const HeaderEntry* entries, size_t count, std::string* out) {
-  const size_t start = out->size();
-  out->append(8, '\0');  // the length, filled in below
-  *out += R"({"__metadata__":{"format":"pt"})";
-  for (size_t k = 0; k < count; ++k) {
-    const HeaderEntry& e = entries[k];
-    *out += ',';
-    AppendJsonString(out, e.key);
-    *out += R"(:{"dtype":")";
-    *out += e.dtype;
-    *out += R"(","shape":)";
-    AppendJsonArray(out, e.shape);
-    *out += R"(,"data_offsets":[)";
-    AppendDecimal(out, e.begin);
-    *out += ',';
-    AppendDecimal(out, e.end);
-    *out += "]}";
-  }
+// Bytes of the header before its first entry: the 8-byte length and the metadata.
+constexpr char kHeaderStart[] = "\0\0\0\0\0\0\0\0" R"({"__metadata__":{"format":"pt"})";
+
+void AppendSafetensorsHeaderStart(std::string* out) { out->append(kHeaderStart, sizeof kHeaderStart - 1); }
+
+void AppendSafetensorsHeaderEntry(const HeaderEntry& e, std::string* out) {
+  *out += ',';
+  AppendJsonString(out, e.key);
+  *out += R"(:{"dtype":")";
+  *out += e.dtype;
+  *out += R"(","shape":)";
+  AppendJsonArray(out, e.shape);
+  *out += R"(,"data_offsets":[)";
+  AppendDecimal(out, e.begin);
+  *out += ',';
+  AppendDecimal(out, e.end);
+  *out += "]}";
+}
+
+void AppendSafetensorsHeaderEnd(size_t start, std::string* out) {
   *out += '}';
   const uint64_t n = out->size() - start - 8;
   out->append((8 - n % 8) % 8, ' ');
   const uint64_t padded = out->size() - start - 8;
   for (int i = 0; i < 8; ++i) (*out)[start + i] = static_cast<char>((padded >> (8 * i)) & 0xFF);
+}
+
+void AppendSafetensorsHeader(const HeaderEntry* entries, size_t count, std::string* out) {
+  const size_t start = out->size();
+  AppendSafetensorsHeaderStart(out);
+  for (size_t k = 0; k < count; ++k) AppendSafetensorsHeaderEntry(entries[k], out);
+  AppendSafetensorsHeaderEnd(start, out);
 }
 
 std::string SafetensorsHeader(const std::vector<HeaderEntry>& entries) {
