@@ -264,17 +264,21 @@ void LoadCachedCatalog(const std::string& source, const SourceOptions& options, 
   if (fd < 0) return;  // no entry yet
   struct stat st;
   void* mapped = MAP_FAILED;
-  if (::fstat(fd, &st) == 0 && st.st_size > 0)
+  const bool stated = ::fstat(fd, &st) == 0;
+  if (stated && st.st_size > 0)
     mapped = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
-  if (mapped == MAP_FAILED) {
+  if (!stated || (st.st_size > 0 && mapped == MAP_FAILED)) {
     *note = "cannot read the catalog cache entry " + path + "; reading the source";
     return;
   }
+  if (mapped == MAP_FAILED) mapped = nullptr;  // an empty entry: damaged, found so below
   struct Unmap {
     void* base;
     size_t size;
-    ~Unmap() { ::munmap(base, size); }
+    ~Unmap() {
+      if (base) ::munmap(base, size);
+    }
   } unmap{mapped, static_cast<size_t>(st.st_size)};
   const std::string_view bytes(static_cast<const char*>(mapped), static_cast<size_t>(st.st_size));
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
