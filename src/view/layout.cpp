@@ -137,50 +137,43 @@ void ViewBuilder::BuildSafetensorsFile(View::NodeId root, const std::string& nam
     std::stable_sort(order.begin(), order.end(),
                      [&](size_t a, size_t b) { return served_itemsize(a) > served_itemsize(b); });
   }
-  // The header text is written straight from the catalog, twice: once to measure it, once
-  // into a string of that size. A list of header entries and a string grown by doubling
-  // held ~250 MB of a million-tensor View's build.
-  auto write_header = [&](std::string* out, auto&& flush) {
-    HeaderEntry e;
-    uint64_t offset = 0;
-    AppendSafetensorsHeaderStart(out);
-    for (size_t i : order) {
-      e.key = tensors[i].key;
-      ServedDTypeAndShape(tensors[i], &e.dtype, &e.shape);
-      e.begin = offset;
-      offset += tensors[i].served_nbytes();
-      e.end = offset;
-      AppendSafetensorsHeaderEntry(e, out);
-      flush(out);
+  // The header is written straight from the catalog into literal segments of about 1 MB
+  // each: a list of header entries and one string grown by doubling held ~250 MB of a
+  // million-tensor View's build.
+  View::NodeId id = AddNode(root, name, false);
+  const uint32_t first_literal = static_cast<uint32_t>(view_->literals_.size());
+  uint64_t pos = 0;
+  std::string piece;
+  AppendSafetensorsHeaderStart(&piece);
+  HeaderEntry e;
+  uint64_t offset = 0;
+  for (size_t i : order) {
+    e.key = tensors[i].key;
+    ServedDTypeAndShape(tensors[i], &e.dtype, &e.shape);
+    e.begin = offset;
+    offset += tensors[i].served_nbytes();
+    e.end = offset;
+    AppendSafetensorsHeaderEntry(e, &piece);
+    if (piece.size() >= (size_t{1} << 20)) {
+      AddLiteral(std::move(piece), &pos);
+      piece.clear();
     }
-  };
-  uint64_t header_size = 8;  // room for the end: a brace and up to 7 bytes of padding
-  {
-    std::string piece;
-    write_header(&piece, [&](std::string* p) {
-      if (p->size() < (size_t{1} << 16)) return;
-      header_size += p->size();
-      p->clear();
-    });
-    header_size += piece.size();
   }
-  std::string header;
-  header.reserve(header_size);
-  write_header(&header, [](std::string*) {});
-  AppendSafetensorsHeaderEnd(0, &header);
+  // The end, as AppendSafetensorsHeaderEnd writes it, with the length in the first piece.
+  piece += '}';
+  const uint64_t json_size = pos + piece.size() - 8;
+  piece.append((8 - json_size % 8) % 8, ' ');
+  AddLiteral(std::move(piece), &pos);
+  const uint64_t padded_size = pos - 8;
+  for (int b = 0; b < 8; ++b) view_->literals_[first_literal][b] = static_cast<char>((padded_size >> (8 * b)) & 0xFF);
+
   const uint32_t file_index = static_cast<uint32_t>(model_files_.size());
   model_files_.push_back(name);
-  uint64_t offset = header.size();
   for (size_t i : order) {
-    const uint64_t begin = offset;
-    offset += tensors[i].served_nbytes();
-    (*places)[i] = ModelPlace{file_index, begin, offset};
+    const uint64_t begin = pos;
+    AddTensorData(i, &pos);
+    (*places)[i] = ModelPlace{file_index, begin, pos};
   }
-
-  View::NodeId id = AddNode(root, name, false);
-  uint64_t pos = 0;
-  AddLiteral(std::move(header), &pos);
-  for (size_t i : order) AddTensorData(i, &pos);
   FinishFile(id, pos, newest_mtime_);
 }
 
