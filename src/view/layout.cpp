@@ -143,7 +143,9 @@ void ViewBuilder::BuildSafetensorsFile(View::NodeId root, const std::string& nam
   View::NodeId id = AddNode(root, name, false);
   const uint32_t first_literal = static_cast<uint32_t>(view_->literals_.size());
   uint64_t pos = 0;
+  constexpr size_t kPiece = size_t{1} << 20;
   std::string piece;
+  piece.reserve(kPiece + 4096);  // grown by doubling, each piece held up to twice its size
   AppendSafetensorsHeaderStart(&piece);
   HeaderEntry e;
   uint64_t offset = 0;
@@ -154,9 +156,10 @@ void ViewBuilder::BuildSafetensorsFile(View::NodeId root, const std::string& nam
     offset += tensors[i].served_nbytes();
     e.end = offset;
     AppendSafetensorsHeaderEntry(e, &piece);
-    if (piece.size() >= (size_t{1} << 20)) {
+    if (piece.size() >= kPiece) {
       AddLiteral(std::move(piece), &pos);
-      piece.clear();
+      piece = std::string();
+      piece.reserve(kPiece + 4096);
     }
   }
   // The end, as AppendSafetensorsHeaderEnd writes it, with the length in the first piece.
@@ -391,12 +394,13 @@ void View::AppendManifestEntry(size_t index, std::string* text) const {
 Status ViewBuilder::Build() {
   for (uint32_t f = 0; f < catalog_.files->count(); ++f)
     newest_mtime_ = std::max(newest_mtime_, catalog_.files->identity(f).mtime_ns);
-  // A node and about two segments per tensor (its model file's data, its manifest entry):
-  // reserved, the vectors are not copied as they grow (a million-tensor mount's peak memory
-  // held two copies of each).
+  // A node and about two segments per tensor (its model file's data, its manifest entry),
+  // plus the model header's pieces (~100 bytes per tensor, 1 MB a piece): reserved, the
+  // vectors are not copied as they grow (a million-tensor mount's peak memory held two
+  // copies of each).
   const size_t tensor_count = catalog_.tensors.size();
   view_->nodes_.reserve(tensor_count + catalog_.sibling_files.size() + 16);
-  view_->segments_.reserve(2 * tensor_count + catalog_.sibling_files.size() + 16);
+  view_->segments_.reserve(2 * tensor_count + tensor_count / 1024 + catalog_.sibling_files.size() + 64);
   View::NodeId root = AddNode(View::kRoot, "", true);
 
   BuildModelFiles(root, &view_->model_places_);
