@@ -92,10 +92,12 @@ class SmallVector {
     if (n <= capacity_) return;
     T* grown = static_cast<T*>(std::malloc(n * sizeof(T)));
     if (!grown) throw std::bad_alloc();
-    if (size_) std::memcpy(grown, data(), size_ * sizeof(T));
-    Release();
+    const uint32_t size = size_;
+    if (size) std::memcpy(grown, data(), size * sizeof(T));
+    Release();  // (empties this vector: the size is restored below)
     heap_ = grown;
     capacity_ = static_cast<uint32_t>(n);
+    size_ = size;
   }
   void clear() { size_ = 0; }
   void push_back(const T& v) {
@@ -122,7 +124,7 @@ class SmallVector {
     clear();
     resize(n, value);
   }
-  template <typename It>
+  template <typename It, typename = std::enable_if_t<!std::is_integral_v<It>>>
   void assign(It first, It last) {
     clear();
     reserve(static_cast<size_t>(std::distance(first, last)));
