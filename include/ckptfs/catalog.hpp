@@ -7,6 +7,8 @@
 #define CKPTFS_CATALOG_HPP_
 
 #include <cstdint>
+#include <initializer_list>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,13 +19,95 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/dtype.hpp"
+#include "ckptfs/small_vector.hpp"
 #include "ckptfs/source_files.hpp"
 #include "ckptfs/status.hpp"
 
 namespace ckptfs {
 
+// A tensor's shape: inline up to rank 4 (every tensor has one; a heap allocation each was
+// ~50 bytes of a million-tensor catalog's ~500 per tensor).
+using Shape = SmallVector<uint64_t, 4>;
+// A box's offsets, extents or strides: inline up to rank 2 (contiguous tensors have one
+// rank-1 box).
+using BoxDims = SmallVector<uint64_t, 2>;
+
 // One step of a tensor's original location: a dict key or a list index / int dict key.
 using PathElement = std::variant<std::string, int64_t>;
+
+// A tensor's original location, its elements packed into one string (a vector of variants
+// was ~100 bytes and two allocations per tensor of a million-tensor catalog; packed, a
+// typical path fits one allocation or none). Elements are decoded on access.
+class KeyPath {
+ public:
+  class const_iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = PathElement;
+    using difference_type = std::ptrdiff_t;
+    using pointer = void;
+    using reference = PathElement;
+    const_iterator() = default;
+    PathElement operator*() const;
+    const_iterator& operator++();
+    const_iterator operator++(int) {
+      const_iterator old = *this;
+      ++*this;
+      return old;
+    }
+    bool operator==(const const_iterator& o) const { return at_ == o.at_; }
+    bool operator!=(const const_iterator& o) const { return at_ != o.at_; }
+
+   private:
+    friend class KeyPath;
+    explicit const_iterator(const char* at) : at_(at) {}
+    const char* at_ = nullptr;
+  };
+  using value_type = PathElement;
+
+  KeyPath() = default;
+  KeyPath(std::initializer_list<PathElement> elements);
+  KeyPath(const std::vector<PathElement>& elements);  // NOLINT: readers build vectors
+  operator std::vector<PathElement>() const { return std::vector<PathElement>(begin(), end()); }  // NOLINT
+
+  size_t size() const;
+  bool empty() const { return packed_.empty(); }
+  // Element i, decoded (walks the elements before it).
+  PathElement operator[](size_t i) const;
+  const_iterator begin() const { return const_iterator(packed_.data()); }
+  const_iterator end() const { return const_iterator(packed_.data() + packed_.size()); }
+  void push_back(const PathElement& element);
+  void emplace_back(std::string s) { push_back(PathElement(std::move(s))); }
+  void emplace_back(int64_t i) { push_back(PathElement(i)); }
+  // Calls on_string(std::string_view) or on_int(int64_t) for each element in order,
+  // without decoding into PathElements.
+  template <typename OnString, typename OnInt>
+  void ForEach(OnString on_string, OnInt on_int) const;
+
+  bool operator==(const KeyPath& o) const { return packed_ == o.packed_; }
+
+ private:
+  // Each element: a varint h, then for a string (h even) h/2 bytes, for an int (h == 1) a
+  // zigzag varint.
+  static uint64_t ReadVarint(const char** at);
+  std::string packed_;
+};
+
+template <typename OnString, typename OnInt>
+void KeyPath::ForEach(OnString on_string, OnInt on_int) const {
+  const char* at = packed_.data();
+  const char* end = at + packed_.size();
+  while (at < end) {
+    const uint64_t h = ReadVarint(&at);
+    if (h & 1) {
+      const uint64_t z = ReadVarint(&at);
+      on_int(static_cast<int64_t>((z >> 1) ^ (~(z & 1) + 1)));
+    } else {
+      on_string(std::string_view(at, h >> 1));
+      at += h >> 1;
+    }
+  }
+}
 
 // `length` bytes of source file `file` starting at `offset`.
 struct Extent {
@@ -44,9 +128,9 @@ struct Extent {
 struct Box {
   uint32_t file = 0;
   uint64_t base_offset = 0;
-  std::vector<uint64_t> offset;
-  std::vector<uint64_t> extent;
-  std::vector<uint64_t> strides;
+  BoxDims offset;
+  BoxDims extent;
+  BoxDims strides;
 
   size_t rank() const { return extent.size(); }
   uint64_t numel() const;
@@ -55,14 +139,14 @@ struct Box {
   static Box Range(uint32_t file, uint64_t base_offset, uint64_t first_element, uint64_t count);
   // The whole of `shape`, its elements `strides` apart from byte `base_offset` of `file`:
   // one strided view of a storage.
-  static Box Strided(uint32_t file, uint64_t base_offset, std::vector<uint64_t> shape, std::vector<uint64_t> strides);
+  static Box Strided(uint32_t file, uint64_t base_offset, BoxDims shape, BoxDims strides);
 };
 
 struct TensorEntry {
   std::string key;                // flattened, e.g. "optimizer.state.0.exp_avg"
-  std::vector<PathElement> path;  // where it sat in the original object
+  KeyPath path;  // where it sat in the original object
   DType dtype = DType::kF32;
-  std::vector<uint64_t> shape;
+  Shape shape;
   // Where the elements are stored; empty when the tensor has none. OpenCatalog checks that
   // they tile the tensor exactly (ValidateLayout) before anything reads them.
   std::vector<Box> boxes;
@@ -116,6 +200,7 @@ struct Catalog {
 // Joins a path into a flattened key: string elements as they are, ints in decimal,
 // separated by '.'.
 std::string FlattenKey(const std::vector<PathElement>& path);
+std::string FlattenKey(const KeyPath& path);
 
 }  // namespace ckptfs
 

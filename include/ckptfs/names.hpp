@@ -17,6 +17,8 @@ constexpr std::string_view kTensorFileSuffix = ".safetensors";
 // "~" + 16 hex digits of XXH3-64(key) before the suffix; such names are not reversible
 // by UnescapeKey and are listed in manifest.json; `*shortened` (if given) tells which.
 std::string TensorFileName(std::string_view key, bool* shortened = nullptr);
+// The same name appended to *out (no temporary string per key).
+void AppendTensorFileName(std::string* out, std::string_view key, bool* shortened = nullptr);
 
 // Inverse of the escaping (without the suffix); nullopt for a malformed escape.
 std::optional<std::string> UnescapeKey(std::string_view escaped);

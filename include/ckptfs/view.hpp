@@ -37,10 +37,10 @@ Status ApplyViewOptions(std::shared_ptr<const Catalog> catalog, const ViewOption
 
 // A piece of a virtual file.
 struct Segment {
-  // kTensorHeader: the safetensors header of a per-tensor file; kManifestEntry: one
-  // tensor's entry in manifest.json. Both are made again on each read rather than kept:
-  // kept, a million tensors' headers and entries held ~400 MB of a mount.
-  enum class Kind : uint8_t { kLiteral, kExtent, kGather, kConvert, kTensorHeader, kManifestEntry };
+  // kManifestEntry: one tensor's entry in manifest.json, made again on each read rather
+  // than kept: kept, a million tensors' entries held ~250 MB of a mount. (Per-tensor files
+  // have no segments: View::ReadTensorFile.)
+  enum class Kind : uint8_t { kLiteral, kExtent, kGather, kConvert, kManifestEntry };
   Kind kind = Kind::kLiteral;
   // kLiteral: literal index; kExtent: source file; the others: tensor index
   uint32_t ref = 0;
@@ -100,14 +100,17 @@ class View {
  private:
   friend class ViewBuilder;
   View() = default;
+  // Read of a per-tensor file (tensors/<name>): its header, made again, then the tensor's
+  // data as served.
+  Status ReadTensorFile(NodeId id, uint64_t offset, size_t length, char* out, size_t* nread) const;
   // Bytes [offset, offset+length) of tensor `t` as stored (row-major, before conversion):
   // byte ranges of its files when StoredAsExtents, else gathered.
   Status ReadStored(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
   // The same, assembled element by element from its boxes (view/gather.hpp).
   Status ReadGather(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
   Status ReadConverted(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
-  // Tensor `index`'s entry in manifest.json, with the separator that precedes it.
-  std::string ManifestEntry(size_t index) const;
+  // Appends tensor `index`'s entry in manifest.json, with the separator that precedes it.
+  void AppendManifestEntry(size_t index, std::string* text) const;
 
 
   std::shared_ptr<const Catalog> catalog_;
@@ -129,7 +132,8 @@ void ServedDTypeAndShape(const TensorEntry& t, std::string_view* dtype, std::vec
 nlohmann::json TensorSummary(const TensorEntry& tensor);
 // The same fields written as JSON text, without the enclosing braces, for outputs with one
 // entry per tensor (ls --json, manifest.json) where building a json tree would dominate.
-void AppendTensorSummary(std::string* out, const TensorEntry& tensor);
+// `*file_name_shortened` (if given): whether the file name was cut (names.hpp).
+void AppendTensorSummary(std::string* out, const TensorEntry& tensor, bool* file_name_shortened = nullptr);
 
 }  // namespace ckptfs
 

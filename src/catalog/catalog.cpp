@@ -25,7 +25,7 @@ Box Box::Range(uint32_t file, uint64_t base_offset, uint64_t first_element, uint
   return box;
 }
 
-Box Box::Strided(uint32_t file, uint64_t base_offset, std::vector<uint64_t> shape, std::vector<uint64_t> strides) {
+Box Box::Strided(uint32_t file, uint64_t base_offset, BoxDims shape, BoxDims strides) {
   Box box;
   box.file = file;
   box.base_offset = base_offset;
@@ -33,6 +33,93 @@ Box Box::Strided(uint32_t file, uint64_t base_offset, std::vector<uint64_t> shap
   box.extent = std::move(shape);
   box.strides = std::move(strides);
   return box;
+}
+
+namespace {
+
+void AppendVarint(std::string* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+}  // namespace
+
+// Only KeyPath writes its packed string, so reads need no bounds checks.
+uint64_t KeyPath::ReadVarint(const char** at) {
+  uint64_t v = 0;
+  for (int shift = 0;; shift += 7) {
+    const uint8_t b = static_cast<uint8_t>(*(*at)++);
+    v |= uint64_t{b & 0x7Fu} << shift;
+    if (!(b & 0x80)) return v;
+  }
+}
+
+KeyPath::KeyPath(std::initializer_list<PathElement> elements) {
+  for (const PathElement& e : elements) push_back(e);
+}
+
+KeyPath::KeyPath(const std::vector<PathElement>& elements) {
+  for (const PathElement& e : elements) push_back(e);
+}
+
+void KeyPath::push_back(const PathElement& element) {
+  if (const std::string* s = std::get_if<std::string>(&element)) {
+    AppendVarint(&packed_, uint64_t{s->size()} << 1);
+    packed_ += *s;
+  } else {
+    const int64_t i = std::get<int64_t>(element);
+    AppendVarint(&packed_, 1);
+    AppendVarint(&packed_, (static_cast<uint64_t>(i) << 1) ^ static_cast<uint64_t>(i >> 63));
+  }
+}
+
+size_t KeyPath::size() const {
+  size_t n = 0;
+  ForEach([&](std::string_view) { ++n; }, [&](int64_t) { ++n; });
+  return n;
+}
+
+PathElement KeyPath::operator[](size_t i) const {
+  auto it = begin();
+  for (; i > 0; --i) ++it;
+  return *it;
+}
+
+PathElement KeyPath::const_iterator::operator*() const {
+  const char* at = at_;
+  const uint64_t h = ReadVarint(&at);
+  if (h & 1) {
+    const uint64_t z = ReadVarint(&at);
+    return static_cast<int64_t>((z >> 1) ^ (~(z & 1) + 1));
+  }
+  return std::string(at, h >> 1);
+}
+
+KeyPath::const_iterator& KeyPath::const_iterator::operator++() {
+  const uint64_t h = ReadVarint(&at_);
+  if (h & 1) ReadVarint(&at_);
+  else at_ += h >> 1;
+  return *this;
+}
+
+std::string FlattenKey(const KeyPath& path) {
+  std::string key;
+  bool first = true;
+  path.ForEach(
+      [&](std::string_view s) {
+        if (!first) key += '.';
+        first = false;
+        key += s;
+      },
+      [&](int64_t i) {
+        if (!first) key += '.';
+        first = false;
+        key += std::to_string(i);
+      });
+  return key;
 }
 
 std::string FlattenKey(const std::vector<PathElement>& path) {

@@ -5,10 +5,10 @@ namespace ckptfs {
 std::vector<uint64_t> TiledDims(const TensorEntry& tensor) {
   if (!tensor.boxes.empty() && tensor.boxes.front().rank() == 1 && tensor.shape.size() != 1)
     return {tensor.numel()};
-  return tensor.shape;
+  return tensor.shape.to_vector();
 }
 
-uint64_t RowMajorPosition(const std::vector<uint64_t>& index, const std::vector<uint64_t>& dims) {
+uint64_t RowMajorPosition(std::span<const uint64_t> index, std::span<const uint64_t> dims) {
   uint64_t position = 0;
   for (size_t d = 0; d < dims.size() && d < index.size(); ++d) position = position * dims[d] + index[d];
   return position;
@@ -24,7 +24,7 @@ bool StoredRowMajor(const Box& box) {
   return true;
 }
 
-bool CoversRun(const Box& box, const std::vector<uint64_t>& dims) {
+bool CoversRun(const Box& box, std::span<const uint64_t> dims) {
   if (box.rank() != dims.size()) return false;
   size_t whole_from = box.rank();  // dimensions [whole_from, rank) are whole
   while (whole_from > 0 && box.extent[whole_from - 1] == dims[whole_from - 1]) --whole_from;

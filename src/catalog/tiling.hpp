@@ -5,6 +5,7 @@
 #define CKPTFS_CATALOG_TILING_HPP_
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "ckptfs/catalog.hpp"
@@ -16,7 +17,7 @@ namespace ckptfs {
 std::vector<uint64_t> TiledDims(const TensorEntry& tensor);
 
 // The row-major position in `dims` of the element at multi-index `index`.
-uint64_t RowMajorPosition(const std::vector<uint64_t>& index, const std::vector<uint64_t>& dims);
+uint64_t RowMajorPosition(std::span<const uint64_t> index, std::span<const uint64_t> dims);
 
 // Whether `box`'s elements lie in its file in row-major order without gaps, from
 // base_offset on (strides along dimensions of extent 1 do not matter).
@@ -24,7 +25,7 @@ bool StoredRowMajor(const Box& box);
 
 // Whether `box`'s elements are one contiguous run of the row-major order of `dims`: the
 // dimensions inside the outermost one it cuts are whole, those outside it have extent 1.
-bool CoversRun(const Box& box, const std::vector<uint64_t>& dims);
+bool CoversRun(const Box& box, std::span<const uint64_t> dims);
 
 }  // namespace ckptfs
 

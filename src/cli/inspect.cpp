@@ -79,46 +79,57 @@ int RunLs(const Args& args) {
   std::shared_ptr<const Catalog> catalog;
   if (Status s = OpenPresented(positional[0], options, &catalog); !s.ok()) return Fail(s);
 
+  // Output goes out in pieces of about a megabyte: one string of a million tensors' lines
+  // was ~100 MB of a listing's peak memory.
+  constexpr size_t kFlushBytes = size_t{1} << 20;
+  std::string text;
+  auto flush_if_full = [&text] {
+    if (text.size() < kFlushBytes) return;
+    WriteAll(text);
+    text.clear();
+  };
   if (options.json) {
     // One TensorSummary object per line.
-    std::string out = "[";
+    text = "[";
     for (size_t i = 0; i < catalog->tensors.size(); ++i) {
-      out += i ? ",\n {" : "\n {";
-      AppendTensorSummary(&out, catalog->tensors[i]);
-      out += "}";
+      text += i ? ",\n {" : "\n {";
+      AppendTensorSummary(&text, catalog->tensors[i]);
+      text += "}";
+      flush_if_full();
     }
-    out += "\n]\n";
-    WriteAll(out);
+    text += "\n]\n";
+    WriteAll(text);
     return 0;
   }
   // Aligned columns under a header line; built as plain text (JSON objects per row would
-  // dominate the time on checkpoints of 100k tensors).
-  struct Row {
-    std::string_view dtype;
-    std::string shape;
-  };
-  std::vector<Row> rows(catalog->tensors.size());
-  size_t key_w = 3, dtype_w = 5, shape_w = 5;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const TensorEntry& t = catalog->tensors[i];
+  // dominate the time on checkpoints of 100k tensors). Two passes: the column widths, then
+  // the rows (each row's shape text is made again rather than kept).
+  auto served_shape_text = [](const TensorEntry& t, std::string_view* dtype, std::string* out) {
     std::vector<uint64_t> shape;
-    ServedDTypeAndShape(t, &rows[i].dtype, &shape);
-    rows[i].shape = ShapeText(shape);
+    ServedDTypeAndShape(t, dtype, &shape);
+    *out = ShapeText(shape);
+  };
+  size_t key_w = 3, dtype_w = 5, shape_w = 5;
+  std::string_view dtype;
+  std::string shape;
+  for (const TensorEntry& t : catalog->tensors) {
+    served_shape_text(t, &dtype, &shape);
     key_w = std::max(key_w, t.key.size());
-    dtype_w = std::max(dtype_w, rows[i].dtype.size());
-    shape_w = std::max(shape_w, rows[i].shape.size());
+    dtype_w = std::max(dtype_w, dtype.size());
+    shape_w = std::max(shape_w, shape.size());
   }
-  std::string text;
   auto cell = [&text](std::string_view s, size_t w) {
     text.append(s);
     text.append(w - s.size() + 2, ' ');
   };
   cell("key", key_w), cell("dtype", dtype_w), cell("shape", shape_w);
   text += "bytes\n";
-  for (size_t i = 0; i < rows.size(); ++i) {
-    cell(catalog->tensors[i].key, key_w), cell(rows[i].dtype, dtype_w), cell(rows[i].shape, shape_w);
-    text += std::to_string(catalog->tensors[i].served_nbytes());
+  for (const TensorEntry& t : catalog->tensors) {
+    served_shape_text(t, &dtype, &shape);
+    cell(t.key, key_w), cell(dtype, dtype_w), cell(shape, shape_w);
+    text += std::to_string(t.served_nbytes());
     text += '\n';
+    flush_if_full();
   }
   WriteAll(text);
   return 0;

@@ -1,14 +1,16 @@
 #include "format/catalog_cache.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <vector>
 
 #include <xxhash.h>
@@ -33,7 +35,8 @@ class Writer {
     U64(s.size());
     out_.append(s);
   }
-  void Dims(const std::vector<uint64_t>& dims) {
+  template <typename Values>
+  void Dims(const Values& dims) {
     for (uint64_t d : dims) U64(d);
   }
   std::string& bytes() { return out_; }
@@ -67,7 +70,8 @@ class Reader {
     s->assign(view);
     return true;
   }
-  bool Dims(uint64_t rank, std::vector<uint64_t>* dims) {
+  template <typename Values>
+  bool Dims(uint64_t rank, Values* dims) {
     if (rank > kMaxRank) return false;
     dims->resize(rank);
     for (uint64_t& d : *dims)
@@ -77,6 +81,7 @@ class Reader {
   // A count of items each at least `min_bytes` long: bounded by what is left.
   bool Count(uint64_t min_bytes, uint64_t* n) { return r_.U64(n) && *n <= r_.remaining() / min_bytes; }
   bool at_end() const { return r_.at_end(); }
+  size_t position() const { return r_.position(); }
 
  private:
   ByteReader r_;
@@ -129,15 +134,15 @@ bool ReadIdentity(Reader* r, FileIdentity* id) {
 void WriteTensor(Writer* w, const TensorEntry& t) {
   w->Str(t.key);
   w->U64(t.path.size());
-  for (const PathElement& e : t.path) {
-    if (const std::string* s = std::get_if<std::string>(&e)) {
-      w->U8(0);
-      w->Str(*s);
-    } else {
-      w->U8(1);
-      w->U64(static_cast<uint64_t>(std::get<int64_t>(e)));
-    }
-  }
+  t.path.ForEach(
+      [&](std::string_view s) {
+        w->U8(0);
+        w->Str(s);
+      },
+      [&](int64_t i) {
+        w->U8(1);
+        w->U64(static_cast<uint64_t>(i));
+      });
   w->U8(static_cast<uint8_t>(t.dtype));
   w->U64(t.shape.size());
   w->Dims(t.shape);
@@ -156,18 +161,18 @@ void WriteTensor(Writer* w, const TensorEntry& t) {
 bool ReadTensor(Reader* r, uint32_t file_count, TensorEntry* t) {
   uint64_t n;
   if (!r->Str(&t->key) || !r->Count(9, &n)) return false;
-  t->path.resize(n);
-  for (PathElement& e : t->path) {
+  t->path = KeyPath();
+  for (uint64_t k = 0; k < n; ++k) {
     uint8_t tag;
     if (!r->U8(&tag)) return false;
     if (tag == 0) {
       std::string s;
       if (!r->Str(&s)) return false;
-      e = std::move(s);
+      t->path.push_back(std::move(s));
     } else if (tag == 1) {
       int64_t i;
       if (!r->I64(&i)) return false;
-      e = i;
+      t->path.push_back(i);
     } else {
       return false;
     }
@@ -189,8 +194,10 @@ bool ReadTensor(Reader* r, uint32_t file_count, TensorEntry* t) {
 
 // Parses an entry's body (after magic and version, before the checksum). False: damaged.
 // *stale: well formed but not for this source, these options or these files.
+// `release(n)`: the first n bytes of `body` are read and may be dropped from memory.
+template <typename Release>
 bool ReadEntry(std::string_view body, const std::string& source, const std::string& options_bytes, Catalog* catalog,
-               bool* stale, std::string* why) {
+               bool* stale, std::string* why, Release release) {
   Reader r(body);
   std::string recorded_source, recorded_options;
   if (!r.Str(&recorded_source) || !r.Str(&recorded_options)) return false;
@@ -224,8 +231,10 @@ bool ReadEntry(std::string_view body, const std::string& source, const std::stri
   if (catalog->metadata.is_discarded()) return false;
   if (!r.Count(40, &n)) return false;
   catalog->tensors.resize(n);
-  for (TensorEntry& t : catalog->tensors)
-    if (!ReadTensor(&r, file_count, &t)) return false;
+  for (size_t i = 0; i < catalog->tensors.size(); ++i) {
+    if (!ReadTensor(&r, file_count, &catalog->tensors[i])) return false;
+    if (i % 65536 == 65535) release(r.position());
+  }
   return r.at_end();
 }
 
@@ -247,13 +256,39 @@ void LoadCachedCatalog(const std::string& source, const SourceOptions& options, 
   if (folder.empty()) return;
   const std::string options_bytes = OptionsBytes(options);
   const std::string path = EntryPath(folder, source, options_bytes);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return;  // no entry yet
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) {
+  // The entry is mapped, and the pages already checked or parsed are dropped as the reading
+  // goes on: held whole, a million tensors' entry (~150 MB) added its size to the peak
+  // memory of the mount that loads it. (Read into a string through istreambuf_iterator, a
+  // byte at a time, it took longer than parsing the source's pickle.)
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;  // no entry yet
+  struct stat st;
+  void* mapped = MAP_FAILED;
+  const bool stated = ::fstat(fd, &st) == 0;
+  if (stated && st.st_size > 0)
+    mapped = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (!stated || (st.st_size > 0 && mapped == MAP_FAILED)) {
     *note = "cannot read the catalog cache entry " + path + "; reading the source";
     return;
   }
+  if (mapped == MAP_FAILED) mapped = nullptr;  // an empty entry: damaged, found so below
+  struct Unmap {
+    void* base;
+    size_t size;
+    ~Unmap() {
+      if (base) ::munmap(base, size);
+    }
+  } unmap{mapped, static_cast<size_t>(st.st_size)};
+  const std::string_view bytes(static_cast<const char*>(mapped), static_cast<size_t>(st.st_size));
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  size_t dropped = 0;  // bytes [0, dropped) of the mapping are dropped
+  auto drop_before = [&](size_t offset) {
+    const size_t end = offset / page * page;
+    if (end <= dropped) return;
+    ::madvise(static_cast<char*>(mapped) + dropped, end - dropped, MADV_DONTNEED);
+    dropped = end;
+  };
   const size_t header = sizeof kMagic + 4;
   uint64_t checksum = 0;
   uint32_t version = 0;
@@ -262,8 +297,22 @@ void LoadCachedCatalog(const std::string& source, const SourceOptions& options, 
     for (size_t i = 0; i < 8; ++i)
       checksum |= uint64_t{static_cast<uint8_t>(bytes[bytes.size() - 8 + i])} << (8 * i);
   }
-  if (bytes.size() < header + 8 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0 || version != kVersion ||
-      XXH3_64bits(bytes.data(), bytes.size() - 8) != checksum) {
+  bool intact = bytes.size() >= header + 8 && std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0 && version == kVersion;
+  if (intact) {
+    // In pieces, each dropped once hashed (parsing maps it in again from the page cache).
+    XXH3_state_t* state = XXH3_createState();
+    intact = state != nullptr && XXH3_64bits_reset(state) == XXH_OK;
+    constexpr size_t kPiece = size_t{8} << 20;
+    for (size_t at = 0; intact && at < bytes.size() - 8; at += kPiece) {
+      const size_t n = std::min(kPiece, bytes.size() - 8 - at);
+      XXH3_64bits_update(state, bytes.data() + at, n);
+      drop_before(at + n);
+    }
+    intact = intact && XXH3_64bits_digest(state) == checksum;
+    XXH3_freeState(state);
+    dropped = 0;
+  }
+  if (!intact) {
     *note = "ignoring the catalog cache entry " + path + ": damaged or of another version; reading the source";
     return;
   }
@@ -274,8 +323,8 @@ void LoadCachedCatalog(const std::string& source, const SourceOptions& options, 
   std::string why;
   bool ok = false;
   try {
-    ok = ReadEntry(std::string_view(bytes).substr(header, bytes.size() - 8 - header), source, options_bytes,
-                   catalog.get(), &stale, &why);
+    ok = ReadEntry(bytes.substr(header, bytes.size() - 8 - header), source, options_bytes, catalog.get(), &stale, &why,
+                   [&](size_t n) { drop_before(header + n); });
   } catch (const std::exception&) {  // nlohmann::json on a damaged CBOR document
     ok = false;
   }

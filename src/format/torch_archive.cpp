@@ -294,9 +294,10 @@ Status RebuildTensorAt(const PyValue* v, const StorageResolver& storages, int de
       return Status::NotSupported(where, "tensor with an unsupported dtype " + (d && d->kind == Kind::kGlobal ? QualifiedName(d) : std::string("?")));
   }
   uint64_t offset;
-  std::vector<uint64_t> stride;
-  if (!AsUint(Arg(v, 1), &offset) || !AsUintTuple(Arg(v, 2), &t->shape))
+  std::vector<uint64_t> shape, stride;
+  if (!AsUint(Arg(v, 1), &offset) || !AsUintTuple(Arg(v, 2), &shape))
     return Bad("tensor rebuild call has a malformed offset or size");
+  t->shape = shape;
   if (!AsUintTuple(Arg(v, 3), &stride) || stride.size() != t->shape.size())
     return Status::NotSupported(where, "tensor with negative or malformed strides");
   StorageBytes rec;

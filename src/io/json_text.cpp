@@ -1,5 +1,6 @@
 #include "io/json_text.hpp"
 
+#include <charconv>
 #include <cstdio>
 
 namespace ckptfs {
@@ -27,6 +28,18 @@ size_t Utf8SequenceLength(std::string_view s, size_t i) {
 void AppendJsonString(std::string* out, std::string_view s) {
   out->push_back('"');
   for (size_t i = 0; i < s.size(); ++i) {
+    // A run of bytes that need no escaping is appended at once (keys are mostly such).
+    size_t plain = i;
+    while (plain < s.size()) {
+      const unsigned char b = static_cast<unsigned char>(s[plain]);
+      if (b < 0x20 || b >= 0x80 || b == '"' || b == '\\') break;
+      ++plain;
+    }
+    if (plain > i) {
+      out->append(s.data() + i, plain - i);
+      i = plain - 1;
+      continue;
+    }
     const char c = s[i];
     if (static_cast<unsigned char>(c) >= 0x80) {
       // Keys come from pickles and may hold any bytes (Python pickles lone surrogates);
@@ -59,11 +72,17 @@ void AppendJsonString(std::string* out, std::string_view s) {
   out->push_back('"');
 }
 
+void AppendDecimal(std::string* out, uint64_t value) {
+  char digits[20];
+  const auto end = std::to_chars(digits, digits + sizeof digits, value).ptr;
+  out->append(digits, end);
+}
+
 void AppendJsonArray(std::string* out, const std::vector<uint64_t>& values) {
   out->push_back('[');
   for (size_t i = 0; i < values.size(); ++i) {
     if (i) out->push_back(',');
-    *out += std::to_string(values[i]);
+    AppendDecimal(out, values[i]);
   }
   out->push_back(']');
 }

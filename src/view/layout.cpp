@@ -8,6 +8,8 @@
 #include <string_view>
 #include <utility>
 
+#include <xxhash.h>
+
 #include "ckptfs/names.hpp"
 #include "ckptfs/view.hpp"
 #include "io/json_text.hpp"
@@ -122,34 +124,59 @@ void ViewBuilder::BuildSafetensorsFile(View::NodeId root, const std::string& nam
   // Lay data out by descending item size (the reference writer's order), keeping catalog
   // order among equals: every tensor is then aligned to its element size.
   const auto& tensors = catalog_.tensors;
-  std::vector<size_t> order = members;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return Info(ServedAs(tensors[a].served_dtype()).dtype).itemsize >
-           Info(ServedAs(tensors[b].served_dtype()).dtype).itemsize;
-  });
-  std::vector<HeaderEntry> entries;
-  entries.reserve(order.size());
+  // Item sizes are few (1 to 16 bytes): one stable pass per size, largest first, instead of
+  // a comparison sort of a million indices.
+  auto served_itemsize = [&](size_t i) { return Info(ServedAs(tensors[i].served_dtype()).dtype).itemsize; };
+  std::vector<size_t> order;
+  order.reserve(members.size());
+  for (uint64_t size = 16; size >= 1; size /= 2)
+    for (size_t i : members)
+      if (served_itemsize(i) == size) order.push_back(i);
+  if (order.size() != members.size()) {  // an item size that is no power of two up to 16
+    order = members;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return served_itemsize(a) > served_itemsize(b); });
+  }
+  // The header is written straight from the catalog into literal segments of about 1 MB
+  // each: a list of header entries and one string grown by doubling held ~250 MB of a
+  // million-tensor View's build.
+  View::NodeId id = AddNode(root, name, false);
+  const uint32_t first_literal = static_cast<uint32_t>(view_->literals_.size());
+  uint64_t pos = 0;
+  constexpr size_t kPiece = size_t{1} << 20;
+  std::string piece;
+  piece.reserve(kPiece + 4096);  // grown by doubling, each piece held up to twice its size
+  AppendSafetensorsHeaderStart(&piece);
+  HeaderEntry e;
   uint64_t offset = 0;
   for (size_t i : order) {
-    HeaderEntry e;
     e.key = tensors[i].key;
     ServedDTypeAndShape(tensors[i], &e.dtype, &e.shape);
     e.begin = offset;
     offset += tensors[i].served_nbytes();
     e.end = offset;
-    entries.push_back(std::move(e));
+    AppendSafetensorsHeaderEntry(e, &piece);
+    if (piece.size() >= kPiece) {
+      AddLiteral(std::move(piece), &pos);
+      piece = std::string();
+      piece.reserve(kPiece + 4096);
+    }
   }
-  std::string header = SafetensorsHeader(entries);
+  // The end, as AppendSafetensorsHeaderEnd writes it, with the length in the first piece.
+  piece += '}';
+  const uint64_t json_size = pos + piece.size() - 8;
+  piece.append((8 - json_size % 8) % 8, ' ');
+  AddLiteral(std::move(piece), &pos);
+  const uint64_t padded_size = pos - 8;
+  for (int b = 0; b < 8; ++b) view_->literals_[first_literal][b] = static_cast<char>((padded_size >> (8 * b)) & 0xFF);
+
   const uint32_t file_index = static_cast<uint32_t>(model_files_.size());
   model_files_.push_back(name);
-  const uint64_t data_start = header.size();
-  for (size_t k = 0; k < order.size(); ++k)
-    (*places)[order[k]] = ModelPlace{file_index, data_start + entries[k].begin, data_start + entries[k].end};
-
-  View::NodeId id = AddNode(root, name, false);
-  uint64_t pos = 0;
-  AddLiteral(std::move(header), &pos);
-  for (size_t i : order) AddTensorData(i, &pos);
+  for (size_t i : order) {
+    const uint64_t begin = pos;
+    AddTensorData(i, &pos);
+    (*places)[i] = ModelPlace{file_index, begin, pos};
+  }
   FinishFile(id, pos, newest_mtime_);
 }
 
@@ -226,20 +253,18 @@ Status ViewBuilder::BuildTensorFiles(View::NodeId root) {
   tensors_dir_ = AddNode(root, "tensors", true);
   view_->tensor_files_.resize(catalog_.tensors.size());
   view_->nodes_[tensors_dir_].children.reserve(catalog_.tensors.size());
+  std::string scratch;  // one buffer for every header, measured and dropped
   for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
     const TensorEntry& t = catalog_.tensors[i];
     // Two keys mapping to one file name are found once the folder is sorted (Build): a set
     // of a million names cost ~100 MB and a second of a mount.
+    // No segments: a per-tensor file is its header, made on read, then the tensor's data
+    // (View::ReadTensorFile). Two segments each were 64 MB of a million-tensor View.
     View::NodeId id = AddNode(tensors_dir_, TensorFileName(t.key), false);
     view_->nodes_[id].tensor = static_cast<int64_t>(i);
-    Segment header;
-    header.kind = Segment::Kind::kTensorHeader;
-    header.ref = static_cast<uint32_t>(i);
-    header.length = TensorFileHeader(t).size();
-    view_->segments_.push_back(header);
-    uint64_t pos = header.length;
-    AddTensorData(i, &pos);
-    FinishFile(id, pos, TensorMTime(i));
+    scratch.clear();
+    AppendTensorFileHeader(t, &scratch);
+    FinishFile(id, scratch.size() + t.served_nbytes(), TensorMTime(i));
     view_->tensor_files_[i] = id;
   }
   return Status::OK();
@@ -263,19 +288,25 @@ Status ViewBuilder::BuildManifest(View::NodeId root) {
   if (!options_.root.empty()) m["root"] = options_.root;
   if (options_.shard_size) m["shard_size"] = options_.shard_size;
   // Storage shared by several tensors (tied weights): name the group on each member.
-  // Found by sorting (id, tensor) pairs: a map of a million ids took ~100 MB and a second.
+  // Found by sorting (hash of id, tensor) pairs and comparing the ids only within a run of
+  // equal hashes: a map of a million ids took ~100 MB and a second, and sorting the ids as
+  // strings (a cache miss per comparison) most of a remount's View build.
   std::vector<bool>& shares_storage = view_->shares_storage_;
   shares_storage.assign(catalog_.tensors.size(), false);
   {
-    std::vector<std::pair<std::string_view, size_t>> ids;
-    for (size_t i = 0; i < catalog_.tensors.size(); ++i)
-      if (!catalog_.tensors[i].storage_id.empty()) ids.emplace_back(catalog_.tensors[i].storage_id, i);
+    std::vector<std::pair<uint64_t, uint32_t>> ids;
+    for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
+      const std::string& id = catalog_.tensors[i].storage_id;
+      if (!id.empty()) ids.emplace_back(XXH3_64bits(id.data(), id.size()), static_cast<uint32_t>(i));
+    }
     std::sort(ids.begin(), ids.end());
     for (size_t k = 0; k < ids.size();) {
       size_t end = k + 1;
       while (end < ids.size() && ids[end].first == ids[k].first) ++end;
-      if (end - k > 1)
-        for (; k < end; ++k) shares_storage[ids[k].second] = true;
+      for (size_t a = k; a < end; ++a)  // a run is one id, or rarely a few colliding ones
+        for (size_t b = a + 1; b < end; ++b)
+          if (catalog_.tensors[ids[a].second].storage_id == catalog_.tensors[ids[b].second].storage_id)
+            shares_storage[ids[a].second] = shares_storage[ids[b].second] = true;
       k = end;
     }
   }
@@ -310,12 +341,15 @@ Status ViewBuilder::BuildManifest(View::NodeId root) {
   View::NodeId id = AddNode(root, "manifest.json", false);
   uint64_t pos = 0;
   AddLiteral(std::move(head), &pos);
+  std::string scratch;  // one buffer for every entry's text, measured and dropped
   for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
     Segment entry;
     entry.kind = Segment::Kind::kManifestEntry;
     entry.ref = static_cast<uint32_t>(i);
     entry.start = pos;
-    entry.length = view_->ManifestEntry(i).size();
+    scratch.clear();
+    view_->AppendManifestEntry(i, &scratch);
+    entry.length = scratch.size();
     pos += entry.length;
     view_->segments_.push_back(entry);
   }
@@ -329,10 +363,15 @@ static void AppendManifestEntry(std::string* text, const TensorEntry& t, const s
                                 const View::ModelPlace& place, const char* xxh3_hex, bool shares_storage,
                                 bool first) {
   *text += first ? "\n  {" : ",\n  {";
-  AppendTensorSummary(text, t);
+  bool shortened = false;
+  AppendTensorSummary(text, t, &shortened);
   *text += ", \"model_file\": ";
   AppendJsonString(text, model_file);
-  *text += ", \"model_offsets\": [" + std::to_string(place.begin) + ", " + std::to_string(place.end) + "]";
+  *text += ", \"model_offsets\": [";
+  AppendDecimal(text, place.begin);
+  *text += ", ";
+  AppendDecimal(text, place.end);
+  *text += ']';
   if (xxh3_hex) {
     *text += ", \"xxh3\": \"";
     *text += xxh3_hex;
@@ -342,28 +381,26 @@ static void AppendManifestEntry(std::string* text, const TensorEntry& t, const s
     *text += ", \"shared_storage\": ";
     AppendJsonString(text, t.storage_id);
   }
-  bool shortened = false;
-  TensorFileName(t.key, &shortened);
   if (shortened) *text += ", \"file_name_shortened\": true";
   *text += '}';
 }
 
-std::string View::ManifestEntry(size_t index) const {
-  std::string text;
+void View::AppendManifestEntry(size_t index, std::string* text) const {
   const ModelPlace& place = model_places_[index];
-  AppendManifestEntry(&text, catalog_->tensors[index], model_files_[place.file], place, nullptr,
-                      shares_storage_[index], index == 0);
-  return text;
+  ckptfs::AppendManifestEntry(text, catalog_->tensors[index], model_files_[place.file], place, nullptr,
+                              shares_storage_[index], index == 0);
 }
 
 Status ViewBuilder::Build() {
   for (uint32_t f = 0; f < catalog_.files->count(); ++f)
     newest_mtime_ = std::max(newest_mtime_, catalog_.files->identity(f).mtime_ns);
-  // A node and about four segments per tensor: reserved, the vectors are not copied as
-  // they grow (a million-tensor mount's peak memory held two copies of each).
+  // A node and about two segments per tensor (its model file's data, its manifest entry),
+  // plus the model header's pieces (~100 bytes per tensor, 1 MB a piece): reserved, the
+  // vectors are not copied as they grow (a million-tensor mount's peak memory held two
+  // copies of each).
   const size_t tensor_count = catalog_.tensors.size();
   view_->nodes_.reserve(tensor_count + catalog_.sibling_files.size() + 16);
-  view_->segments_.reserve(4 * tensor_count + catalog_.sibling_files.size() + 16);
+  view_->segments_.reserve(2 * tensor_count + tensor_count / 1024 + catalog_.sibling_files.size() + 64);
   View::NodeId root = AddNode(View::kRoot, "", true);
 
   BuildModelFiles(root, &view_->model_places_);
@@ -435,26 +472,39 @@ json TensorSummary(const TensorEntry& t) {
           {"file", "tensors/" + TensorFileName(t.key)}};
 }
 
-void AppendTensorSummary(std::string* out, const TensorEntry& t) {
+void AppendTensorSummary(std::string* out, const TensorEntry& t, bool* file_name_shortened) {
   std::string_view dtype;
   std::vector<uint64_t> shape;
   ServedDTypeAndShape(t, &dtype, &shape);
   *out += "\"key\": ";
   AppendJsonString(out, t.key);
   *out += ", \"path\": [";
-  for (size_t k = 0; k < t.path.size(); ++k) {
-    if (k) *out += ", ";
-    if (const auto* s = std::get_if<std::string>(&t.path[k])) AppendJsonString(out, *s);
-    else *out += std::to_string(std::get<int64_t>(t.path[k]));
-  }
+  bool first = true;
+  t.path.ForEach(
+      [&](std::string_view s) {
+        if (!first) *out += ", ";
+        first = false;
+        AppendJsonString(out, s);
+      },
+      [&](int64_t i) {
+        if (!first) *out += ", ";
+        first = false;
+        *out += std::to_string(i);
+      });
   *out += "], \"dtype\": \"";
   *out += dtype;
   *out += "\", \"torch_dtype\": \"";
   *out += Info(t.dtype).torch_name;
   *out += "\", \"shape\": ";
   AppendJsonArray(out, shape);
-  *out += ", \"nbytes\": " + std::to_string(t.served_nbytes()) + ", \"file\": ";
-  AppendJsonString(out, "tensors/" + TensorFileName(t.key));
+  *out += ", \"nbytes\": ";
+  AppendDecimal(out, t.served_nbytes());
+  *out += ", \"file\": ";
+  // One buffer per thread for the file name: a million entries made a million strings.
+  thread_local std::string file;
+  file.assign("tensors/");
+  AppendTensorFileName(&file, t.key, file_name_shortened);
+  AppendJsonString(out, file);
 }
 
 Status View::Build(std::shared_ptr<const Catalog> catalog, const ViewOptions& options,

@@ -7,27 +7,38 @@
 namespace ckptfs {
 
 std::string TensorFileName(std::string_view key, bool* shortened) {
-  std::string escaped;
-  escaped.reserve(key.size() + kTensorFileSuffix.size());
-  for (char c : key) {
-    if (c == '%') escaped += "%25";
-    else if (c == '/') escaped += "%2F";
-    else if (c == '\0') escaped += "%00";  // file names end at NUL
-    else escaped += c;
-  }
-  const bool too_long = escaped.size() + kTensorFileSuffix.size() > kMaxFileName;
-  if (shortened) *shortened = too_long;
-  if (!too_long) return escaped + std::string(kTensorFileSuffix);
+  std::string name;
+  AppendTensorFileName(&name, key, shortened);
+  return name;
+}
 
+void AppendTensorFileName(std::string* out, std::string_view key, bool* shortened) {
+  const size_t start = out->size();
+  for (char c : key) {
+    if (c == '%') *out += "%25";
+    else if (c == '/') *out += "%2F";
+    else if (c == '\0') *out += "%00";  // file names end at NUL
+    else out->push_back(c);
+  }
+  const size_t escaped_size = out->size() - start;
+  const bool too_long = escaped_size + kTensorFileSuffix.size() > kMaxFileName;
+  if (shortened) *shortened = too_long;
+  if (!too_long) {
+    out->append(kTensorFileSuffix);
+    return;
+  }
   char tag[18];
   std::snprintf(tag, sizeof tag, "~%016llx",
                 static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
   size_t keep = kMaxFileName - kTensorFileSuffix.size() - (sizeof tag - 1);
+  const char* escaped = out->data() + start;
   // Do not split a UTF-8 sequence or a %XX escape.
   while (keep > 0 && (static_cast<unsigned char>(escaped[keep]) & 0xC0) == 0x80) --keep;
   if (keep >= 1 && escaped[keep - 1] == '%') keep -= 1;
   else if (keep >= 2 && escaped[keep - 2] == '%') keep -= 2;
-  return escaped.substr(0, keep) + tag + std::string(kTensorFileSuffix);
+  out->resize(start + keep);
+  out->append(tag);
+  out->append(kTensorFileSuffix);
 }
 
 std::optional<std::string> UnescapeKey(std::string_view escaped) {

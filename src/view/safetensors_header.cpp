@@ -11,36 +11,52 @@ void ServedDTypeAndShape(const TensorEntry& t, std::string_view* dtype, std::vec
   if (served.extra_dim) shape->push_back(2);
 }
 
+// Bytes of the header before its first entry: the 8-byte length and the metadata.
+constexpr char kHeaderStart[] = "\0\0\0\0\0\0\0\0" R"({"__metadata__":{"format":"pt"})";
+
+void AppendSafetensorsHeaderStart(std::string* out) { out->append(kHeaderStart, sizeof kHeaderStart - 1); }
+
+void AppendSafetensorsHeaderEntry(const HeaderEntry& e, std::string* out) {
+  *out += ',';
+  AppendJsonString(out, e.key);
+  *out += R"(:{"dtype":")";
+  *out += e.dtype;
+  *out += R"(","shape":)";
+  AppendJsonArray(out, e.shape);
+  *out += R"(,"data_offsets":[)";
+  AppendDecimal(out, e.begin);
+  *out += ',';
+  AppendDecimal(out, e.end);
+  *out += "]}";
+}
+
+void AppendSafetensorsHeaderEnd(size_t start, std::string* out) {
+  *out += '}';
+  const uint64_t n = out->size() - start - 8;
+  out->append((8 - n % 8) % 8, ' ');
+  const uint64_t padded = out->size() - start - 8;
+  for (int i = 0; i < 8; ++i) (*out)[start + i] = static_cast<char>((padded >> (8 * i)) & 0xFF);
+}
+
+void AppendSafetensorsHeader(const HeaderEntry* entries, size_t count, std::string* out) {
+  const size_t start = out->size();
+  AppendSafetensorsHeaderStart(out);
+  for (size_t k = 0; k < count; ++k) AppendSafetensorsHeaderEntry(entries[k], out);
+  AppendSafetensorsHeaderEnd(start, out);
+}
+
 std::string SafetensorsHeader(const std::vector<HeaderEntry>& entries) {
-  std::string json = R"({"__metadata__":{"format":"pt"})";
-  for (const HeaderEntry& e : entries) {
-    json += ',';
-    AppendJsonString(&json, e.key);
-    json += R"(:{"dtype":")";
-    json += e.dtype;
-    json += R"(","shape":)";
-    AppendJsonArray(&json, e.shape);
-    json += R"(,"data_offsets":[)";
-    json += std::to_string(e.begin);
-    json += ',';
-    json += std::to_string(e.end);
-    json += "]}";
-  }
-  json += '}';
-  json.append((8 - json.size() % 8) % 8, ' ');
-  std::string out(8, '\0');
-  uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
-  out += json;
+  std::string out;
+  AppendSafetensorsHeader(entries.data(), entries.size(), &out);
   return out;
 }
 
-std::string TensorFileHeader(const TensorEntry& t) {
+void AppendTensorFileHeader(const TensorEntry& t, std::string* out) {
   HeaderEntry e;
   e.key = t.key;
   ServedDTypeAndShape(t, &e.dtype, &e.shape);
   e.end = t.served_nbytes();
-  return SafetensorsHeader({e});
+  AppendSafetensorsHeader(&e, 1, out);
 }
 
 }  // namespace ckptfs

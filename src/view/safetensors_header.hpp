@@ -23,9 +23,18 @@ struct HeaderEntry {
 // entries in the given (data) order, space-padded to a multiple of 8 as the reference
 // writer does, so the data buffer that follows starts 8-aligned.
 std::string SafetensorsHeader(const std::vector<HeaderEntry>& entries);
+// The same, appended to *out.
+void AppendSafetensorsHeader(const HeaderEntry* entries, size_t count, std::string* out);
+// The same in three steps, for headers written an entry at a time: the start (its 8 length
+// bytes left for the end to fill in), each entry, the end (closing brace, padding, length)
+// given where in *out the start was written.
+void AppendSafetensorsHeaderStart(std::string* out);
+void AppendSafetensorsHeaderEntry(const HeaderEntry& e, std::string* out);
+void AppendSafetensorsHeaderEnd(size_t start, std::string* out);
 
-// The header of tensor `t`'s own file (tensors/<name>): `t` alone, data at [0, nbytes).
-std::string TensorFileHeader(const TensorEntry& t);
+// Appends the header of tensor `t`'s own file (tensors/<name>): `t` alone, data at
+// [0, nbytes). Into a caller's buffer: the View measures a million of them at build time.
+void AppendTensorFileHeader(const TensorEntry& t, std::string* out);
 
 }  // namespace ckptfs
 

@@ -85,6 +85,7 @@ Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* 
   const Node& n = nodes_[id];
   if (n.is_dir) return Status::InvalidArgument(PathOf(id), "is a directory");
   if (offset >= n.size || length == 0) return Status::OK();
+  if (n.tensor >= 0) return ReadTensorFile(id, offset, length, out, nread);
   const uint64_t end = std::min<uint64_t>(n.size, offset + std::min<uint64_t>(length, n.size - offset));
   const Segment* first = segments_.data() + n.first_segment;
   const Segment* last = first + n.segment_count;
@@ -99,15 +100,9 @@ Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* 
       case Segment::Kind::kLiteral:
         std::memcpy(dst, literals_[seg->ref].data() + in_seg, piece);
         break;
-      case Segment::Kind::kTensorHeader: {
-        const std::string header = TensorFileHeader(catalog_->tensors[seg->ref]);
-        // The length was fixed at build time from the same catalog entry.
-        if (header.size() != seg->length) return Status::Corruption(PathOf(id), "tensor file header changed size");
-        std::memcpy(dst, header.data() + in_seg, piece);
-        break;
-      }
       case Segment::Kind::kManifestEntry: {
-        const std::string entry = ManifestEntry(seg->ref);
+        std::string entry;
+        AppendManifestEntry(seg->ref, &entry);
         if (entry.size() != seg->length) return Status::Corruption(PathOf(id), "manifest entry changed size");
         std::memcpy(dst, entry.data() + in_seg, piece);
         break;
@@ -126,6 +121,28 @@ Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* 
     pos += piece;
   }
   *nread = pos - offset;
+  return Status::OK();
+}
+
+Status View::ReadTensorFile(NodeId id, uint64_t offset, size_t length, char* out, size_t* nread) const {
+  const Node& n = nodes_[id];
+  const size_t index = static_cast<size_t>(n.tensor);
+  const TensorEntry& t = catalog_->tensors[index];
+  const uint64_t data_size = t.served_nbytes();
+  const uint64_t header_size = n.size - data_size;
+  const uint64_t end = std::min<uint64_t>(n.size, offset + std::min<uint64_t>(length, n.size - offset));
+  uint64_t pos = offset;
+  if (pos < header_size) {
+    std::string header;
+    AppendTensorFileHeader(t, &header);
+    // The size was fixed at build time from the same catalog entry.
+    if (header.size() != header_size) return Status::Corruption(PathOf(id), "tensor file header changed size");
+    const uint64_t piece = std::min(header_size, end) - pos;
+    std::memcpy(out, header.data() + pos, piece);
+    pos += piece;
+  }
+  if (pos < end) CKPTFS_RETURN_IF_ERROR(ReadTensorData(index, pos - header_size, end - pos, out + (pos - offset)));
+  *nread = end - offset;
   return Status::OK();
 }
 

@@ -1,0 +1,102 @@
+// The catalog's compact value types: KeyPath (a tensor's path packed into one string) gives
+// back exactly the elements it was given, whatever their bytes or values, and flattens to
+// the same key as the element list; SmallVector behaves as a vector across the switch from
+// inline to heap storage (copies, moves, growth, inserts).
+#define BOOST_TEST_MODULE catalog_test
+#include <boost/test/unit_test.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "ckptfs/catalog.hpp"
+
+using ckptfs::FlattenKey;
+using ckptfs::KeyPath;
+using ckptfs::PathElement;
+using ckptfs::SmallVector;
+
+BOOST_AUTO_TEST_CASE(key_path_round_trips_every_kind_of_element) {
+  const std::string long_name(300, 'x');  // a length past one varint byte
+  const std::vector<PathElement> elements = {
+      std::string("model"),
+      int64_t{0},
+      int64_t{-1},
+      std::numeric_limits<int64_t>::min(),
+      std::numeric_limits<int64_t>::max(),
+      std::string(""),
+      std::string("a\0b.c", 5),
+      std::string("\xff\xfe not utf-8"),
+      long_name,
+      int64_t{300},
+  };
+  const KeyPath path(elements);
+  BOOST_TEST(path.size() == elements.size());
+  BOOST_TEST(!path.empty());
+  const std::vector<PathElement> back = path;
+  BOOST_TEST((back == elements));
+  for (size_t i = 0; i < elements.size(); ++i) BOOST_TEST((path[i] == elements[i]));
+  BOOST_TEST(FlattenKey(path) == FlattenKey(elements));
+
+  KeyPath built;
+  BOOST_TEST(built.empty());
+  BOOST_TEST(built.size() == 0u);
+  for (const PathElement& e : elements) built.push_back(e);
+  BOOST_TEST((built == path));
+  size_t strings = 0, ints = 0;
+  path.ForEach([&](std::string_view) { ++strings; }, [&](int64_t) { ++ints; });
+  BOOST_TEST(strings == 5u);
+  BOOST_TEST(ints == 5u);
+}
+
+BOOST_AUTO_TEST_CASE(key_path_of_one_key_flattens_to_it) {
+  const KeyPath path = {std::string("layers.7.weight")};
+  BOOST_TEST(path.size() == 1u);
+  BOOST_TEST(FlattenKey(path) == "layers.7.weight");
+  const KeyPath nested = {std::string("optimizer"), std::string("state"), int64_t{3}, std::string("exp_avg")};
+  BOOST_TEST(FlattenKey(nested) == "optimizer.state.3.exp_avg");
+}
+
+BOOST_AUTO_TEST_CASE(small_vector_grows_past_its_inline_storage) {
+  SmallVector<uint64_t, 2> v;
+  std::vector<uint64_t> reference;
+  for (uint64_t i = 0; i < 100; ++i) {
+    v.push_back(i * 3);
+    reference.push_back(i * 3);
+    BOOST_TEST((v == reference));
+  }
+  SmallVector<uint64_t, 2> copy = v;
+  BOOST_TEST((copy == reference));
+  SmallVector<uint64_t, 2> moved = std::move(copy);
+  BOOST_TEST((moved == reference));
+  BOOST_TEST(copy.empty());
+  moved.insert(moved.begin() + 1, uint64_t{7});
+  reference.insert(reference.begin() + 1, 7);
+  BOOST_TEST((moved == reference));
+  moved.erase(moved.begin());
+  reference.erase(reference.begin());
+  BOOST_TEST((moved == reference));
+  moved.resize(1);
+  BOOST_TEST(moved.size() == 1u);
+  BOOST_TEST(moved[0] == 7u);
+  std::vector<uint64_t> as_vector = moved;
+  BOOST_TEST((as_vector == std::vector<uint64_t>{7}));
+}
+
+BOOST_AUTO_TEST_CASE(small_vector_stays_inline_and_converts_between_sizes) {
+  SmallVector<uint64_t, 4> shape = {2, 3, 4};
+  BOOST_TEST(shape.capacity() == 4u);
+  SmallVector<uint64_t, 2> extent = shape;  // a shape becomes a box's extent
+  BOOST_TEST((extent == std::vector<uint64_t>{2, 3, 4}));
+  shape = {5};
+  BOOST_TEST((shape == std::vector<uint64_t>{5}));
+  SmallVector<uint64_t, 4> moved = std::move(shape);  // inline: copied, source emptied
+  BOOST_TEST((moved == std::vector<uint64_t>{5}));
+  BOOST_TEST(shape.empty());
+  moved.assign(3, 9);
+  BOOST_TEST((moved == std::vector<uint64_t>{9, 9, 9}));
+  moved.push_back(moved[0]);  // an element of the vector itself, at the growth point
+  moved.push_back(moved[0]);
+  BOOST_TEST((moved == std::vector<uint64_t>{9, 9, 9, 9, 9}));
+}
