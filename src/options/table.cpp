@@ -97,6 +97,13 @@ Status ParseCacheDir(std::string_view where, std::string_view value, OptionValue
   return Status::OK();
 }
 
+Status ParseCaFile(std::string_view where, std::string_view value, OptionValues* out) {
+  if (value.empty() || value.front() != '/')
+    return Status::InvalidArgument(where, "needs an absolute file path (a mount runs from /)");
+  out->source.remote.ca_file.assign(value);
+  return Status::OK();
+}
+
 Status ParseRemoteTimeout(std::string_view where, std::string_view value, OptionValues* out) {
   uint64_t n = 0;
   if (!ParseInteger(value, 1, 3600, &n)) return Status::InvalidArgument(where, "not a number of seconds from 1 to 3600");
@@ -213,6 +220,10 @@ const OptionSpec kTable[] = {
      "remote sources: also keep fetched blocks in folder DIR, keyed by URL and ETag, so a remount fetches "
      "nothing twice (default: none)",
      ParseCacheDir},
+    {"ca_file", kValue, kSourceGroup, "FILE",
+     "https:// and s3:// sources: trust the CA certificates in FILE (default: $AWS_CA_BUNDLE for s3://, "
+     "then $CURL_CA_BUNDLE, then the system's)",
+     ParseCaFile},
     {"readahead", kValue, kSourceGroup, "SIZE",
      "remote sources: how far ahead of a sequential reader to fetch, in parallel requests (default 64MiB)",
      ParseSizeInto<&OptionValues::source, &SourceOptions::remote, &RemoteOptions::readahead_bytes>},

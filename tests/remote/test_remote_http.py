@@ -162,6 +162,9 @@ def test_https_with_the_servers_ca_serves_the_same_bytes(training_pt, nginx_tls,
     assert_same_trees(local, remote)
     # Every byte went over TLS: nginx logged the ranges it sent on its https port.
     assert nginx_tls.bytes_since(0, "/training.pt") > 0
+    # The same trust given by the option instead of the environment.
+    by_option = mounts.mount(url, None, "-o", f"ca_file={nginx_tls.ca_file}", env=env_without_ca())
+    assert_same_trees(local, by_option)
 
 
 @pytest.mark.timeout(60)
@@ -180,4 +183,11 @@ def test_https_with_an_untrusted_certificate_is_one_line_and_no_mount(nginx_tls,
     assert res.returncode == 1
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and str(missing) in lines[0] and "CURL_CA_BUNDLE" in lines[0], res.stderr
+    assert mount_entry(mp) is None
+    # -o ca_file= wins over the environment and is named as the origin when unreadable.
+    res = mounts.start([mounts.binary, url, mp, "-o", f"ca_file={missing}"], mp, timeout=20,
+                       env=env_without_ca(CURL_CA_BUNDLE=str(nginx_tls.ca_file)))
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(missing) in lines[0] and "ca_file" in lines[0], res.stderr
     assert mount_entry(mp) is None
