@@ -21,30 +21,30 @@ using Kind = PyValue::Kind;
 // The class an object was made from: NEWOBJ/REDUCE on the class itself, or the
 // protocol 0-1 forms that name the class as the first argument.
 std::string_view ClassName(const PyValue* v) {
-  if (!v || v->kind != Kind::kObject || !v->callable || v->callable->kind != Kind::kGlobal) return {};
-  const PyValue* cls = v->callable;
-  if (cls->name == "__newobj__" || cls->name == "_reconstructor") {
+  if (!v || v->kind() != Kind::kObject || !v->callable() || v->callable()->kind() != Kind::kGlobal) return {};
+  const PyValue* cls = v->callable();
+  if (cls->name() == "__newobj__" || cls->name() == "_reconstructor") {
     cls = Arg(v, 0);
-    if (!cls || cls->kind != Kind::kGlobal) return {};
+    if (!cls || cls->kind() != Kind::kGlobal) return {};
   }
-  return cls->name;
+  return cls->name();
 }
 
 // Attribute `name` of a dataclass instance: its BUILD state is a dict (or, with slots, a
 // (dict, slots dict) pair).
 const PyValue* Field(const PyValue* obj, std::string_view name) {
-  if (!obj || !obj->state) return nullptr;
-  const PyValue* state = obj->state;
-  if (state->kind == Kind::kTuple && state->items.size() == 2) {
-    if (const PyValue* f = Find(AsMapping(state->items[0]), name)) return f;
-    return Find(AsMapping(state->items[1]), name);
+  if (!obj || !obj->state()) return nullptr;
+  const PyValue* state = obj->state();
+  if (state->kind() == Kind::kTuple && state->items().size() == 2) {
+    if (const PyValue* f = Find(AsMapping(state->items()[0]), name)) return f;
+    return Find(AsMapping(state->items()[1]), name);
   }
   return Find(AsMapping(state), name);
 }
 
 bool AsString(const PyValue* v, std::string* out) {
-  if (!v || v->kind != Kind::kStr) return false;
-  out->assign(v->s);
+  if (!v || v->kind() != Kind::kStr) return false;
+  out->assign(v->s());
   return true;
 }
 
@@ -82,11 +82,11 @@ bool AsPathText(const PyValue* v, std::string* out) {
   const std::string_view cls = ClassName(v);
   if (cls != "PosixPath" && cls != "WindowsPath" && cls != "PurePosixPath" && cls != "Path") return false;
   out->clear();
-  if (!v->args || v->args->kind != Kind::kTuple) return false;
-  for (const PyValue* part : v->args->items) {
-    if (part->kind != Kind::kStr) return false;
+  if (!v->args() || v->args()->kind() != Kind::kTuple) return false;
+  for (const PyValue* part : v->args()->items()) {
+    if (part->kind() != Kind::kStr) return false;
     if (!out->empty() && out->back() != '/') out->push_back('/');
-    out->append(part->s);
+    out->append(part->s());
   }
   return true;
 }
@@ -119,7 +119,7 @@ Status MetadataParser::Parse(const PyValue* root) {
   if (ClassName(root) != "Metadata") return Bad("not a DCP .metadata file (the pickle is not a Metadata object)");
   const PyValue* sdm = AsMapping(Field(root, "state_dict_metadata"));
   if (!sdm) return Bad("Metadata has no state_dict_metadata dict");
-  if (const PyValue* version = Field(root, "version"); version && version->kind != Kind::kNone &&
+  if (const PyValue* version = Field(root, "version"); version && version->kind() != Kind::kNone &&
                                                        !AsString(version, &out_->version))
     return Bad("Metadata.version is not a string");
   ReadStorageMeta(Field(root, "storage_meta"));
@@ -128,27 +128,27 @@ Status MetadataParser::Parse(const PyValue* root) {
   // planner_data: fqn -> the key path in the nested state dict (the default planner's).
   std::unordered_map<std::string_view, const PyValue*> planner;
   if (const PyValue* pd = AsMapping(Field(root, "planner_data")))
-    for (const auto& [k, v] : pd->entries)
-      if (k->kind == Kind::kStr) planner[k->s] = v;
+    for (const auto& [k, v] : pd->entries())
+      if (k->kind() == Kind::kStr) planner[k->s()] = v;
 
-  if (sdm->entries.size() > limits_.tensors)
-    return Status::Refused(where_, std::to_string(sdm->entries.size()) + " state-dict entries, over the limit of " +
+  if (sdm->entries().size() > limits_.tensors)
+    return Status::Refused(where_, std::to_string(sdm->entries().size()) + " state-dict entries, over the limit of " +
                                        std::to_string(limits_.tensors) + LimitHint("max_tensors"));
   std::unordered_set<std::string_view> seen;
-  out_->items.reserve(sdm->entries.size());
-  for (const auto& [k, v] : sdm->entries) {
-    if (k->kind != Kind::kStr) return Bad("a state_dict_metadata key is not a string");
-    if (!seen.insert(k->s).second) return BadItem(std::string(k->s), "listed twice in state_dict_metadata");
+  out_->items.reserve(sdm->entries().size());
+  for (const auto& [k, v] : sdm->entries()) {
+    if (k->kind() != Kind::kStr) return Bad("a state_dict_metadata key is not a string");
+    if (!seen.insert(k->s()).second) return BadItem(std::string(k->s()), "listed twice in state_dict_metadata");
     DcpItem item;
-    item.fqn.assign(k->s);
+    item.fqn.assign(k->s());
     CKPTFS_RETURN_IF_ERROR(ReadItem(item.fqn, v, &item));
-    if (auto it = planner.find(k->s); it != planner.end()) {
+    if (auto it = planner.find(k->s()); it != planner.end()) {
       const PyValue* path = it->second;
-      if (!path || (path->kind != Kind::kTuple && path->kind != Kind::kList))
+      if (!path || (path->kind() != Kind::kTuple && path->kind() != Kind::kList))
         return BadItem(item.fqn, "planner_data path is not a tuple");
-      for (const PyValue* part : path->items) {
-        if (part->kind == Kind::kStr) item.path.emplace_back(std::string(part->s));
-        else if (part->kind == Kind::kInt) item.path.emplace_back(part->i);
+      for (const PyValue* part : path->items()) {
+        if (part->kind() == Kind::kStr) item.path.emplace_back(std::string(part->s()));
+        else if (part->kind() == Kind::kInt) item.path.emplace_back(part->i());
         else return BadItem(item.fqn, "planner_data path holds something other than str and int keys");
       }
     }
@@ -161,20 +161,20 @@ Status MetadataParser::Parse(const PyValue* root) {
 Status MetadataParser::ReadStorageData(const PyValue* storage_data) {
   const PyValue* sd = AsMapping(storage_data);
   if (!sd) return Bad("Metadata.storage_data is not a dict (a storage layout other than the file system writer's?)");
-  for (const auto& [k, v] : sd->entries) {
+  for (const auto& [k, v] : sd->entries()) {
     std::string fqn;
     if (ClassName(k) != "MetadataIndex" || !AsString(Field(k, "fqn"), &fqn))
       return Bad("a storage_data key is not a MetadataIndex with an fqn");
     const PyValue* offset = Field(k, "offset");
     std::vector<uint64_t> offsets;
-    const bool is_chunk = offset && offset->kind != Kind::kNone;
+    const bool is_chunk = offset && offset->kind() != Kind::kNone;
     if (is_chunk && !AsUintTuple(offset, &offsets)) return BadItem(fqn, "storage_data offset is not a tuple of ints");
     if (ClassName(v) != "_StorageInfo") return BadItem(fqn, "storage_data value is not a _StorageInfo");
     if (const PyValue* td = Field(v, "transform_descriptors");
-        td && td->kind != Kind::kNone && !((td->kind == Kind::kList || td->kind == Kind::kTuple) && td->items.empty())) {
+        td && td->kind() != Kind::kNone && !((td->kind() == Kind::kList || td->kind() == Kind::kTuple) && td->items().empty())) {
       std::string names;
-      if (td->kind == Kind::kList || td->kind == Kind::kTuple)
-        for (const PyValue* d : td->items) names += (names.empty() ? "" : ", ") + (d->kind == Kind::kStr ? std::string(d->s) : "?");
+      if (td->kind() == Kind::kList || td->kind() == Kind::kTuple)
+        for (const PyValue* d : td->items()) names += (names.empty() ? "" : ", ") + (d->kind() == Kind::kStr ? std::string(d->s()) : "?");
       return Status::NotSupported(where_, "'" + fqn + "' is stored with transforms (" + names +
                                               "); only untransformed torch.save slices can be served");
     }
@@ -217,25 +217,25 @@ Status MetadataParser::ReadProperties(const std::string& fqn, const PyValue* pro
   if (ClassName(props) != "TensorProperties") return BadItem(fqn, "tensor properties are not a TensorProperties");
   // Saved as a tuple (dtype, layout, requires_grad, memory format, pin_memory[, strides])
   // by TensorProperties.__getstate__, as a dict by releases without it.
-  const PyValue* state = props->state;
+  const PyValue* state = props->state();
   const PyValue* d = nullptr;
   const PyValue* layout = nullptr;
-  if (state && state->kind == Kind::kTuple && state->items.size() >= 2) {
-    d = state->items[0];
-    layout = state->items[1];
+  if (state && state->kind() == Kind::kTuple && state->items().size() >= 2) {
+    d = state->items()[0];
+    layout = state->items()[1];
   } else {
     d = Field(props, "dtype");
     layout = Field(props, "layout");
   }
   std::optional<DType> parsed;
-  if (!d || d->kind != Kind::kGlobal || d->s != "torch" || !(parsed = DTypeFromTorchName(d->name)))
+  if (!d || d->kind() != Kind::kGlobal || d->s() != "torch" || !(parsed = DTypeFromTorchName(d->name())))
     return Status::NotSupported(where_, "'" + fqn + "': unsupported dtype " +
-                                            (d && d->kind == Kind::kGlobal ? QualifiedName(d) : std::string("?")));
+                                            (d && d->kind() == Kind::kGlobal ? QualifiedName(d) : std::string("?")));
   *dtype = *parsed;
   // torch.serialization._get_layout("torch.strided"), or the layout GLOBAL itself.
-  if (layout && layout->kind != Kind::kNone) {
-    const PyValue* name = layout->kind == Kind::kObject ? Arg(layout, 0) : nullptr;
-    const bool strided = (name && name->kind == Kind::kStr && name->s == "torch.strided") ||
+  if (layout && layout->kind() != Kind::kNone) {
+    const PyValue* name = layout->kind() == Kind::kObject ? Arg(layout, 0) : nullptr;
+    const bool strided = (name && name->kind() == Kind::kStr && name->s() == "torch.strided") ||
                          IsGlobal(layout, "torch.strided");
     if (!strided) return Status::NotSupported(where_, "'" + fqn + "': only strided (dense) tensors are supported");
   }
@@ -257,9 +257,9 @@ Status MetadataParser::ReadItem(const std::string& fqn, const PyValue* value, Dc
   for (uint64_t d : item->shape)
     if (!CheckedMul(numel, d, &numel)) return BadItem(fqn, "tensor size overflows");
   const PyValue* chunks = Field(value, "chunks");
-  if (!chunks || chunks->kind != Kind::kList) return BadItem(fqn, "tensor chunks are not a list");
-  item->chunks.reserve(chunks->items.size());
-  for (const PyValue* c : chunks->items) {
+  if (!chunks || chunks->kind() != Kind::kList) return BadItem(fqn, "tensor chunks are not a list");
+  item->chunks.reserve(chunks->items().size());
+  for (const PyValue* c : chunks->items()) {
     DcpChunk chunk;
     if (ClassName(c) != "ChunkStorageMetadata" || !AsUintTuple(Field(c, "offsets"), &chunk.offsets) ||
         !AsUintTuple(Field(c, "sizes"), &chunk.sizes))
@@ -284,10 +284,10 @@ void MetadataParser::ReadStorageMeta(const PyValue* meta) {
   if (AsPathText(Field(meta, "checkpoint_id"), &text)) info["checkpoint_id"] = text;
   if (AsString(Field(meta, "save_id"), &text)) info["save_id"] = text;
   if (AsString(Field(meta, "load_id"), &text)) info["load_id"] = text;
-  if (const PyValue* modules = Field(meta, "modules"); modules && modules->kind == Kind::kList) {
+  if (const PyValue* modules = Field(meta, "modules"); modules && modules->kind() == Kind::kList) {
     json list = json::array();
-    for (const PyValue* m : modules->items)
-      if (m->kind == Kind::kStr) list.push_back(std::string(m->s));
+    for (const PyValue* m : modules->items())
+      if (m->kind() == Kind::kStr) list.push_back(std::string(m->s()));
     info["modules"] = std::move(list);
   }
   out_->storage_meta = std::move(info);
