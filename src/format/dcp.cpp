@@ -166,9 +166,7 @@ Status DcpReader::Read(json* info) {
   CKPTFS_RETURN_IF_ERROR(env.ReadSmallFile(metadata_path_, limits_.pickle_bytes, &bytes, "the .metadata pickle",
                                            LimitHint("max_pickle")));
   DcpMetadata meta;
-  CKPTFS_RETURN_IF_ERROR(ParseDcpMetadata(bytes, metadata_path_, &meta, limits_));
-  bytes.clear();
-  bytes.shrink_to_fit();
+  CKPTFS_RETURN_IF_ERROR(ParseDcpMetadata(std::move(bytes), metadata_path_, &meta, limits_));
 
   uint64_t tensors = 0, objects = 0;
   for (const DcpItem& item : meta.items) {

@@ -295,13 +295,13 @@ void MetadataParser::ReadStorageMeta(const PyValue* meta) {
 
 }  // namespace
 
-Status ParseDcpMetadata(std::string_view bytes, std::string_view where, DcpMetadata* out, const ReadLimits& limits) {
+Status ParseDcpMetadata(std::string bytes, std::string_view where, DcpMetadata* out, const ReadLimits& limits) {
   if (bytes.size() > limits.pickle_bytes)
     return Status::Refused(where, "the .metadata pickle is " + std::to_string(bytes.size()) +
                                       " bytes, over the limit of " + std::to_string(limits.pickle_bytes) +
                                       LimitHint("max_pickle"));
   Pickle pickle;
-  CKPTFS_RETURN_IF_ERROR(ParsePickle(bytes, where, &pickle, limits.pickle_memory));
+  CKPTFS_RETURN_IF_ERROR(ParseOwnedPickle(std::move(bytes), where, &pickle, limits.pickle_memory));
   *out = DcpMetadata{};
   MetadataParser parser(where, out, limits);
   return parser.Parse(pickle.root);

@@ -52,11 +52,12 @@ struct DcpMetadata {
   nlohmann::json storage_meta;    // checkpoint_id, save_id, ... (null when absent)
 };
 
-// Parses `bytes`, the content of a `.metadata` file; `where` names it in messages, which
-// also name the fqn concerned. Checks every chunk lies inside its tensor and has a
-// storage entry, every relative path stays inside the folder, and refuses storage entries
-// with transform descriptors (compressed or otherwise encoded slices).
-Status ParseDcpMetadata(std::string_view bytes, std::string_view where, DcpMetadata* out,
+// Parses `bytes`, the content of a `.metadata` file (kept while parsing, not copied);
+// `where` names it in messages, which also name the fqn concerned. Checks every chunk lies
+// inside its tensor and has a storage entry, every relative path stays inside the folder,
+// and refuses storage entries with transform descriptors (compressed or otherwise encoded
+// slices).
+Status ParseDcpMetadata(std::string bytes, std::string_view where, DcpMetadata* out,
                         const ReadLimits& limits = ReadLimits{});
 
 }  // namespace ckptfs

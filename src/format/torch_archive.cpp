@@ -124,10 +124,14 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
   pickle_ = cache ? cache->Find(pickle_bytes) : nullptr;
   if (!pickle_) {
     auto parsed = std::make_shared<Pickle>();
-    CKPTFS_RETURN_IF_ERROR(
-        ParsePickle(pickle_bytes, path_ + ": " + prefix_ + records.pickle, parsed.get(), limits.pickle_memory));
+    // The pickle keeps the bytes its strings point into: hand them over rather than copy
+    // (a million-tensor data.pkl is a few hundred MB). The cache keeps its own small key.
+    std::string cache_key;
+    if (cache && pickle_bytes.size() <= PickleCache::kMaxPickleBytes) cache_key = pickle_bytes;
+    CKPTFS_RETURN_IF_ERROR(ParseOwnedPickle(std::move(pickle_bytes), path_ + ": " + prefix_ + records.pickle,
+                                            parsed.get(), limits.pickle_memory));
     pickle_ = parsed;
-    if (cache) cache->Insert(std::move(pickle_bytes), std::move(parsed));
+    if (cache && !cache_key.empty()) cache->Insert(std::move(cache_key), std::move(parsed));
   }
   return Status::OK();
 }
