@@ -3,7 +3,7 @@
 #include "format/dcp_metadata.hpp"
 
 #include <algorithm>
-#include <tuple>
+#include <span>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -51,13 +51,21 @@ bool AsString(const PyValue* v, std::string* out) {
 // A storage_data entry as it is looked up: DCP compares a MetadataIndex's fqn and offset
 // alone (the index is only a hint). Entries are grouped by fqn and sorted by offsets, so a
 // tensor's chunks are found by binary search: a million chunks would otherwise be a
-// million map keys built as strings.
+// million map keys built as strings. The offsets lie in one shared array.
 struct StoredSlice {
   bool is_chunk = false;  // objects (BytesStorageMetadata) have no offsets
-  std::vector<uint64_t> offsets;
+  uint32_t rank = 0;
+  size_t at = 0;  // the offsets: StorageIndex::offsets[at .. at + rank)
   DcpSlice slice;
-  bool operator<(const StoredSlice& other) const {
-    return std::tie(is_chunk, offsets) < std::tie(other.is_chunk, other.offsets);
+};
+
+// What a chunk is looked up by: objects first, then chunks by their offsets.
+struct SliceKey {
+  bool is_chunk;
+  std::span<const uint64_t> offsets;
+  bool operator<(const SliceKey& other) const {
+    if (is_chunk != other.is_chunk) return !is_chunk;
+    return std::lexicographical_compare(offsets.begin(), offsets.end(), other.offsets.begin(), other.offsets.end());
   }
 };
 
@@ -106,13 +114,25 @@ class MetadataParser {
   Status ReadStorageData(const PyValue* storage_data);
   Status ReadItem(const std::string& fqn, const PyValue* value, DcpItem* item);
   Status ReadProperties(const std::string& fqn, const PyValue* props, DType* dtype);
-  Status Slice(const std::string& fqn, const std::vector<uint64_t>* offsets, DcpSlice* slice) const;
+  // The slice of `fqn`'s object (no offsets) or of its chunk at `offsets`.
+  Status Slice(const std::string& fqn, const std::span<const uint64_t>* offsets, DcpSlice* slice) const;
+  SliceKey Key(const StoredSlice& s) const {
+    return SliceKey{s.is_chunk, std::span<const uint64_t>(stored_offsets_).subspan(s.at, s.rank)};
+  }
+  // The number of data file `path` in DcpMetadata::files, checked to stay in the folder
+  // when first seen.
+  Status FileNumber(const std::string& fqn, const std::string& path, uint32_t* number);
   void ReadStorageMeta(const PyValue* meta);
 
   std::string where_;
   DcpMetadata* out_;
   ReadLimits limits_;
-  std::unordered_map<std::string, std::vector<StoredSlice>> slices_;  // by fqn, sorted
+  // storage_data by fqn (a view into the pickle, which outlives the parser), sorted.
+  std::unordered_map<std::string_view, std::vector<StoredSlice>> slices_;
+  std::vector<uint64_t> stored_offsets_;
+  std::unordered_map<std::string, uint32_t> file_numbers_;
+  std::vector<uint64_t> scratch_;  // a tuple being read
+  uint64_t dims_bytes_ = 0;        // what the items' chunk_dims take
 };
 
 Status MetadataParser::Parse(const PyValue* root) {
@@ -158,17 +178,34 @@ Status MetadataParser::Parse(const PyValue* root) {
   return Status::OK();
 }
 
+Status MetadataParser::FileNumber(const std::string& fqn, const std::string& path, uint32_t* number) {
+  auto it = file_numbers_.find(path);
+  if (it == file_numbers_.end()) {
+    if (!StaysInFolder(path)) return BadItem(fqn, "storage path '" + path + "' leaves the checkpoint folder");
+    it = file_numbers_.emplace(path, static_cast<uint32_t>(out_->files.size())).first;
+    out_->files.push_back(path);
+  }
+  *number = it->second;
+  return Status::OK();
+}
+
 Status MetadataParser::ReadStorageData(const PyValue* storage_data) {
   const PyValue* sd = AsMapping(storage_data);
   if (!sd) return Bad("Metadata.storage_data is not a dict (a storage layout other than the file system writer's?)");
+  std::string fqn, path;
   for (const auto& [k, v] : sd->entries()) {
-    std::string fqn;
-    if (ClassName(k) != "MetadataIndex" || !AsString(Field(k, "fqn"), &fqn))
+    const PyValue* fqn_value = Field(k, "fqn");
+    if (ClassName(k) != "MetadataIndex" || !AsString(fqn_value, &fqn))
       return Bad("a storage_data key is not a MetadataIndex with an fqn");
     const PyValue* offset = Field(k, "offset");
-    std::vector<uint64_t> offsets;
-    const bool is_chunk = offset && offset->kind() != Kind::kNone;
-    if (is_chunk && !AsUintTuple(offset, &offsets)) return BadItem(fqn, "storage_data offset is not a tuple of ints");
+    StoredSlice stored;
+    stored.is_chunk = offset && offset->kind() != Kind::kNone;
+    if (stored.is_chunk) {
+      if (!AsUintTuple(offset, &scratch_)) return BadItem(fqn, "storage_data offset is not a tuple of ints");
+      stored.at = stored_offsets_.size();
+      stored.rank = static_cast<uint32_t>(scratch_.size());
+      stored_offsets_.insert(stored_offsets_.end(), scratch_.begin(), scratch_.end());
+    }
     if (ClassName(v) != "_StorageInfo") return BadItem(fqn, "storage_data value is not a _StorageInfo");
     if (const PyValue* td = Field(v, "transform_descriptors");
         td && td->kind() != Kind::kNone && !((td->kind() == Kind::kList || td->kind() == Kind::kTuple) && td->items().empty())) {
@@ -178,30 +215,32 @@ Status MetadataParser::ReadStorageData(const PyValue* storage_data) {
       return Status::NotSupported(where_, "'" + fqn + "' is stored with transforms (" + names +
                                               "); only untransformed torch.save slices can be served");
     }
-    DcpSlice slice;
-    if (!AsPathText(Field(v, "relative_path"), &slice.relative_path) || !AsUint(Field(v, "offset"), &slice.offset) ||
-        !AsUint(Field(v, "length"), &slice.length))
+    if (!AsPathText(Field(v, "relative_path"), &path) || !AsUint(Field(v, "offset"), &stored.slice.offset) ||
+        !AsUint(Field(v, "length"), &stored.slice.length))
       return BadItem(fqn, "storage_data entry lacks relative_path, offset or length");
-    if (!StaysInFolder(slice.relative_path))
-      return BadItem(fqn, "storage path '" + slice.relative_path + "' leaves the checkpoint folder");
+    CKPTFS_RETURN_IF_ERROR(FileNumber(fqn, path, &stored.slice.file));
     uint64_t end;
-    if (!CheckedAdd(slice.offset, slice.length, &end)) return BadItem(fqn, "storage offset + length overflows");
-    slices_[fqn].push_back(StoredSlice{is_chunk, std::move(offsets), std::move(slice)});
+    if (!CheckedAdd(stored.slice.offset, stored.slice.length, &end))
+      return BadItem(fqn, "storage offset + length overflows");
+    slices_[fqn_value->s()].push_back(stored);
   }
-  for (auto& [fqn, group] : slices_) {
-    std::sort(group.begin(), group.end());
+  for (auto& [group_fqn, group] : slices_) {
+    std::sort(group.begin(), group.end(), [&](const StoredSlice& a, const StoredSlice& b) { return Key(a) < Key(b); });
     for (size_t i = 1; i < group.size(); ++i)
-      if (!(group[i - 1] < group[i])) return BadItem(fqn, "two storage_data entries for one chunk");
+      if (!(Key(group[i - 1]) < Key(group[i])))
+        return BadItem(std::string(group_fqn), "two storage_data entries for one chunk");
   }
   return Status::OK();
 }
 
-Status MetadataParser::Slice(const std::string& fqn, const std::vector<uint64_t>* offsets, DcpSlice* slice) const {
+Status MetadataParser::Slice(const std::string& fqn, const std::span<const uint64_t>* offsets, DcpSlice* slice) const {
   const std::vector<StoredSlice>* group = nullptr;
   if (auto it = slices_.find(fqn); it != slices_.end()) group = &it->second;
-  StoredSlice wanted{offsets != nullptr, offsets ? *offsets : std::vector<uint64_t>{}, {}};
-  auto found = group ? std::lower_bound(group->begin(), group->end(), wanted) : std::vector<StoredSlice>::const_iterator{};
-  if (!group || found == group->end() || wanted < *found) {
+  const SliceKey wanted{offsets != nullptr, offsets ? *offsets : std::span<const uint64_t>()};
+  auto found = group ? std::lower_bound(group->begin(), group->end(), wanted,
+                                        [&](const StoredSlice& s, const SliceKey& key) { return Key(s) < key; })
+                     : std::vector<StoredSlice>::const_iterator{};
+  if (!group || found == group->end() || wanted < Key(*found)) {
     std::string at;
     if (offsets) {
       for (uint64_t o : *offsets) at += (at.empty() ? "" : ", ") + std::to_string(o);
@@ -258,21 +297,34 @@ Status MetadataParser::ReadItem(const std::string& fqn, const PyValue* value, Dc
     if (!CheckedMul(numel, d, &numel)) return BadItem(fqn, "tensor size overflows");
   const PyValue* chunks = Field(value, "chunks");
   if (!chunks || chunks->kind() != Kind::kList) return BadItem(fqn, "tensor chunks are not a list");
-  item->chunks.reserve(chunks->items().size());
-  for (const PyValue* c : chunks->items()) {
-    DcpChunk chunk;
-    if (ClassName(c) != "ChunkStorageMetadata" || !AsUintTuple(Field(c, "offsets"), &chunk.offsets) ||
-        !AsUintTuple(Field(c, "sizes"), &chunk.sizes))
-      return BadItem(fqn, "a chunk is not a ChunkStorageMetadata with offsets and sizes");
-    if (chunk.offsets.size() != item->shape.size() || chunk.sizes.size() != item->shape.size())
-      return BadItem(fqn, "a chunk's rank differs from the tensor's (" + std::to_string(item->shape.size()) + ")");
-    for (size_t d = 0; d < item->shape.size(); ++d) {
+  const size_t rank = item->shape.size();
+  // One ChunkStorageMetadata repeated by memo references costs the pickle a few bytes per
+  // repeat but 16 x rank bytes here: charge the numbers to the pickle's memory limit.
+  uint64_t dims_bytes;
+  if (!CheckedMul(uint64_t{chunks->items().size()}, 16 * uint64_t{rank}, &dims_bytes) ||
+      !CheckedAdd(dims_bytes_, dims_bytes, &dims_bytes_) || dims_bytes_ > limits_.pickle_memory)
+    return Status::Refused(where_, "'" + fqn + "': its chunk offsets and sizes would take more than " +
+                                       std::to_string(limits_.pickle_memory) + " bytes" + LimitHint("max_pickle_memory"));
+  item->chunk_slices.resize(chunks->items().size());
+  item->chunk_dims.resize(chunks->items().size() * 2 * rank);
+  for (size_t k = 0; k < chunks->items().size(); ++k) {
+    const PyValue* c = chunks->items()[k];
+    if (ClassName(c) != "ChunkStorageMetadata") return BadItem(fqn, "a chunk is not a ChunkStorageMetadata with offsets and sizes");
+    uint64_t* dims = item->chunk_dims.data() + 2 * k * rank;
+    for (const auto& [name, at] : {std::pair<const char*, uint64_t*>{"offsets", dims}, {"sizes", dims + rank}}) {
+      if (!AsUintTuple(Field(c, name), &scratch_))
+        return BadItem(fqn, "a chunk is not a ChunkStorageMetadata with offsets and sizes");
+      if (scratch_.size() != rank)
+        return BadItem(fqn, "a chunk's rank differs from the tensor's (" + std::to_string(rank) + ")");
+      std::copy(scratch_.begin(), scratch_.end(), at);
+    }
+    const std::span<const uint64_t> offsets = item->offsets(k), sizes = item->sizes(k);
+    for (size_t d = 0; d < rank; ++d) {
       uint64_t end;
-      if (!CheckedAdd(chunk.offsets[d], chunk.sizes[d], &end) || end > item->shape[d])
+      if (!CheckedAdd(offsets[d], sizes[d], &end) || end > item->shape[d])
         return BadItem(fqn, "a chunk extends past the tensor along dimension " + std::to_string(d));
     }
-    CKPTFS_RETURN_IF_ERROR(Slice(fqn, &chunk.offsets, &chunk.slice));
-    item->chunks.push_back(std::move(chunk));
+    CKPTFS_RETURN_IF_ERROR(Slice(fqn, &offsets, &item->chunk_slices[k]));
   }
   return Status::OK();
 }

@@ -43,6 +43,7 @@ bool AsUintTuple(const PyValue* v, std::vector<uint64_t>* out) {
   if (v && IsCall(v, "torch.Size")) v = Arg(v, 0);
   if (!v || (v->kind() != Kind::kTuple && v->kind() != Kind::kList)) return false;
   out->clear();
+  out->reserve(v->items().size());
   for (const PyValue* item : v->items()) {
     uint64_t x;
     if (!AsUint(item, &x)) return false;
