@@ -164,6 +164,8 @@ class DcpReader {
   uint64_t torch_save_chunks_ = 0, safetensors_chunks_ = 0;
   // Chunks of one shape pickle identical data.pkl records: each is parsed once.
   PickleCache pickles_;
+  // Reopened for every chunk: its buffers are reused, not reallocated a million times.
+  TorchArchive chunk_archive_;
   json objects_ = json::object();
 };
 
@@ -248,7 +250,7 @@ Status DcpReader::Window(const DcpItem& item, const DcpSlice& slice, FileWindow*
 // A chunk stored as a torch.save archive in `window`: its one tensor, read in place.
 Status DcpReader::TorchSaveChunk(const DcpItem& item, const Chunk& chunk, const FileWindow& window,
                                  TensorEntry* piece) {
-  TorchArchive archive;
+  TorchArchive& archive = chunk_archive_;
   Status s = archive.Open(*catalog_->files, window, limits_, ArchiveRecords{}, &pickles_);
   if (!s.ok()) return Concerning(s, item.fqn);
   bool is_tensor = false;

@@ -108,8 +108,8 @@ class MetadataParser {
 
  private:
   Status Bad(const std::string& what) const { return Status::Corruption(where_, what); }
-  Status BadItem(const std::string& fqn, const std::string& what) const {
-    return Status::Corruption(where_, "'" + fqn + "': " + what);
+  Status BadItem(std::string_view fqn, const std::string& what) const {
+    return Status::Corruption(where_, "'" + std::string(fqn) + "': " + what);
   }
   Status ReadStorageData(const PyValue* storage_data);
   Status ReadItem(const std::string& fqn, const PyValue* value, DcpItem* item);
@@ -121,7 +121,7 @@ class MetadataParser {
   }
   // The number of data file `path` in DcpMetadata::files, checked to stay in the folder
   // when first seen.
-  Status FileNumber(const std::string& fqn, const std::string& path, uint32_t* number);
+  Status FileNumber(std::string_view fqn, const std::string& path, uint32_t* number);
   void ReadStorageMeta(const PyValue* meta);
 
   std::string where_;
@@ -178,7 +178,7 @@ Status MetadataParser::Parse(const PyValue* root) {
   return Status::OK();
 }
 
-Status MetadataParser::FileNumber(const std::string& fqn, const std::string& path, uint32_t* number) {
+Status MetadataParser::FileNumber(std::string_view fqn, const std::string& path, uint32_t* number) {
   auto it = file_numbers_.find(path);
   if (it == file_numbers_.end()) {
     if (!StaysInFolder(path)) return BadItem(fqn, "storage path '" + path + "' leaves the checkpoint folder");
@@ -192,11 +192,14 @@ Status MetadataParser::FileNumber(const std::string& fqn, const std::string& pat
 Status MetadataParser::ReadStorageData(const PyValue* storage_data) {
   const PyValue* sd = AsMapping(storage_data);
   if (!sd) return Bad("Metadata.storage_data is not a dict (a storage layout other than the file system writer's?)");
-  std::string fqn, path;
+  std::string path;
   for (const auto& [k, v] : sd->entries()) {
     const PyValue* fqn_value = Field(k, "fqn");
-    if (ClassName(k) != "MetadataIndex" || !AsString(fqn_value, &fqn))
+    if (ClassName(k) != "MetadataIndex" || !fqn_value || fqn_value->kind() != Kind::kStr)
       return Bad("a storage_data key is not a MetadataIndex with an fqn");
+    // A view into the pickle: a million chunks' names are not copied (they are only
+    // copied into messages).
+    const std::string_view fqn = fqn_value->s();
     const PyValue* offset = Field(k, "offset");
     StoredSlice stored;
     stored.is_chunk = offset && offset->kind() != Kind::kNone;
@@ -212,7 +215,7 @@ Status MetadataParser::ReadStorageData(const PyValue* storage_data) {
       std::string names;
       if (td->kind() == Kind::kList || td->kind() == Kind::kTuple)
         for (const PyValue* d : td->items()) names += (names.empty() ? "" : ", ") + (d->kind() == Kind::kStr ? std::string(d->s()) : "?");
-      return Status::NotSupported(where_, "'" + fqn + "' is stored with transforms (" + names +
+      return Status::NotSupported(where_, "'" + std::string(fqn) + "' is stored with transforms (" + names +
                                               "); only untransformed torch.save slices can be served");
     }
     if (!AsPathText(Field(v, "relative_path"), &path) || !AsUint(Field(v, "offset"), &stored.slice.offset) ||
@@ -222,13 +225,13 @@ Status MetadataParser::ReadStorageData(const PyValue* storage_data) {
     uint64_t end;
     if (!CheckedAdd(stored.slice.offset, stored.slice.length, &end))
       return BadItem(fqn, "storage offset + length overflows");
-    slices_[fqn_value->s()].push_back(stored);
+    slices_[fqn].push_back(stored);
   }
   for (auto& [group_fqn, group] : slices_) {
     std::sort(group.begin(), group.end(), [&](const StoredSlice& a, const StoredSlice& b) { return Key(a) < Key(b); });
     for (size_t i = 1; i < group.size(); ++i)
       if (!(Key(group[i - 1]) < Key(group[i])))
-        return BadItem(std::string(group_fqn), "two storage_data entries for one chunk");
+        return BadItem(group_fqn, "two storage_data entries for one chunk");
   }
   return Status::OK();
 }

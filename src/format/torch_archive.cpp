@@ -92,6 +92,9 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
   path_ = files.Describe(window);
   files_ = &files;
   window_ = window;
+  // An archive may be reopened on another window (a DCP reader's million chunks).
+  pickle_.reset();
+  next_record_ = 0;
   // A torch archive holds one record per storage plus a few: the tensor limit bounds it.
   CKPTFS_RETURN_IF_ERROR(zip_.Open(files, window, limits.tensors + 1024));
   if (zip_.entries().empty()) return Bad("zip archive has no entries");

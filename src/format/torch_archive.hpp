@@ -120,9 +120,9 @@ class TorchArchive : public StorageResolver {
   const std::string& path() const override { return path_; }
   uint32_t file() const { return window_.file; }
   const FileWindow& window() const { return window_; }
-  const PyValue* root() const { return pickle_->root; }
+  const PyValue* root() const { return pickle_ ? pickle_->root : nullptr; }
   // Values in the parsed pickle (walkers bound their work by it).
-  size_t value_count() const { return pickle_->value_count(); }
+  size_t value_count() const { return pickle_ ? pickle_->value_count() : 0; }
 
   // When `v` is a tensor rebuild call (_rebuild_tensor[_v2|_v3], _rebuild_parameter,
   // _rebuild_from_type_v2), sets *is_tensor and fills dtype, shape, extents or strided
@@ -149,7 +149,7 @@ class TorchArchive : public StorageResolver {
   ZipArchive zip_;
   std::string prefix_;  // "<archive>/"
   std::string storage_dir_;  // "data/", or "constants/" for a TorchScript constants.pkl
-  std::shared_ptr<const Pickle> pickle_ = std::make_shared<const Pickle>();
+  std::shared_ptr<const Pickle> pickle_;  // none until Open parses (or finds) one
   // Storage records found so far, by the index of their zip entry: a memo of lookups.
   mutable std::vector<std::optional<StorageRecord>> storages_;
   mutable size_t next_record_ = 0;   // the entry index Storage tries first

@@ -31,6 +31,8 @@ constexpr uint64_t kMaxCentralDirSize = uint64_t{1} << 30;
 constexpr uint64_t kHeaderWindow = 16 << 10;
 // Bytes first read at the end of an archive (see Open).
 constexpr uint64_t kShortTail = 8 << 10;
+// Directories up to this many entries are searched without a name table.
+constexpr size_t kLinearFindEntries = 16;
 
 }  // namespace
 
@@ -153,9 +155,14 @@ Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t ma
     return Status::Refused(files.Describe(window_), "zip directory lists " + std::to_string(entry_count) +
                                                         " entries, over the limit of " + std::to_string(max_entries) +
                                                         LimitHint("max_tensors"));
-  std::string cd(cd_size, '\0');
-  CKPTFS_RETURN_IF_ERROR(ReadAt(cd_offset, cd_size, cd.data()));
-  CKPTFS_RETURN_IF_ERROR(ParseCentralDirectory(cd, entry_count));
+  if (cd_offset >= tail_start_) {
+    // In the tail already read (a small archive's whole directory): parse it in place.
+    CKPTFS_RETURN_IF_ERROR(ParseCentralDirectory(std::string_view(tail_).substr(cd_offset - tail_start_, cd_size), entry_count));
+  } else {
+    std::string cd(cd_size, '\0');
+    CKPTFS_RETURN_IF_ERROR(ReadAt(cd_offset, cd_size, cd.data()));
+    CKPTFS_RETURN_IF_ERROR(ParseCentralDirectory(cd, entry_count));
+  }
 
   // Records lie one after another before the central directory. Two entries that share bytes
   // (the trick of overlapping-entry zip bombs, or a forged offset) or an entry that runs into
@@ -227,6 +234,14 @@ Status ZipArchive::ParseCentralDirectory(std::string_view cd, uint64_t entry_cou
       return Corrupt("entry '" + e.name + "' extends past the end of the file");
     entries_.push_back(std::move(e));
   }
+  if (entries_.size() <= kLinearFindEntries) {
+    // A small directory (a DCP chunk's archive: 6 entries, a million of them) is searched in
+    // place: a hash table per archive cost more than the searches it saves.
+    for (size_t i = 1; i < entries_.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        if (entries_[i].name == entries_[j].name) return Corrupt("duplicate entry name '" + entries_[i].name + "'");
+    return Status::OK();
+  }
   by_name_.reserve(entries_.size());  // a million records rehashed as they came took a quarter of a listing
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (!by_name_.emplace(entries_[i].name, i).second)
@@ -236,6 +251,11 @@ Status ZipArchive::ParseCentralDirectory(std::string_view cd, uint64_t entry_cou
 }
 
 const ZipEntry* ZipArchive::Find(std::string_view name) const {
+  if (entries_.size() <= kLinearFindEntries) {
+    for (const ZipEntry& e : entries_)
+      if (e.name == name) return &e;
+    return nullptr;
+  }
   auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : &entries_[it->second];
 }
