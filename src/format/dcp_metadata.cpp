@@ -131,6 +131,9 @@ class MetadataParser {
   std::unordered_map<std::string_view, std::vector<StoredSlice>> slices_;
   std::vector<uint64_t> stored_offsets_;
   std::unordered_map<std::string, uint32_t> file_numbers_;
+  // The same by the address of the pickled value (see ReadStorageData).
+  std::unordered_map<const PyValue*, std::vector<StoredSlice>*> group_by_value_;
+  std::unordered_map<const PyValue*, uint32_t> file_by_value_;
   std::vector<uint64_t> scratch_;  // a tuple being read
   uint64_t dims_bytes_ = 0;        // what the items' chunk_dims take
 };
@@ -218,14 +221,24 @@ Status MetadataParser::ReadStorageData(const PyValue* storage_data) {
       return Status::NotSupported(where_, "'" + std::string(fqn) + "' is stored with transforms (" + names +
                                               "); only untransformed torch.save slices can be served");
     }
-    if (!AsPathText(Field(v, "relative_path"), &path) || !AsUint(Field(v, "offset"), &stored.slice.offset) ||
-        !AsUint(Field(v, "length"), &stored.slice.length))
+    const PyValue* path_value = Field(v, "relative_path");
+    if (!path_value || !AsUint(Field(v, "offset"), &stored.slice.offset) || !AsUint(Field(v, "length"), &stored.slice.length))
       return BadItem(fqn, "storage_data entry lacks relative_path, offset or length");
-    CKPTFS_RETURN_IF_ERROR(FileNumber(fqn, path, &stored.slice.file));
+    // A rank's path and a tensor's fqn are pickled once and referenced through the memo by
+    // every chunk: look them up by value address, hashing each string once, not per chunk.
+    if (auto known = file_by_value_.find(path_value); known != file_by_value_.end()) {
+      stored.slice.file = known->second;
+    } else {
+      if (!AsPathText(path_value, &path)) return BadItem(fqn, "storage_data entry lacks relative_path, offset or length");
+      CKPTFS_RETURN_IF_ERROR(FileNumber(fqn, path, &stored.slice.file));
+      file_by_value_.emplace(path_value, stored.slice.file);
+    }
     uint64_t end;
     if (!CheckedAdd(stored.slice.offset, stored.slice.length, &end))
       return BadItem(fqn, "storage offset + length overflows");
-    slices_[fqn].push_back(stored);
+    std::vector<StoredSlice>*& group = group_by_value_[fqn_value];
+    if (!group) group = &slices_[fqn];
+    group->push_back(stored);
   }
   for (auto& [group_fqn, group] : slices_) {
     std::sort(group.begin(), group.end(), [&](const StoredSlice& a, const StoredSlice& b) { return Key(a) < Key(b); });
