@@ -179,8 +179,8 @@ class Pickle {
 
  private:
   friend struct PickleBuilder;
-  // 8-aligned, zeroed memory that lives as long as the pickle. Blocks double from 256 bytes
-  // to 1 MiB: a DCP chunk's data.pkl makes ~20 values, a million-chunk .metadata 20 million.
+  // 8-aligned memory that lives as long as the pickle. Blocks double from 256 bytes to
+  // 1 MiB: a DCP chunk's data.pkl makes ~20 values, a million-chunk .metadata 9 million.
   void* Allocate(size_t bytes);
   static constexpr size_t kFirstBlock = 256, kMaxBlock = size_t{1} << 20;
   std::vector<std::unique_ptr<std::byte[]>> blocks_;
