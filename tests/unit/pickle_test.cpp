@@ -436,3 +436,65 @@ BOOST_AUTO_TEST_CASE(repeated_number_tuples_and_sizes_are_shared_and_copied_befo
   BOOST_TEST(items[4] != items[5]);
   BOOST_TEST(items[4]->items()[0]->s() == "x");
 }
+
+BOOST_AUTO_TEST_CASE(items_appended_to_a_shared_size_go_to_copies_of_their_own) {
+  // Every change to a shared (interned) object goes to a fresh copy: two changed copies
+  // and the shared original hold different items.
+  PickleBuilder p;
+  p.Proto(2).Mark();
+  p.Global("torch", "Size").BinInt1(2).BinInt1(3).Tuple2().Op(0x85).Reduce();   // 0: Size((2, 3))
+  p.Mark().BinInt1(7).Op('e');                                                   //    APPENDS 7 to it
+  p.Global("torch", "Size").BinInt1(2).BinInt1(3).Tuple2().Op(0x85).Reduce();   // 1: the shared Size
+  p.Mark().BinInt1(8).BinInt1(9).Op('e');                                        //    APPENDS 8, 9 to a copy
+  p.Global("torch", "Size").BinInt1(2).BinInt1(3).Tuple2().Op(0x85).Reduce();   // 2: the shared Size again
+  p.Tuple().Stop();
+  Pickle pk = MustParse(p.bytes());
+  const auto& items = pk.root->items();
+  BOOST_REQUIRE_EQUAL(items.size(), 3u);
+  BOOST_REQUIRE_EQUAL(items[0]->items().size(), 1u);
+  BOOST_TEST(items[0]->items()[0]->i() == 7);
+  BOOST_REQUIRE_EQUAL(items[1]->items().size(), 2u);  // a copy of its own: not 7, 8, 9
+  BOOST_TEST(items[1]->items()[0]->i() == 8);
+  BOOST_TEST(items[1]->items()[1]->i() == 9);
+  BOOST_TEST(items[2] != items[0]);
+  BOOST_TEST(items[2] != items[1]);
+  BOOST_TEST(items[2]->items().empty());  // the interned Size itself was never changed
+  BOOST_TEST(items[2]->args() == items[1]->args());
+}
+
+BOOST_AUTO_TEST_CASE(lists_and_dicts_grow_one_item_at_a_time_in_order) {
+  PickleBuilder p;
+  p.Proto(2).Mark().EmptyList();
+  for (int k = 0; k < 1000; ++k) p.BinInt2(static_cast<uint16_t>(k)).Op('a');  // APPEND
+  p.EmptyDict();
+  for (int k = 0; k < 1000; ++k) p.BinUnicode("k" + std::to_string(k)).BinFloat(k * 0.5).SetItem();
+  p.Tuple().Stop();
+  Pickle pk = MustParse(p.bytes());
+  const PyValue* list = pk.root->items()[0];
+  const PyValue* dict = pk.root->items()[1];
+  BOOST_REQUIRE_EQUAL(list->items().size(), 1000u);
+  BOOST_REQUIRE_EQUAL(dict->entries().size(), 1000u);
+  for (int k = 0; k < 1000; ++k) {
+    BOOST_TEST(list->items()[k]->i() == k);
+    BOOST_TEST(dict->entries()[k].first->s() == "k" + std::to_string(k));
+    BOOST_TEST(dict->entries()[k].second->f() == k * 0.5);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(number_tuples_are_shared_by_value) {
+  // Ints are not interned; tuples of equal numbers (floats included) still are.
+  PickleBuilder p;
+  p.Proto(2).Mark();
+  p.BinInt(-70000).BinFloat(1.5).Tuple2();
+  p.BinInt(-70000).BinFloat(1.5).Tuple2();
+  p.BinInt(-70000).BinFloat(2.5).Tuple2();
+  p.Tuple().Stop();
+  Pickle pk = MustParse(p.bytes());
+  const auto& items = pk.root->items();
+  BOOST_REQUIRE_EQUAL(items.size(), 3u);
+  BOOST_TEST(items[0] == items[1]);
+  BOOST_TEST(items[0] != items[2]);
+  BOOST_TEST(items[2]->items()[0]->i() == -70000);
+  BOOST_TEST(items[2]->items()[1]->f() == 2.5);
+  BOOST_TEST(sizeof(PyValue) == 16u);
+}
