@@ -88,7 +88,7 @@ void PickleCache::Insert(std::string bytes, std::shared_ptr<const Pickle> pickle
 }
 
 Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits,
-                          const ArchiveRecords& records, PickleCache* cache) {
+                          const ArchiveRecords& records, PickleCache* cache, std::string_view window_bytes) {
   path_ = files.Describe(window);
   files_ = &files;
   window_ = window;
@@ -96,7 +96,7 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
   pickle_.reset();
   next_record_ = 0;
   // A torch archive holds one record per storage plus a few: the tensor limit bounds it.
-  CKPTFS_RETURN_IF_ERROR(zip_.Open(files, window, limits.tensors + 1024));
+  CKPTFS_RETURN_IF_ERROR(zip_.Open(files, window, limits.tensors + 1024, window_bytes));
   if (zip_.entries().empty()) return Bad("zip archive has no entries");
   // torch takes the archive folder from the first central-directory entry.
   const std::string& first = zip_.entries().front().name;

@@ -72,7 +72,8 @@ size_t FindEocd(std::string_view tail) {
 
 }  // namespace
 
-Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t max_entries) {
+Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t max_entries,
+                        std::string_view window_bytes) {
   files_ = &files;
   window_ = window;
   entries_.clear();
@@ -95,7 +96,13 @@ Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t ma
   // reads rather than eight million).
   uint64_t tail_len = std::min<uint64_t>(size, kShortTail);
   size_t eocd = std::string::npos;
-  for (;;) {
+  if (!window_bytes.empty()) {
+    if (window_bytes.size() != size) return Corrupt("internal: the bytes given for the archive are not its window's");
+    tail_.assign(window_bytes);
+    tail_start_ = 0;
+    eocd = FindEocd(tail_);
+  }
+  while (window_bytes.empty()) {
     tail_.resize(tail_len);
     tail_start_ = size - tail_len;
     CKPTFS_RETURN_IF_ERROR(files_->ReadExact(window_.file, window_.base + tail_start_, tail_len, tail_.data()));
