@@ -41,23 +41,25 @@ struct PickleBuilder {
   static bool Interned(const PyValue* v) { return (v->flags_ & kInterned) != 0; }
   static void SetInterned(PyRef v) { v->flags_ |= kInterned; }
 
-  // nullptr when `text` is 4 GiB or more (a value's count is 32 bits).
+  // A string value holding a copy of `text`; nullptr when `text` is 4 GiB or more (a
+  // value's count is 32 bits).
   static PyRef NewText(Pickle* p, K kind, std::string_view text) {
     if (text.size() > UINT32_MAX) return nullptr;
     PyRef v = NewValue(p, kind);
-    v->word_.text = text.data();
+    v->word_.text = KeepText(p, text).data();
     v->count_ = static_cast<uint32_t>(text.size());
     return v;
   }
   // A copy of `text` in the arena.
   static std::string_view KeepText(Pickle* p, std::string_view text) {
+    if (text.empty()) return {};
     char* copy = static_cast<char*>(p->Allocate(text.size()));
     std::memcpy(copy, text.data(), text.size());
     return {copy, text.size()};
   }
   static PyRef NewGlobal(Pickle* p, std::string_view module, std::string_view name) {
     PyRef v = NewValue(p, K::kGlobal);
-    v->word_.global = new (p->Allocate(sizeof(PyGlobalBody))) PyGlobalBody{module, name};
+    v->word_.global = new (p->Allocate(sizeof(PyGlobalBody))) PyGlobalBody{KeepText(p, module), KeepText(p, name)};
     return v;
   }
   static PyRef NewTuple(Pickle* p, std::span<const PyRef> items) {
@@ -69,10 +71,6 @@ struct PickleBuilder {
     return v;
   }
   static PyObjectBody* Object(PyRef v) { return v->word_.object; }
-  static std::string_view Adopt(Pickle* p, std::string bytes) {
-    p->bytes_ = std::make_unique<std::string>(std::move(bytes));
-    return *p->bytes_;
-  }
   static PyObjectExtra* Extra(Pickle* p, PyRef v) {
     PyObjectBody* o = v->word_.object;
     if (!o->extra) o->extra = new (p->Allocate(sizeof(PyObjectExtra))) PyObjectExtra();
@@ -359,7 +357,7 @@ class Machine {
   };
   static constexpr size_t kMaxInterned = size_t{1} << 22;
   static constexpr uint64_t kInternedEntryBytes = 48;  // a hash node and its bucket slot
-  // `s` must point into the pickle's kept bytes or the arena.
+  // Copies `s` into the arena.
   Status PushStr(std::string_view s, K kind) {
     PyRef n = B::NewText(out_, kind, s);
     if (!n) return Fail("string of over 4 GiB");
@@ -446,7 +444,7 @@ Status Machine::PushLong(std::string_view le) {
     hex += kHex[byte >> 4];
     hex += kHex[byte & 15];
   }
-  return PushStr(B::KeepText(out_, hex), K::kBigInt);
+  return PushStr(hex, K::kBigInt);
 }
 
 Status Machine::PushGlobal(std::string_view module, std::string_view name) {
@@ -790,7 +788,6 @@ Pickle& Pickle::operator=(Pickle&& other) noexcept {
     next_block_ = other.next_block_;
     arena_bytes_ = other.arena_bytes_;
     values_ = other.values_;
-    bytes_ = std::move(other.bytes_);
     other.Clear();
   }
   return *this;
@@ -802,18 +799,17 @@ void Pickle::Clear() {
   cursor_ = nullptr;
   left_in_block_ = arena_bytes_ = values_ = 0;
   next_block_ = kFirstBlock;
-  bytes_.reset();
-}
-
-Status ParsePickle(std::string_view bytes, std::string_view where, Pickle* result, uint64_t memory_limit,
-                   PickleEnd* end) {
-  return ParseOwnedPickle(std::string(bytes), where, result, memory_limit, end);
 }
 
 Status ParseOwnedPickle(std::string bytes, std::string_view where, Pickle* result, uint64_t memory_limit,
                         PickleEnd* end) {
+  return ParsePickle(bytes, where, result, memory_limit, end);
+}
+
+Status ParsePickle(std::string_view bytes, std::string_view where, Pickle* result, uint64_t memory_limit,
+                   PickleEnd* end) {
   result->Clear();
-  Machine m(PickleBuilder::Adopt(result, std::move(bytes)), where, result, memory_limit);
+  Machine m(bytes, where, result, memory_limit);
   Status status = m.Run();
   if (end) {
     end->consumed = m.consumed();

@@ -57,8 +57,9 @@ struct PyObjectBody {
 
 // One value of a parsed pickle, read through accessors. A checkpoint's pickle makes ~13
 // values per tensor and a DCP .metadata ~7 per chunk, all alive until the catalog is
-// built, so a value is 16 bytes: its kind, a count and one word. Strings point into the
-// pickle's kept bytes; container items and object fields live out of line in the arena.
+// built, so a value is 16 bytes: its kind, a count and one word. Strings (copied: the
+// parsed bytes need not outlive the parse), container items and object fields live out of
+// line in the arena.
 // An accessor that does not apply to the value's kind returns an empty result.
 class PyValue {
  public:
@@ -76,7 +77,8 @@ class PyValue {
   int64_t i() const { return kind_ == Kind::kInt || kind_ == Kind::kBool ? word_.i : 0; }
   double f() const { return kind_ == Kind::kFloat ? word_.f : 0.0; }
   // kStr, kBytes, kBigInt (LONG1/LONG4: "0x..." two's complement hex; protocol-0 LONG:
-  // decimal); kGlobal: the module. A view into the owning Pickle, valid as long as it lives.
+  // decimal); kGlobal: the module. A view into the owning Pickle's arena, valid as long as it
+  // lives.
   std::string_view s() const {
     switch (kind_) {
       case Kind::kStr: case Kind::kBytes: case Kind::kBigInt: return {word_.text, count_};
@@ -174,7 +176,7 @@ class Pickle {
   void Clear();
   // How many values the pickle made: walkers bound their work by it.
   size_t value_count() const { return values_; }
-  // Bytes the arena holds (values, their items and fields, big-int text).
+  // Bytes the arena holds (values, their items and fields, strings).
   size_t arena_bytes() const { return arena_bytes_; }
 
  private:
@@ -186,9 +188,6 @@ class Pickle {
   std::vector<std::unique_ptr<std::byte[]>> blocks_;
   std::byte* cursor_ = nullptr;
   size_t left_in_block_ = 0, next_block_ = kFirstBlock, arena_bytes_ = 0, values_ = 0;
-  // The pickle's bytes, which string values point into (held by pointer: a moved
-  // std::string may move its characters).
-  std::unique_ptr<std::string> bytes_;
 };
 
 // Parses one pickle from `bytes`. `where` names the file in error messages. Parsing fails
@@ -203,7 +202,8 @@ struct PickleEnd {
 };
 Status ParsePickle(std::string_view bytes, std::string_view where, Pickle* result,
                    uint64_t memory_limit = ReadLimits{}.pickle_memory, PickleEnd* end = nullptr);
-// The same, keeping `bytes` itself instead of a copy (a 100 MB .metadata is not held twice).
+// The same, freeing `bytes` when the parse ends (a 100 MB .metadata is not kept beside the
+// values).
 Status ParseOwnedPickle(std::string bytes, std::string_view where, Pickle* result,
                         uint64_t memory_limit = ReadLimits{}.pickle_memory, PickleEnd* end = nullptr);
 
