@@ -6,14 +6,14 @@
 
 namespace ckptfs {
 
-bool PlaceChunkBoxes(std::vector<Box> stored, const std::vector<uint64_t>& offsets,
-                     const std::vector<uint64_t>& sizes, std::vector<Box>* out) {
+bool PlaceChunkBoxes(std::vector<Box> stored, std::span<const uint64_t> offsets, std::span<const uint64_t> sizes,
+                     std::vector<Box>* out) {
   for (Box& box : stored) {
     Box placed;
     placed.file = box.file;
     placed.base_offset = box.base_offset;
-    placed.offset = offsets;
-    placed.extent = sizes;
+    placed.offset.assign(offsets.begin(), offsets.end());
+    placed.extent.assign(sizes.begin(), sizes.end());
     if (box.rank() == sizes.size()) {
       placed.strides = std::move(box.strides);
     } else {

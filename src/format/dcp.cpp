@@ -133,9 +133,18 @@ class DcpReader {
     nlohmann::json sharding;                         // DCP_SHARDING_INFO, parsed
   };
 
+  // One chunk of a tensor item, as .metadata describes it.
+  struct Chunk {
+    std::span<const uint64_t> offsets, sizes;
+    const DcpSlice& slice;
+  };
+
   Status Window(const DcpItem& item, const DcpSlice& slice, FileWindow* window);
-  Status TorchSaveChunk(const DcpItem& item, const DcpChunk& chunk, const FileWindow& window, TensorEntry* piece);
-  Status SafetensorsChunk(const DcpItem& item, const DcpChunk& chunk, const FileWindow& blob, TensorEntry* piece);
+  // The bytes of a small `window`, from a buffer of its file read ahead of it; empty for a
+  // window too large to buffer (the archive then reads what it needs itself).
+  Status ReadAhead(const FileWindow& window, std::string_view* bytes);
+  Status TorchSaveChunk(const DcpItem& item, const Chunk& chunk, const FileWindow& window, TensorEntry* piece);
+  Status SafetensorsChunk(const DcpItem& item, const Chunk& chunk, const FileWindow& blob, TensorEntry* piece);
   Status Blob(const FileWindow& window, const SafetensorsBlob** blob);
   Status AddTensor(const DcpItem& item);
   Status AddObject(const DcpItem& item);
@@ -146,8 +155,11 @@ class DcpReader {
   std::string metadata_path_;
   ReadLimits limits_;
   Catalog* catalog_;
+  const DcpMetadata* meta_ = nullptr;
   // Data files by relative path: opened once, whatever the number of chunks.
   std::unordered_map<std::string, uint32_t> data_files_;
+  // The same by their number in DcpMetadata::files (a million chunks name 256 files).
+  std::vector<std::optional<uint32_t>> file_by_number_;
   std::map<std::pair<uint32_t, uint64_t>, SafetensorsBlob> blobs_;  // by (file, blob start)
   // Per data file: where its safetensors blob starts, or nullopt for the torch_save form.
   std::unordered_map<uint32_t, std::optional<uint64_t>> blob_start_;
@@ -155,6 +167,17 @@ class DcpReader {
   uint64_t torch_save_chunks_ = 0, safetensors_chunks_ = 0;
   // Chunks of one shape pickle identical data.pkl records: each is parsed once.
   PickleCache pickles_;
+  // Reopened for every chunk: its buffers are reused, not reallocated a million times.
+  TorchArchive chunk_archive_;
+  // Per data file, bytes read ahead of its next chunk: torch writes a rank's chunks one after
+  // another, so one read serves dozens of small chunk archives (a million chunks were a
+  // million reads). 64 KiB per file: 16 MiB for 256 ranks.
+  static constexpr uint64_t kReadAhead = 64 << 10;
+  struct ReadBuffer {
+    uint64_t start = 0;
+    std::string bytes;
+  };
+  std::unordered_map<uint32_t, ReadBuffer> read_ahead_;
   json objects_ = json::object();
 };
 
@@ -166,9 +189,9 @@ Status DcpReader::Read(json* info) {
   CKPTFS_RETURN_IF_ERROR(env.ReadSmallFile(metadata_path_, limits_.pickle_bytes, &bytes, "the .metadata pickle",
                                            LimitHint("max_pickle")));
   DcpMetadata meta;
-  CKPTFS_RETURN_IF_ERROR(ParseDcpMetadata(bytes, metadata_path_, &meta, limits_));
-  bytes.clear();
-  bytes.shrink_to_fit();
+  CKPTFS_RETURN_IF_ERROR(ParseDcpMetadata(std::move(bytes), metadata_path_, &meta, limits_));
+  meta_ = &meta;
+  file_by_number_.assign(meta.files.size(), std::nullopt);
 
   uint64_t tensors = 0, objects = 0;
   for (const DcpItem& item : meta.items) {
@@ -182,6 +205,7 @@ Status DcpReader::Read(json* info) {
   }
   // Two entries whose keys collide (a tensor inside an object named like another) cannot
   // both be served.
+  read_ahead_.clear();
   std::unordered_set<std::string_view> keys;
   keys.reserve(catalog_->tensors.size());
   for (const TensorEntry& t : catalog_->tensors)
@@ -212,33 +236,53 @@ Status DcpReader::Read(json* info) {
 
 // The window of `slice`, its file opened once, checked to lie inside that file.
 Status DcpReader::Window(const DcpItem& item, const DcpSlice& slice, FileWindow* window) {
-  auto it = data_files_.find(slice.relative_path);
-  if (it == data_files_.end()) {
-    const std::string path = JoinPath(folder_, slice.relative_path);
+  std::optional<uint32_t>& file = file_by_number_.at(slice.file);
+  if (!file) {
+    const std::string& relative_path = meta_->files.at(slice.file);
+    const std::string path = JoinPath(folder_, relative_path);
     PathType type;
     CKPTFS_RETURN_IF_ERROR(catalog_->files->env().Stat(path, &type));
     if (type != PathType::kFile)
       return Status::NotFound(path, "data file of '" + item.fqn + "' (named by " + metadata_path_ + ") is missing");
     uint32_t index;
     CKPTFS_RETURN_IF_ERROR(catalog_->files->Add(path, &index));
-    it = data_files_.emplace(slice.relative_path, index).first;
+    data_files_.emplace(relative_path, index);
+    file = index;
   }
-  const uint64_t size = catalog_->files->size(it->second);
+  const uint64_t size = catalog_->files->size(*file);
   uint64_t end;
   if (!CheckedAdd(slice.offset, slice.length, &end) || end > size)
-    return Status::Corruption(catalog_->files->path(it->second),
+    return Status::Corruption(catalog_->files->path(*file),
                               "'" + item.fqn + "': slice [" + std::to_string(slice.offset) + ", " +
                                   std::to_string(slice.offset) + "+" + std::to_string(slice.length) +
                                   ") lies outside the file (" + std::to_string(size) + " bytes)");
-  *window = FileWindow{it->second, slice.offset, slice.length};
+  *window = FileWindow{*file, slice.offset, slice.length};
+  return Status::OK();
+}
+
+Status DcpReader::ReadAhead(const FileWindow& window, std::string_view* bytes) {
+  *bytes = {};
+  if (window.length == 0 || window.length > kReadAhead / 4) return Status::OK();
+  ReadBuffer& buffer = read_ahead_[window.file];
+  // Window() checked the window lies inside its file.
+  if (window.base < buffer.start || window.base + window.length > buffer.start + buffer.bytes.size()) {
+    const uint64_t file_size = catalog_->files->size(window.file);
+    buffer.start = window.base;
+    buffer.bytes.resize(std::min<uint64_t>(kReadAhead, file_size - window.base));
+    CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(window.file, buffer.start, buffer.bytes.size(), buffer.bytes.data()));
+  }
+  *bytes = std::string_view(buffer.bytes).substr(window.base - buffer.start, window.length);
   return Status::OK();
 }
 
 // A chunk stored as a torch.save archive in `window`: its one tensor, read in place.
-Status DcpReader::TorchSaveChunk(const DcpItem& item, const DcpChunk& chunk, const FileWindow& window,
+Status DcpReader::TorchSaveChunk(const DcpItem& item, const Chunk& chunk, const FileWindow& window,
                                  TensorEntry* piece) {
-  TorchArchive archive;
-  Status s = archive.Open(*catalog_->files, window, limits_, ArchiveRecords{}, &pickles_);
+  TorchArchive& archive = chunk_archive_;
+  std::string_view bytes;
+  Status s = ReadAhead(window, &bytes);
+  if (!s.ok()) return Concerning(s, item.fqn);
+  s = archive.Open(*catalog_->files, window, limits_, ArchiveRecords{}, &pickles_, bytes);
   if (!s.ok()) return Concerning(s, item.fqn);
   bool is_tensor = false;
   s = archive.AsTensor(archive.root(), piece, &is_tensor);
@@ -247,7 +291,7 @@ Status DcpReader::TorchSaveChunk(const DcpItem& item, const DcpChunk& chunk, con
   if (piece->dtype != item.dtype)
     return archive.Bad("'" + item.fqn + "': the chunk is " + std::string(Info(piece->dtype).torch_name) +
                        " but .metadata says " + std::string(Info(item.dtype).torch_name));
-  if (piece->shape != chunk.sizes)
+  if (!std::ranges::equal(piece->shape, chunk.sizes))
     return archive.Bad("'" + item.fqn + "': the chunk's shape differs from its sizes in .metadata");
   return Status::OK();
 }
@@ -277,7 +321,7 @@ Status DcpReader::Blob(const FileWindow& window, const SafetensorsBlob** out) {
 // A chunk stored by DCP's safetensors serialization: the tensor named by the fqn in the
 // blob starting at the chunk's slice offset, which must agree with .metadata on dtype,
 // shape, byte count and (DCP_SHARDING_INFO) its offsets in the full tensor.
-Status DcpReader::SafetensorsChunk(const DcpItem& item, const DcpChunk& chunk, const FileWindow& window,
+Status DcpReader::SafetensorsChunk(const DcpItem& item, const Chunk& chunk, const FileWindow& window,
                                    TensorEntry* piece) {
   const SafetensorsBlob* blob;
   CKPTFS_RETURN_IF_ERROR(Blob(window, &blob));
@@ -288,7 +332,7 @@ Status DcpReader::SafetensorsChunk(const DcpItem& item, const DcpChunk& chunk, c
   if (tensor.dtype != item.dtype)
     return bad("the chunk is " + std::string(Info(tensor.dtype).torch_name) + " but .metadata says " +
                std::string(Info(item.dtype).torch_name));
-  if (tensor.shape != chunk.sizes) return bad("the chunk's shape differs from its sizes in .metadata");
+  if (!std::ranges::equal(tensor.shape, chunk.sizes)) return bad("the chunk's shape differs from its sizes in .metadata");
   if (tensor.nbytes != chunk.slice.length)
     return bad("the chunk holds " + std::to_string(tensor.nbytes) + " bytes but .metadata gives its length as " +
                std::to_string(chunk.slice.length));
@@ -313,17 +357,29 @@ Status DcpReader::AddTensor(const DcpItem& item) {
   entry.path = item.path;
   entry.dtype = item.dtype;
   entry.shape = item.shape;
-  // Replicated chunks (one per rank holding a copy) share their offsets: serve one.
-  std::vector<const DcpChunk*> distinct;
-  {
-    std::set<std::vector<uint64_t>> seen;
-    for (const DcpChunk& chunk : item.chunks)
-      if (seen.insert(chunk.offsets).second) distinct.push_back(&chunk);
+  // Replicated chunks (one per rank holding a copy) share their offsets: serve the first
+  // of each, in .metadata order.
+  std::vector<size_t> distinct(item.chunk_count());
+  for (size_t k = 0; k < distinct.size(); ++k) distinct[k] = k;
+  if (distinct.size() > 1) {
+    auto by_offsets = [&](size_t a, size_t b) {
+      const auto oa = item.offsets(a), ob = item.offsets(b);
+      if (std::lexicographical_compare(oa.begin(), oa.end(), ob.begin(), ob.end())) return true;
+      return std::ranges::equal(oa, ob) && a < b;
+    };
+    std::sort(distinct.begin(), distinct.end(), by_offsets);
+    auto repeat = std::unique(distinct.begin(), distinct.end(),
+                              [&](size_t a, size_t b) { return std::ranges::equal(item.offsets(a), item.offsets(b)); });
+    distinct.erase(repeat, distinct.end());
+    std::sort(distinct.begin(), distinct.end());
   }
   // The whole tensor in one archive (every world-size-1 save): its boxes are the tensor's
   // as they are, whether a byte range or a strided view.
-  const bool single = distinct.size() == 1 && distinct.front()->sizes == item.shape;
-  for (const DcpChunk* chunk : distinct) {
+  const bool single = distinct.size() == 1 && std::ranges::equal(item.sizes(distinct.front()), item.shape);
+  entry.boxes.reserve(distinct.size());
+  for (size_t k : distinct) {
+    const Chunk c{item.offsets(k), item.sizes(k), item.chunk_slices[k]};
+    const Chunk* chunk = &c;
     FileWindow window;
     CKPTFS_RETURN_IF_ERROR(Window(item, chunk->slice, &window));
     TensorEntry piece;

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <new>
+#include <span>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +15,148 @@
 #include "format/limit_hint.hpp"
 
 namespace ckptfs {
+
+// The only writer of values: the parser below. Values and their out-of-line parts are
+// arena memory of the Pickle (nothing to destroy: every part is trivially destructible).
+struct PickleBuilder {
+  using K = PyValue::Kind;
+  static constexpr uint8_t kInterned = 1;  // shared by the interning tables: copy before changing
+
+  static PyRef NewValue(Pickle* p, K kind) {
+    PyRef v = new (p->Allocate(sizeof(PyValue))) PyValue();
+    v->kind_ = kind;
+    if (kind == K::kObject) v->word_.object = new (p->Allocate(sizeof(PyObjectBody))) PyObjectBody();
+    ++p->values_;
+    return v;
+  }
+  static void SetInt(PyRef v, int64_t i) { v->word_.i = i; }
+  static void SetFloat(PyRef v, double f) { v->word_.f = f; }
+  static void SetPid(PyRef v, PyRef pid) { v->word_.pid = pid; }
+  // A scalar's payload, for comparing values by content (None's is 0).
+  static uint64_t Bits(const PyValue* v) {
+    uint64_t bits;
+    std::memcpy(&bits, &v->word_, sizeof bits);
+    return bits;
+  }
+  static bool Interned(const PyValue* v) { return (v->flags_ & kInterned) != 0; }
+  static void SetInterned(PyRef v) { v->flags_ |= kInterned; }
+
+  // A string value holding a copy of `text`; nullptr when `text` is 4 GiB or more (a
+  // value's count is 32 bits).
+  static PyRef NewText(Pickle* p, K kind, std::string_view text) {
+    if (text.size() > UINT32_MAX) return nullptr;
+    PyRef v = NewValue(p, kind);
+    v->word_.text = KeepText(p, text).data();
+    v->count_ = static_cast<uint32_t>(text.size());
+    return v;
+  }
+  // A copy of `text` in the arena.
+  static std::string_view KeepText(Pickle* p, std::string_view text) {
+    if (text.empty()) return {};
+    char* copy = static_cast<char*>(p->Allocate(text.size()));
+    std::memcpy(copy, text.data(), text.size());
+    return {copy, text.size()};
+  }
+  static PyRef NewGlobal(Pickle* p, std::string_view module, std::string_view name) {
+    PyRef v = NewValue(p, K::kGlobal);
+    v->word_.global = new (p->Allocate(sizeof(PyGlobalBody))) PyGlobalBody{KeepText(p, module), KeepText(p, name)};
+    return v;
+  }
+  static PyRef NewTuple(Pickle* p, std::span<const PyRef> items) {
+    if (items.size() > UINT32_MAX) return nullptr;
+    PyRef v = NewValue(p, K::kTuple);
+    v->word_.items = static_cast<PyRef*>(p->Allocate(items.size() * sizeof(PyRef)));
+    std::copy(items.begin(), items.end(), v->word_.items);
+    v->count_ = static_cast<uint32_t>(items.size());
+    return v;
+  }
+  static PyObjectBody* Object(PyRef v) { return v->word_.object; }
+  static PyObjectExtra* Extra(Pickle* p, PyRef v) {
+    PyObjectBody* o = v->word_.object;
+    if (!o->extra) o->extra = new (p->Allocate(sizeof(PyObjectExtra))) PyObjectExtra();
+    return o->extra;
+  }
+
+  // Makes room for `add` more slots after the `*count` of `*slots`. Slot arrays of lists,
+  // dicts and objects hold bit_ceil(count) slots, so the capacity needs no field of its own;
+  // outgrown arrays stay in the arena (at most as much again). False past 2^32 slots.
+  template <typename T>
+  static bool Grow(Pickle* p, T** slots, uint32_t count, size_t add) {
+    const size_t want = size_t{count} + add;
+    if (want > UINT32_MAX) return false;
+    const size_t capacity = count == 0 ? 0 : std::bit_ceil(size_t{count});
+    if (want <= capacity) return true;
+    T* fresh = static_cast<T*>(p->Allocate(std::bit_ceil(want) * sizeof(T)));
+    if (count) std::copy(*slots, *slots + count, fresh);
+    *slots = fresh;
+    return true;
+  }
+  // APPEND(S)/ADDITEMS to a list, set or object. False when `target` is none of them or
+  // would pass 2^32 items.
+  static bool Append(Pickle* p, PyRef target, std::span<const PyRef> values) {
+    PyRef** slots;
+    uint32_t* count;
+    if (target->kind_ == K::kList || target->kind_ == K::kSet) {
+      slots = &target->word_.items;
+      count = &target->count_;
+    } else if (target->kind_ == K::kObject) {
+      PyObjectExtra* x = Extra(p, target);
+      slots = &x->items;
+      count = &x->item_count;
+    } else {
+      return false;
+    }
+    if (values.empty()) return true;
+    if (!Grow(p, slots, *count, values.size())) return false;
+    std::copy(values.begin(), values.end(), *slots + *count);
+    *count += static_cast<uint32_t>(values.size());
+    return true;
+  }
+  // SETITEM(S) of key, value, key, value... on a dict or object.
+  static bool SetItems(Pickle* p, PyRef target, std::span<const PyRef> kv) {
+    PyPair** slots;
+    uint32_t* count;
+    if (target->kind_ == K::kDict) {
+      slots = &target->word_.entries;
+      count = &target->count_;
+    } else if (target->kind_ == K::kObject) {
+      PyObjectExtra* x = Extra(p, target);
+      slots = &x->entries;
+      count = &x->entry_count;
+    } else {
+      return false;
+    }
+    const size_t pairs = kv.size() / 2;
+    if (pairs == 0) return true;
+    if (!Grow(p, slots, *count, pairs)) return false;
+    PyPair* at = *slots + *count;
+    for (size_t k = 0; k < pairs; ++k) at[k] = PyPair{kv[2 * k], kv[2 * k + 1]};
+    *count += static_cast<uint32_t>(pairs);
+    return true;
+  }
+  // An unshared copy of object `v`, its item and entry arrays copied too (appending to a
+  // copy must not write into the original's spare slots).
+  static PyRef CopyObject(Pickle* p, const PyValue* v) {
+    PyRef copy = NewValue(p, K::kObject);
+    const PyObjectBody* from = v->word_.object;
+    PyObjectBody* to = copy->word_.object;
+    to->callable = from->callable;
+    to->args = from->args;
+    to->state = from->state;
+    if (const PyObjectExtra* x = from->extra) {
+      PyObjectExtra* y = Extra(p, copy);
+      y->kwargs = x->kwargs;
+      Grow(p, &y->items, 0, x->item_count);
+      std::copy(x->items, x->items + x->item_count, y->items);
+      y->item_count = x->item_count;
+      Grow(p, &y->entries, 0, x->entry_count);
+      std::copy(x->entries, x->entries + x->entry_count, y->entries);
+      y->entry_count = x->entry_count;
+    }
+    return copy;
+  }
+};
+
 namespace {
 
 // Opcode bytes, named as in CPython's Lib/pickletools.py.
@@ -71,6 +216,9 @@ class Machine {
   bool ran_out() const { return ran_out_; }
 
  private:
+  using K = PyValue::Kind;
+  using B = PickleBuilder;
+
   Status Fail(std::string_view what) const {
     return Status::Corruption(where_, "pickle: " + std::string(what) + " at byte " + std::to_string(op_pos_));
   }
@@ -82,27 +230,23 @@ class Machine {
   }
   Status Truncated() { return RanOut("truncated pickle"); }
 
-  // What the parse holds so far: values, container slots, kept strings, stack, marks and
-  // memo. Opcodes are 1-9 bytes but a value is ~150, and DUP/GET repeat references, so
-  // without this bound a small hostile pickle could ask for unbounded memory.
+  // What the parse holds so far: the arena (values, container slots, object fields), stack,
+  // marks, memo and interning tables. Opcodes are 1-9 bytes but a value with its slots is
+  // 16-80, and DUP/GET repeat references, so without this bound a small hostile pickle
+  // could ask for unbounded memory.
   uint64_t MemoryInUse() const {
-    return charged_ + (stack_.capacity() + marks_.capacity() + memo_.capacity()) * sizeof(PyRef) +
-           sparse_memo_.size() * 64;
+    return out_->arena_bytes() + (stack_.capacity() + marks_.capacity() + memo_.capacity() + scratch_.capacity()) * sizeof(PyRef) +
+           sparse_memo_.size() * 64 + (tuples_.size() + sizes_.size()) * kInternedEntryBytes;
   }
   Status OverLimit() const {
     return Status::Refused(where_, "pickle: reading it would take more than " + std::to_string(memory_limit_) +
                                        " bytes of memory (at byte " + std::to_string(op_pos_) + ")" +
                                        LimitHint("max_pickle_memory"));
   }
-  PyRef Make(PyValue::Kind kind) {
-    charged_ += sizeof(PyValue);
-    PyRef v = out_->New();
-    v->kind = kind;
-    return v;
-  }
+  PyRef Make(K kind) { return B::NewValue(out_, kind); }
   Status Pop(PyRef* out) {
     if (stack_.size() <= Floor()) return Fail("stack underflow");
-    *out = std::move(stack_.back());
+    *out = stack_.back();
     stack_.pop_back();
     return Status::OK();
   }
@@ -112,113 +256,112 @@ class Machine {
     return Status::OK();
   }
   size_t Floor() const { return marks_.empty() ? 0 : marks_.back(); }
-  // Pops everything above the most recent MARK.
-  Status PopMark(std::vector<PyRef>* out) {
+  // Pops everything above the most recent MARK into scratch_ (reused: a .metadata has
+  // millions of MARKs).
+  Status PopMark() {
     if (marks_.empty()) return Fail("MARK expected");
     size_t mark = marks_.back();
     marks_.pop_back();
-    out->assign(std::make_move_iterator(stack_.begin() + mark), std::make_move_iterator(stack_.end()));
+    scratch_.assign(stack_.begin() + static_cast<std::ptrdiff_t>(mark), stack_.end());
     stack_.resize(mark);
     return Status::OK();
   }
   Status Push(PyRef v) {
-    stack_.push_back(std::move(v));
+    stack_.push_back(v);
     return Status::OK();
   }
   // Values that are never mutated once made (None, bools, small ints, the empty tuple)
   // are shared: a checkpoint repeats them for every tensor.
-  Status PushShared(PyRef* slot, PyValue::Kind kind, int64_t i) {
+  Status PushShared(PyRef* slot, K kind, int64_t i) {
     if (!*slot) {
       *slot = Make(kind);
-      (*slot)->i = i;
-      (*slot)->b = i != 0;
+      B::SetInt(*slot, i);
     }
     return Push(*slot);
   }
-  // Tuples are never mutated once made, so tuples of the same numbers are one value, as
-  // are equal ints: a DCP .metadata makes three torch.Size tuples per chunk and a torch.save
-  // pickle a shape and a stride tuple per tensor, nearly all repeats. Only tuples of numbers
-  // (and of such tuples) are looked up: others (persistent ids, call arguments) rarely
+  // Tuples are never mutated once made, so tuples of the same numbers are one value: a DCP
+  // .metadata makes three torch.Size tuples per chunk and a torch.save pickle a shape and a
+  // stride tuple per tensor, nearly all repeats. Only tuples of numbers (and of such tuples)
+  // are looked up, by the numbers' values: others (persistent ids, call arguments) rarely
   // repeat, and hashing them all would cost more than it saves. The tables stop growing at
-  // kMaxInterned entries. An interned tuple has `b` set.
-  static bool Internable(const std::vector<PyRef>& items) {
+  // kMaxInterned entries.
+  static bool Scalar(const PyValue* v) {
+    return v->kind() == K::kInt || v->kind() == K::kNone || v->kind() == K::kBool || v->kind() == K::kFloat;
+  }
+  static bool Internable(std::span<const PyRef> items) {
     for (const PyValue* item : items) {
-      switch (item->kind) {
-        case PyValue::Kind::kInt: case PyValue::Kind::kNone: case PyValue::Kind::kBool: case PyValue::Kind::kFloat:
-          break;
-        case PyValue::Kind::kTuple:
-          if (item->b || item->items.empty()) break;
-          return false;
-        default: return false;
-      }
+      if (Scalar(item)) continue;
+      if (item->kind() == K::kTuple && (B::Interned(item) || item->items().empty())) continue;
+      return false;
     }
     return true;
   }
-  Status PushTuple(std::vector<PyRef> items) {
-    if (items.empty()) return PushShared(&empty_tuple_, PyValue::Kind::kTuple, 0);
-    if (!Internable(items)) {
-      auto t = Make(PyValue::Kind::kTuple);
-      charged_ += items.size() * sizeof(PyRef);
-      t->items = std::move(items);
-      return Push(std::move(t));
-    }
-    PyValue probe;
-    probe.kind = PyValue::Kind::kTuple;
-    probe.items = std::move(items);
-    if (auto it = tuples_.find(&probe); it != tuples_.end()) return Push(*it);
-    auto t = Make(PyValue::Kind::kTuple);
-    charged_ += probe.items.size() * sizeof(PyRef);
-    t->items = std::move(probe.items);
-    if (tuples_.size() < kMaxInterned) {
-      t->b = true;
+  Status PushTuple(std::span<const PyRef> items) {
+    if (items.empty()) return PushShared(&empty_tuple_, K::kTuple, 0);
+    const bool internable = Internable(items);
+    if (internable)
+      if (auto it = tuples_.find(items); it != tuples_.end()) return Push(*it);
+    PyRef t = B::NewTuple(out_, items);
+    if (!t) return Fail("tuple of over 2^32 items");
+    if (internable && tuples_.size() < kMaxInterned) {
+      B::SetInterned(t);
       tuples_.insert(t);
-      charged_ += kInternedEntryBytes;
     }
-    return Push(std::move(t));
+    return Push(t);
   }
   Status PushInt(int64_t v) {
     if (v >= 0 && v < static_cast<int64_t>(small_ints_.size()))
-      return PushShared(&small_ints_[static_cast<size_t>(v)], PyValue::Kind::kInt, v);
-    if (auto it = ints_.find(v); it != ints_.end()) return Push(it->second);
-    auto n = Make(PyValue::Kind::kInt);
-    n->i = v;
-    if (ints_.size() < kMaxInterned) {
-      ints_.emplace(v, n);
-      charged_ += kInternedEntryBytes;
-    }
-    return Push(std::move(n));
+      return PushShared(&small_ints_[static_cast<size_t>(v)], K::kInt, v);
+    PyRef n = Make(K::kInt);
+    B::SetInt(n, v);
+    return Push(n);
   }
   // The stack top `*v`, made safe to change: a shared (interned) object is replaced by a
   // copy of its own first.
   void Mutable(PyRef* v) {
-    if ((*v)->kind != PyValue::Kind::kObject || !(*v)->b) return;
-    PyRef copy = Make(PyValue::Kind::kObject);
-    copy->callable = (*v)->callable;
-    copy->args = (*v)->args;
-    copy->kwargs = (*v)->kwargs;
-    copy->state = (*v)->state;
-    copy->items = (*v)->items;
-    copy->entries = (*v)->entries;
+    if ((*v)->kind() != K::kObject || !B::Interned(*v)) return;
+    PyRef copy = B::CopyObject(out_, *v);
     stack_.back() = copy;
     *v = copy;
   }
+  // Scalars hash and compare by value, tuples (interned, so equal ones are one value) by
+  // address.
+  static uint64_t ItemKey(const PyValue* v) {
+    return Scalar(v) ? B::Bits(v) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(v->kind())
+                     : reinterpret_cast<uintptr_t>(v);
+  }
+  static bool SameItem(const PyValue* a, const PyValue* b) {
+    if (a == b) return true;
+    return Scalar(a) && a->kind() == b->kind() && B::Bits(a) == B::Bits(b);
+  }
   struct ItemsHash {
-    size_t operator()(const PyValue* t) const {
-      size_t h = t->items.size();
-      for (const PyValue* item : t->items) h = h * 0x9E3779B97F4A7C15ull + reinterpret_cast<uintptr_t>(item);
-      return h ^ (h >> 29);
+    using is_transparent = void;
+    size_t operator()(std::span<const PyRef> items) const {
+      uint64_t h = items.size();
+      for (const PyValue* item : items) h = (h ^ ItemKey(item)) * 0x100000001B3ull + (h >> 31);
+      return static_cast<size_t>(h ^ (h >> 29));
     }
+    size_t operator()(const PyValue* t) const { return (*this)(t->items()); }
   };
   struct ItemsEqual {
-    bool operator()(const PyValue* a, const PyValue* b) const { return a->items == b->items; }
+    using is_transparent = void;
+    static bool Same(std::span<const PyRef> a, std::span<const PyRef> b) {
+      if (a.size() != b.size()) return false;
+      for (size_t k = 0; k < a.size(); ++k)
+        if (!SameItem(a[k], b[k])) return false;
+      return true;
+    }
+    bool operator()(const PyValue* a, const PyValue* b) const { return Same(a->items(), b->items()); }
+    bool operator()(std::span<const PyRef> a, const PyValue* b) const { return Same(a, b->items()); }
+    bool operator()(const PyValue* a, std::span<const PyRef> b) const { return Same(a->items(), b); }
   };
   static constexpr size_t kMaxInterned = size_t{1} << 22;
   static constexpr uint64_t kInternedEntryBytes = 48;  // a hash node and its bucket slot
-  // `s` must point into the pickle's kept bytes or a kept string.
-  Status PushStr(std::string_view s, PyValue::Kind kind) {
-    auto n = Make(kind);
-    n->s = s;
-    return Push(std::move(n));
+  // Copies `s` into the arena.
+  Status PushStr(std::string_view s, K kind) {
+    PyRef n = B::NewText(out_, kind, s);
+    if (!n) return Fail("string of over 4 GiB");
+    return Push(n);
   }
   Status ReadLen(size_t width, uint64_t* len) {
     bool ok = false;
@@ -229,7 +372,7 @@ class Machine {
     if (*len > r_.remaining()) return RanOut("length runs past the end of the pickle");
     return Status::OK();
   }
-  Status PushCounted(size_t width, PyValue::Kind kind) {
+  Status PushCounted(size_t width, K kind) {
     uint64_t len = 0;
     CKPTFS_RETURN_IF_ERROR(ReadLen(width, &len));
     std::string_view s;
@@ -239,8 +382,8 @@ class Machine {
   Status PushLong(std::string_view le_bytes);
   Status PushGlobal(std::string_view module, std::string_view name);
   Status Call(PyRef callable, PyRef args, PyRef kwargs);
-  Status SetItems(std::vector<PyRef> kv);
-  Status Append(std::vector<PyRef> values);
+  Status SetItems(std::span<const PyRef> kv);
+  Status Append(std::span<const PyRef> values);
   // Picklers number memo slots 0, 1, 2, ...: a dense vector holds them. Each PUT costs at
   // least two bytes, so a legitimate index is below the pickle's size; others go to a map.
   Status Memoize(uint64_t index) {
@@ -272,6 +415,7 @@ class Machine {
   size_t op_pos_ = 0;
   std::vector<PyRef> stack_;
   std::vector<size_t> marks_;
+  std::vector<PyRef> scratch_;  // what the last PopMark took off the stack
   PyRef none_ = nullptr, false_ = nullptr, true_ = nullptr, empty_tuple_ = nullptr;
   std::array<PyRef, 256> small_ints_{};
   uint64_t dense_limit_ = 0;
@@ -279,9 +423,7 @@ class Machine {
   std::unordered_map<uint64_t, PyRef> sparse_memo_;
   uint64_t memo_count_ = 0;  // distinct memo keys stored: MEMOIZE's next index
   uint64_t memory_limit_;
-  uint64_t charged_ = 0;  // bytes of values and container slots made so far
   std::unordered_set<PyRef, ItemsHash, ItemsEqual> tuples_;
-  std::unordered_map<int64_t, PyRef> ints_;
   std::unordered_map<PyRef, PyRef> sizes_;  // interned args tuple -> its torch.Size
   bool ran_out_ = false;  // the last failure was the bytes ending before the pickle did
 };
@@ -302,67 +444,52 @@ Status Machine::PushLong(std::string_view le) {
     hex += kHex[byte >> 4];
     hex += kHex[byte & 15];
   }
-  charged_ += hex.size();
-  return PushStr(out_->Keep(std::move(hex)), PyValue::Kind::kBigInt);
+  return PushStr(hex, K::kBigInt);
 }
 
 Status Machine::PushGlobal(std::string_view module, std::string_view name) {
   if (RunsCode(module, name))
     return Status::Refused(where_, "pickle references " + std::string(module) + "." + std::string(name) +
                                        ", which would run code when loaded; refusing it");
-  auto g = Make(PyValue::Kind::kGlobal);
-  g->s = module;
-  g->name = name;
-  return Push(std::move(g));
+  return Push(B::NewGlobal(out_, module, name));
 }
 
 Status Machine::Call(PyRef callable, PyRef args, PyRef kwargs) {
-  if (callable->kind == PyValue::Kind::kGlobal && callable->name == "getattr" &&
-      (callable->s == "builtins" || callable->s == "__builtin__")) {
+  if (callable->kind() == K::kGlobal && callable->name() == "getattr" &&
+      (callable->s() == "builtins" || callable->s() == "__builtin__")) {
     // Only the Enum-member form, getattr(<class>, "<name>"), is data.
-    const bool enum_member = args->kind == PyValue::Kind::kTuple && args->items.size() == 2 &&
-                             args->items[0]->kind == PyValue::Kind::kGlobal &&
-                             args->items[1]->kind == PyValue::Kind::kStr;
+    const bool enum_member = args->kind() == K::kTuple && args->items().size() == 2 &&
+                             args->items()[0]->kind() == K::kGlobal && args->items()[1]->kind() == K::kStr;
     if (!enum_member)
-      return Status::Refused(where_, "pickle calls " + std::string(callable->s) +
+      return Status::Refused(where_, "pickle calls " + std::string(callable->s()) +
                                          ".getattr on something other than a class attribute, which could run "
                                          "code when loaded; refusing it");
   }
-  auto obj = Make(PyValue::Kind::kObject);
-  obj->callable = std::move(callable);
-  obj->args = std::move(args);
-  obj->kwargs = std::move(kwargs);
-  return Push(std::move(obj));
+  PyRef obj = Make(K::kObject);
+  PyObjectBody* body = B::Object(obj);
+  body->callable = callable;
+  body->args = args;
+  if (kwargs) B::Extra(out_, obj)->kwargs = kwargs;
+  return Push(obj);
 }
 
-Status Machine::SetItems(std::vector<PyRef> kv) {
+Status Machine::SetItems(std::span<const PyRef> kv) {
   if (kv.size() % 2 != 0) return Fail("odd number of items for SETITEMS");
   PyRef target = nullptr;
   CKPTFS_RETURN_IF_ERROR(Top(&target));
   Mutable(&target);
-  if (target->kind != PyValue::Kind::kDict && target->kind != PyValue::Kind::kObject)
-    return Fail("SETITEM on something that is not a dict");
-  const size_t before = target->entries.capacity();
-  if (target->entries.size() + kv.size() / 2 > before) target->entries.reserve(std::max(target->entries.size() + kv.size() / 2, before * 2));
-  for (size_t k = 0; k < kv.size(); k += 2) {
-    target->entries.emplace_back(std::move(kv[k]), std::move(kv[k + 1]));
-  }
-  charged_ += (target->entries.capacity() - before) * sizeof(target->entries[0]);
+  if (target->kind() != K::kDict && target->kind() != K::kObject) return Fail("SETITEM on something that is not a dict");
+  if (!B::SetItems(out_, target, kv)) return Fail("dict of over 2^32 items");
   return Status::OK();
 }
 
-Status Machine::Append(std::vector<PyRef> values) {
+Status Machine::Append(std::span<const PyRef> values) {
   PyRef target = nullptr;
   CKPTFS_RETURN_IF_ERROR(Top(&target));
   Mutable(&target);
-  if (target->kind != PyValue::Kind::kList && target->kind != PyValue::Kind::kSet &&
-      target->kind != PyValue::Kind::kObject)
+  if (target->kind() != K::kList && target->kind() != K::kSet && target->kind() != K::kObject)
     return Fail("APPEND to something that is not a list");
-  const size_t before = target->items.capacity();
-  for (auto& v : values) {
-    target->items.push_back(std::move(v));
-  }
-  charged_ += (target->items.capacity() - before) * sizeof(PyRef);
+  if (!B::Append(out_, target, values)) return Fail("list of over 2^32 items");
   return Status::OK();
 }
 
@@ -382,9 +509,7 @@ Status Machine::Run() {
 }
 
 Status Machine::Step(uint8_t op, bool* stop) {
-  using K = PyValue::Kind;
   PyRef a = nullptr, b = nullptr, c = nullptr;
-  std::vector<PyRef> items;
   std::string_view text;
   switch (op) {
     case PROTO: {
@@ -408,7 +533,7 @@ Status Machine::Step(uint8_t op, bool* stop) {
       // POP right after MARK drops the mark (what CPython does).
       if (!marks_.empty()) { marks_.pop_back(); return Status::OK(); }
       return Fail("stack underflow");
-    case POP_MARK: return PopMark(&items);
+    case POP_MARK: return PopMark();
     case DUP: CKPTFS_RETURN_IF_ERROR(Top(&a)); return Push(a);
 
     case NONE: return PushShared(&none_, K::kNone, 0);
@@ -438,17 +563,20 @@ Status Machine::Step(uint8_t op, bool* stop) {
       if (!r_.Line(&text)) return Truncated();
       std::string s(text);
       char* end = nullptr;
-      a = Make(K::kFloat);
-      a->f = std::strtod(s.c_str(), &end);
+      const double value = std::strtod(s.c_str(), &end);
       if (s.empty() || end != s.c_str() + s.size()) return Fail("bad float literal");
+      a = Make(K::kFloat);
+      B::SetFloat(a, value);
       return Push(a);
     }
     case BINFLOAT: {
       uint64_t be;
       if (!r_.U64(&be)) return Truncated();
       uint64_t bits = __builtin_bswap64(be);  // BINFLOAT is big-endian
+      double value;
+      std::memcpy(&value, &bits, sizeof bits);
       a = Make(K::kFloat);
-      std::memcpy(&a->f, &bits, sizeof bits);
+      B::SetFloat(a, value);
       return Push(a);
     }
 
@@ -472,36 +600,38 @@ Status Machine::Step(uint8_t op, bool* stop) {
     case TUPLE1: case TUPLE2: case TUPLE3: {
       size_t n = op - TUPLE1 + 1;
       if (stack_.size() < Floor() + n) return Fail("stack underflow");
-      items.assign(std::make_move_iterator(stack_.end() - n), std::make_move_iterator(stack_.end()));
+      scratch_.assign(stack_.end() - static_cast<std::ptrdiff_t>(n), stack_.end());
       stack_.resize(stack_.size() - n);
-      return PushTuple(std::move(items));
+      return PushTuple(scratch_);
     }
-    case TUPLE: CKPTFS_RETURN_IF_ERROR(PopMark(&items)); return PushTuple(std::move(items));
+    case TUPLE: CKPTFS_RETURN_IF_ERROR(PopMark()); return PushTuple(scratch_);
     case EMPTY_LIST: return Push(Make(K::kList));
     case LIST: {
-      CKPTFS_RETURN_IF_ERROR(PopMark(&items));
+      CKPTFS_RETURN_IF_ERROR(PopMark());
       CKPTFS_RETURN_IF_ERROR(Push(Make(K::kList)));
-      return Append(std::move(items));
+      return Append(scratch_);
     }
-    case APPEND: CKPTFS_RETURN_IF_ERROR(Pop(&a)); items.push_back(a); return Append(std::move(items));
-    case APPENDS: CKPTFS_RETURN_IF_ERROR(PopMark(&items)); return Append(std::move(items));
+    case APPEND: CKPTFS_RETURN_IF_ERROR(Pop(&a)); return Append(std::span<const PyRef>(&a, 1));
+    case APPENDS: CKPTFS_RETURN_IF_ERROR(PopMark()); return Append(scratch_);
     case EMPTY_DICT: return Push(Make(K::kDict));
     case DICT: {
-      CKPTFS_RETURN_IF_ERROR(PopMark(&items));
+      CKPTFS_RETURN_IF_ERROR(PopMark());
       CKPTFS_RETURN_IF_ERROR(Push(Make(K::kDict)));
-      return SetItems(std::move(items));
+      return SetItems(scratch_);
     }
-    case SETITEM:
+    case SETITEM: {
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
       CKPTFS_RETURN_IF_ERROR(Pop(&a));
-      return SetItems({a, b});
-    case SETITEMS: CKPTFS_RETURN_IF_ERROR(PopMark(&items)); return SetItems(std::move(items));
+      const std::array<PyRef, 2> kv{a, b};
+      return SetItems(kv);
+    }
+    case SETITEMS: CKPTFS_RETURN_IF_ERROR(PopMark()); return SetItems(scratch_);
     case EMPTY_SET: return Push(Make(K::kSet));
-    case ADDITEMS: CKPTFS_RETURN_IF_ERROR(PopMark(&items)); return Append(std::move(items));
+    case ADDITEMS: CKPTFS_RETURN_IF_ERROR(PopMark()); return Append(scratch_);
     case FROZENSET: {
-      CKPTFS_RETURN_IF_ERROR(PopMark(&items));
+      CKPTFS_RETURN_IF_ERROR(PopMark());
       CKPTFS_RETURN_IF_ERROR(Push(Make(K::kSet)));
-      return Append(std::move(items));
+      return Append(scratch_);
     }
 
     case GLOBAL: {
@@ -512,23 +642,22 @@ Status Machine::Step(uint8_t op, bool* stop) {
     case STACK_GLOBAL: {
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
       CKPTFS_RETURN_IF_ERROR(Pop(&a));
-      if (a->kind != K::kStr || b->kind != K::kStr) return Fail("STACK_GLOBAL needs two strings");
-      return PushGlobal(a->s, b->s);
+      if (a->kind() != K::kStr || b->kind() != K::kStr) return Fail("STACK_GLOBAL needs two strings");
+      return PushGlobal(a->s(), b->s());
     }
     case REDUCE:
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
       CKPTFS_RETURN_IF_ERROR(Pop(&a));
-      if (b->kind != K::kTuple) return Fail("REDUCE arguments are not a tuple");
+      if (b->kind() != K::kTuple) return Fail("REDUCE arguments are not a tuple");
       // torch.Size of an interned tuple: a DCP .metadata makes three per chunk, nearly all
-      // repeats. Shared like the tuple it wraps (`b` marks it); Mutable() copies it first
-      // should a BUILD, SETITEMS or APPENDS ever target it.
-      if (b->b && a->IsGlobal("torch", "Size")) {
+      // repeats. Shared like the tuple it wraps (marked interned); Mutable() copies it
+      // first should a BUILD, SETITEMS or APPENDS ever target it.
+      if (B::Interned(b) && a->IsGlobal("torch", "Size")) {
         if (auto it = sizes_.find(b); it != sizes_.end()) return Push(it->second);
         CKPTFS_RETURN_IF_ERROR(Call(a, b, nullptr));
         if (sizes_.size() < kMaxInterned) {
-          stack_.back()->b = true;
+          B::SetInterned(stack_.back());
           sizes_.emplace(b, stack_.back());
-          charged_ += kInternedEntryBytes;
         }
         return Status::OK();
       }
@@ -545,19 +674,18 @@ Status Machine::Step(uint8_t op, bool* stop) {
     case INST: {
       std::string_view module, name;
       if (!r_.Line(&module) || !r_.Line(&name)) return Truncated();
-      CKPTFS_RETURN_IF_ERROR(PopMark(&items));
+      CKPTFS_RETURN_IF_ERROR(PopMark());
       CKPTFS_RETURN_IF_ERROR(PushGlobal(module, name));
       CKPTFS_RETURN_IF_ERROR(Pop(&a));
-      CKPTFS_RETURN_IF_ERROR(PushTuple(std::move(items)));
+      CKPTFS_RETURN_IF_ERROR(PushTuple(scratch_));
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
       return Call(a, b, nullptr);
     }
     case OBJ: {
-      CKPTFS_RETURN_IF_ERROR(PopMark(&items));
-      if (items.empty()) return Fail("OBJ without a class");
-      a = items.front();
-      items.erase(items.begin());
-      CKPTFS_RETURN_IF_ERROR(PushTuple(std::move(items)));
+      CKPTFS_RETURN_IF_ERROR(PopMark());
+      if (scratch_.empty()) return Fail("OBJ without a class");
+      a = scratch_.front();
+      CKPTFS_RETURN_IF_ERROR(PushTuple(std::span<const PyRef>(scratch_).subspan(1)));
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
       return Call(a, b, nullptr);
     }
@@ -565,15 +693,15 @@ Status Machine::Step(uint8_t op, bool* stop) {
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
       CKPTFS_RETURN_IF_ERROR(Top(&a));
       Mutable(&a);
-      if (a->kind != K::kObject) {
+      if (a->kind() != K::kObject) {
         // BUILD on a plain container (a dict subclass reduced to dict) keeps the state aside.
-        auto wrapper = Make(K::kObject);
-        wrapper->callable = Make(K::kNone);
-        wrapper->args = a;
+        PyRef wrapper = Make(K::kObject);
+        B::Object(wrapper)->callable = Make(K::kNone);
+        B::Object(wrapper)->args = a;
         stack_.back() = wrapper;
         a = wrapper;
       }
-      a->state = b;
+      B::Object(a)->state = b;
       return Status::OK();
     }
     case PERSID: case BINPERSID: {
@@ -583,7 +711,7 @@ Status Machine::Step(uint8_t op, bool* stop) {
       }
       CKPTFS_RETURN_IF_ERROR(Pop(&a));
       b = Make(K::kPersistent);
-      b->args = a;
+      B::SetPid(b, a);
       return Push(b);
     }
 
@@ -622,40 +750,66 @@ Status Machine::Step(uint8_t op, bool* stop) {
 }  // namespace
 
 std::string PyValue::CallableName() const {
-  if (kind != Kind::kObject || !callable || callable->kind != Kind::kGlobal) return "";
-  return std::string(callable->s) + "." + std::string(callable->name);
+  const PyValue* c = callable();
+  if (!c || c->kind() != Kind::kGlobal) return "";
+  return std::string(c->s()) + "." + std::string(c->name());
 }
 
-PyRef Pickle::New() {
-  if (used_in_last_ == last_chunk_size_) {
-    last_chunk_size_ = last_chunk_size_ == 0 ? kFirstChunk : std::min(kMaxChunk, last_chunk_size_ * 2);
-    chunks_.push_back(std::make_unique<PyValue[]>(last_chunk_size_));
-    used_in_last_ = 0;
+void* Pickle::Allocate(size_t bytes) {
+  bytes = (bytes + 7) & ~size_t{7};
+  if (bytes > kMaxBlock / 4) {
+    // A large array gets a block of its own; the current block keeps serving small ones.
+    blocks_.push_back(std::unique_ptr<std::byte[]>(new std::byte[bytes]));
+    arena_bytes_ += bytes;
+    return blocks_.back().get();
   }
-  ++values_;
-  return &chunks_.back()[used_in_last_++];
+  if (bytes > left_in_block_) {
+    const size_t size = std::max(next_block_, bytes);
+    blocks_.push_back(std::unique_ptr<std::byte[]>(new std::byte[size]));
+    cursor_ = blocks_.back().get();
+    left_in_block_ = size;
+    arena_bytes_ += size;
+    next_block_ = std::min(kMaxBlock, next_block_ * 2);
+  }
+  void* at = cursor_;
+  cursor_ += bytes;
+  left_in_block_ -= bytes;
+  return at;
 }
 
-std::string_view Pickle::Keep(std::string text) { return kept_.emplace_back(std::move(text)); }
+Pickle::Pickle(Pickle&& other) noexcept { *this = std::move(other); }
 
-std::string_view Pickle::KeepBytes(std::string_view bytes) {
-  bytes_ = std::make_unique<char[]>(bytes.size());
-  std::memcpy(bytes_.get(), bytes.data(), bytes.size());
-  return std::string_view(bytes_.get(), bytes.size());
+Pickle& Pickle::operator=(Pickle&& other) noexcept {
+  if (this != &other) {
+    root = other.root;
+    blocks_ = std::move(other.blocks_);
+    cursor_ = other.cursor_;
+    left_in_block_ = other.left_in_block_;
+    next_block_ = other.next_block_;
+    arena_bytes_ = other.arena_bytes_;
+    values_ = other.values_;
+    other.Clear();
+  }
+  return *this;
 }
 
 void Pickle::Clear() {
   root = nullptr;
-  chunks_.clear();
-  last_chunk_size_ = used_in_last_ = values_ = 0;
-  bytes_.reset();
-  kept_.clear();
+  blocks_.clear();
+  cursor_ = nullptr;
+  left_in_block_ = arena_bytes_ = values_ = 0;
+  next_block_ = kFirstBlock;
+}
+
+Status ParseOwnedPickle(std::string bytes, std::string_view where, Pickle* result, uint64_t memory_limit,
+                        PickleEnd* end) {
+  return ParsePickle(bytes, where, result, memory_limit, end);
 }
 
 Status ParsePickle(std::string_view bytes, std::string_view where, Pickle* result, uint64_t memory_limit,
                    PickleEnd* end) {
   result->Clear();
-  Machine m(result->KeepBytes(bytes), where, result, memory_limit);
+  Machine m(bytes, where, result, memory_limit);
   Status status = m.Run();
   if (end) {
     end->consumed = m.consumed();

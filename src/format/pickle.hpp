@@ -11,12 +11,12 @@
 #ifndef CKPTFS_FORMAT_PICKLE_HPP_
 #define CKPTFS_FORMAT_PICKLE_HPP_
 
+#include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include "ckptfs/limits.hpp"
@@ -24,48 +24,141 @@
 
 namespace ckptfs {
 
-struct PyValue;
+class PyValue;
+struct PyGlobalBody;
+struct PyObjectBody;
 // Values point into the arena of the Pickle that owns them.
 using PyRef = PyValue*;
 
-struct PyValue {
-  enum class Kind {
+// A dict entry (or an item set on an object by SETITEMS).
+struct PyPair {
+  PyRef first = nullptr;
+  PyRef second = nullptr;
+};
+
+// Out-of-line parts of values (arena memory of the Pickle).
+struct PyGlobalBody {
+  std::string_view module, name;
+};
+// What most objects lack: keyword arguments (NEWOBJ_EX) and items appended or set on the
+// object itself (an OrderedDict).
+struct PyObjectExtra {
+  PyRef kwargs = nullptr;
+  PyRef* items = nullptr;
+  PyPair* entries = nullptr;
+  uint32_t item_count = 0, entry_count = 0;
+};
+struct PyObjectBody {
+  PyRef callable = nullptr;
+  PyRef args = nullptr;
+  PyRef state = nullptr;
+  PyObjectExtra* extra = nullptr;
+};
+
+// One value of a parsed pickle, read through accessors. A checkpoint's pickle makes ~13
+// values per tensor and a DCP .metadata ~7 per chunk, all alive until the catalog is
+// built, so a value is 16 bytes: its kind, a count and one word. Strings (copied: the
+// parsed bytes need not outlive the parse), container items and object fields live out of
+// line in the arena.
+// An accessor that does not apply to the value's kind returns an empty result.
+class PyValue {
+ public:
+  enum class Kind : uint8_t {
     kNone, kBool, kInt, kBigInt, kFloat, kStr, kBytes,
     kTuple, kList, kDict, kSet,
     kGlobal,      // module + name
     kObject,      // a call or instantiation that was not performed
     kPersistent,  // a persistent id (torch: storage references)
   };
-  Kind kind = Kind::kNone;
+  Kind kind() const { return kind_; }
 
-  bool b = false;
-  // A checkpoint's pickle makes ~13 values per tensor, so the size of a value sets the
-  // reader's peak memory: ints and floats share their slot (the kind tells which).
-  union {
-    int64_t i = 0;
-    double f;
-  };
+  bool b() const { return (kind_ == Kind::kBool || kind_ == Kind::kInt) && word_.i != 0; }
+  // kInt; kBool as 0 or 1.
+  int64_t i() const { return kind_ == Kind::kInt || kind_ == Kind::kBool ? word_.i : 0; }
+  double f() const { return kind_ == Kind::kFloat ? word_.f : 0.0; }
   // kStr, kBytes, kBigInt (LONG1/LONG4: "0x..." two's complement hex; protocol-0 LONG:
-  // decimal), kGlobal module. Views into
-  // the owning Pickle, valid as long as it lives.
-  std::string_view s;
-  std::string_view name;  // kGlobal name
+  // decimal); kGlobal: the module. A view into the owning Pickle's arena, valid as long as it
+  // lives.
+  std::string_view s() const {
+    switch (kind_) {
+      case Kind::kStr: case Kind::kBytes: case Kind::kBigInt: return {word_.text, count_};
+      case Kind::kGlobal: return word_.global->module;
+      default: return {};
+    }
+  }
+  std::string_view name() const { return kind_ == Kind::kGlobal ? word_.global->name : std::string_view(); }
 
-  std::vector<PyRef> items;                      // kTuple, kList, kSet; kObject appended items
-  std::vector<std::pair<PyRef, PyRef>> entries;  // kDict; kObject set items
+  // kTuple, kList, kSet; kObject: items appended to it.
+  std::span<const PyRef> items() const {
+    switch (kind_) {
+      case Kind::kTuple: case Kind::kList: case Kind::kSet: return {word_.items, count_};
+      case Kind::kObject:
+        if (const PyObjectExtra* x = word_.object->extra) return {x->items, x->item_count};
+        return {};
+      default: return {};
+    }
+  }
+  // kDict; kObject: items set on it.
+  std::span<const PyPair> entries() const {
+    if (kind_ == Kind::kDict) return {word_.entries, count_};
+    if (kind_ == Kind::kObject && word_.object->extra) return {word_.object->extra->entries, word_.object->extra->entry_count};
+    return {};
+  }
 
-  // kObject: callable(*args) [with kwargs], then BUILD(state). kPersistent: pid in `args`.
-  PyRef callable;
-  PyRef args;
-  PyRef kwargs;
-  PyRef state;
+  // kObject: callable(*args) [with kwargs], then BUILD(state). kPersistent: the pid is `args`.
+  PyRef callable() const { return kind_ == Kind::kObject ? word_.object->callable : nullptr; }
+  PyRef args() const {
+    if (kind_ == Kind::kPersistent) return word_.pid;
+    return kind_ == Kind::kObject ? word_.object->args : nullptr;
+  }
+  PyRef kwargs() const { return kind_ == Kind::kObject && word_.object->extra ? word_.object->extra->kwargs : nullptr; }
+  PyRef state() const { return kind_ == Kind::kObject ? word_.object->state : nullptr; }
 
   bool IsGlobal(std::string_view module, std::string_view global_name) const {
-    return kind == Kind::kGlobal && s == module && name == global_name;
+    return kind_ == Kind::kGlobal && s() == module && name() == global_name;
   }
   // For a kObject whose callable is a kGlobal: "module.name"; otherwise "".
   std::string CallableName() const;
+
+  // Values made outside any pickle, for readers that reinterpret part of one (a dict
+  // subclass's set items walked as a dict, a retyped rebuild call). They point to what they
+  // are made of, which must outlive them.
+  static PyValue DictOf(std::span<const PyPair> entries) {
+    PyValue v(Kind::kDict, entries.size());
+    v.word_.entries = const_cast<PyPair*>(entries.data());
+    return v;
+  }
+  static PyValue ListOf(std::span<const PyRef> items) {
+    PyValue v(Kind::kList, items.size());
+    v.word_.items = const_cast<PyRef*>(items.data());
+    return v;
+  }
+  static PyValue CallOf(PyObjectBody* body) {
+    PyValue v(Kind::kObject, 0);
+    v.word_.object = body;
+    return v;
+  }
+  PyValue() = default;
+
+ private:
+  friend struct PickleBuilder;  // the parser, the only writer (pickle.cpp)
+  PyValue(Kind kind, size_t count) : kind_(kind), count_(static_cast<uint32_t>(count)) {}
+
+  Kind kind_ = Kind::kNone;
+  uint8_t flags_ = 0;   // the parser's (interned or not)
+  uint32_t count_ = 0;  // string length, items or entries
+  union Word {
+    int64_t i;
+    double f;
+    const char* text;       // kStr, kBytes, kBigInt
+    PyRef* items;           // kTuple, kList, kSet
+    PyPair* entries;        // kDict
+    PyGlobalBody* global;
+    PyObjectBody* object;
+    PyRef pid;              // kPersistent
+  } word_{0};
 };
+static_assert(sizeof(PyValue) == 16, "PyValue sets a pickle's memory: keep it at 16 bytes");
 
 // A parsed pickle. Values may be shared (memo) or even cyclic, so they live in one
 // arena and are freed together; walkers must bound their own recursion. Moving a Pickle
@@ -74,24 +167,27 @@ class Pickle {
  public:
   PyRef root = nullptr;
 
-  // A new value owned by this pickle.
-  PyRef New();
-  // Keeps `text` alive as long as the pickle; returns a view of the kept copy.
-  std::string_view Keep(std::string text);
-  // Keeps a copy of the pickle's bytes, which string values point into.
-  std::string_view KeepBytes(std::string_view bytes);
+  Pickle() = default;
+  Pickle(const Pickle&) = delete;
+  Pickle& operator=(const Pickle&) = delete;
+  Pickle(Pickle&& other) noexcept;
+  Pickle& operator=(Pickle&& other) noexcept;
+
   void Clear();
   // How many values the pickle made: walkers bound their work by it.
   size_t value_count() const { return values_; }
+  // Bytes the arena holds (values, their items and fields, strings).
+  size_t arena_bytes() const { return arena_bytes_; }
 
  private:
-  // Chunks double from 32 to 4096 values: a ZeRO rank file's pickle makes a few hundred
-  // values, a 100k-tensor state dict over a million.
-  static constexpr size_t kFirstChunk = 32, kMaxChunk = 4096;
-  std::vector<std::unique_ptr<PyValue[]>> chunks_;
-  size_t last_chunk_size_ = 0, used_in_last_ = 0, values_ = 0;
-  std::unique_ptr<char[]> bytes_;
-  std::deque<std::string> kept_;
+  friend struct PickleBuilder;
+  // 8-aligned memory that lives as long as the pickle. Blocks double from 256 bytes to
+  // 1 MiB: a DCP chunk's data.pkl makes ~20 values, a million-chunk .metadata 9 million.
+  void* Allocate(size_t bytes);
+  static constexpr size_t kFirstBlock = 256, kMaxBlock = size_t{1} << 20;
+  std::vector<std::unique_ptr<std::byte[]>> blocks_;
+  std::byte* cursor_ = nullptr;
+  size_t left_in_block_ = 0, next_block_ = kFirstBlock, arena_bytes_ = 0, values_ = 0;
 };
 
 // Parses one pickle from `bytes`. `where` names the file in error messages. Parsing fails
@@ -106,6 +202,10 @@ struct PickleEnd {
 };
 Status ParsePickle(std::string_view bytes, std::string_view where, Pickle* result,
                    uint64_t memory_limit = ReadLimits{}.pickle_memory, PickleEnd* end = nullptr);
+// The same, freeing `bytes` when the parse ends (a 100 MB .metadata is not kept beside the
+// values).
+Status ParseOwnedPickle(std::string bytes, std::string_view where, Pickle* result,
+                        uint64_t memory_limit = ReadLimits{}.pickle_memory, PickleEnd* end = nullptr);
 
 
 }  // namespace ckptfs

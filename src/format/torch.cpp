@@ -110,10 +110,10 @@ Status TorchZipReader::Walk(const PyValue* v, std::vector<PathElement>* path, in
   if (const PyValue* mapping = AsMapping(v)) {
     *out = json::object();
     bool dropped = false;
-    for (const auto& [k, val] : mapping->entries) {
+    for (const auto& [k, val] : mapping->entries()) {
       PathElement elem;
-      if (k->kind == Kind::kStr) elem = std::string(k->s);
-      else if (k->kind == Kind::kInt) elem = k->i;
+      if (k->kind() == Kind::kStr) elem = std::string(k->s());
+      else if (k->kind() == Kind::kInt) elem = k->i();
       else {
         // Tuple or float keys: their JSON text is the key.
         json key_json;
@@ -133,14 +133,14 @@ Status TorchZipReader::Walk(const PyValue* v, std::vector<PathElement>* path, in
     *keep = !(dropped && out->empty());
     return Status::OK();
   }
-  if (v->kind == Kind::kList || v->kind == Kind::kTuple || v->kind == Kind::kSet) {
+  if (v->kind() == Kind::kList || v->kind() == Kind::kTuple || v->kind() == Kind::kSet) {
     *out = json::array();
-    bool any_kept = v->items.empty();
-    for (size_t i = 0; i < v->items.size(); ++i) {
+    bool any_kept = v->items().empty();
+    for (size_t i = 0; i < v->items().size(); ++i) {
       path->push_back(static_cast<int64_t>(i));
       json child;
       bool child_keep;
-      CKPTFS_RETURN_IF_ERROR(Walk(v->items[i], path, depth + 1, &child, &child_keep));
+      CKPTFS_RETURN_IF_ERROR(Walk(v->items()[i], path, depth + 1, &child, &child_keep));
       path->pop_back();
       out->push_back(child_keep ? std::move(child) : json(nullptr));  // keep list positions
       any_kept |= child_keep;
@@ -156,34 +156,34 @@ Status TorchZipReader::Walk(const PyValue* v, std::vector<PathElement>* path, in
 Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* path, int depth, json* out) {
   CKPTFS_RETURN_IF_ERROR(Visit());
   if (depth > kMaxDepth) return Bad("objects nested deeper than " + std::to_string(kMaxDepth) + " levels (a cycle?)");
-  switch (v->kind) {
+  switch (v->kind()) {
     case Kind::kNone: *out = nullptr; return Status::OK();
-    case Kind::kBool: *out = v->b; return Status::OK();
-    case Kind::kInt: *out = v->i; return Status::OK();
-    case Kind::kBigInt: *out = json{{"$int", v->s}}; return Status::OK();
+    case Kind::kBool: *out = v->b(); return Status::OK();
+    case Kind::kInt: *out = v->i(); return Status::OK();
+    case Kind::kBigInt: *out = json{{"$int", v->s()}}; return Status::OK();
     case Kind::kFloat:
-      if (std::isfinite(v->f)) *out = v->f;
-      else *out = std::isnan(v->f) ? "nan" : (v->f > 0 ? "inf" : "-inf");
+      if (std::isfinite(v->f())) *out = v->f();
+      else *out = std::isnan(v->f()) ? "nan" : (v->f() > 0 ? "inf" : "-inf");
       return Status::OK();
-    case Kind::kStr: *out = v->s; return Status::OK();
-    case Kind::kBytes: *out = json{{"$bytes", v->s.size()}}; return Status::OK();
+    case Kind::kStr: *out = v->s(); return Status::OK();
+    case Kind::kBytes: *out = json{{"$bytes", v->s().size()}}; return Status::OK();
     case Kind::kGlobal: *out = json{{"$global", QualifiedName(v)}}; return Status::OK();
     case Kind::kPersistent: {
       json pid;
       std::vector<PathElement> none;
-      CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->args, &none, depth + 1, &pid));
+      CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->args(), &none, depth + 1, &pid));
       *out = json{{"$persistent_id", std::move(pid)}};
       return Status::OK();
     }
     case Kind::kTuple: case Kind::kList: case Kind::kSet: case Kind::kDict: {
       // Containers met inside an opaque call: record them without serving tensors.
-      *out = v->kind == Kind::kDict ? json::object() : json::array();
-      for (const PyValue* item : v->items) {
+      *out = v->kind() == Kind::kDict ? json::object() : json::array();
+      for (const PyValue* item : v->items()) {
         json child;
         CKPTFS_RETURN_IF_ERROR(WalkOpaque(item, path, depth + 1, &child));
         out->push_back(std::move(child));
       }
-      for (const auto& [k, val] : v->entries) {
+      for (const auto& [k, val] : v->entries()) {
         json key, child;
         CKPTFS_RETURN_IF_ERROR(WalkOpaque(k, path, depth + 1, &key));
         CKPTFS_RETURN_IF_ERROR(WalkOpaque(val, path, depth + 1, &child));
@@ -200,8 +200,8 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
     std::vector<uint64_t> dims;
     if (AsUintTuple(v, &dims)) { *out = dims; return Status::OK(); }
   }
-  if (cls == "torch.device" && Arg(v, 0) && Arg(v, 0)->kind == Kind::kStr) {
-    *out = Arg(v, 0)->s;
+  if (cls == "torch.device" && Arg(v, 0) && Arg(v, 0)->kind() == Kind::kStr) {
+    *out = Arg(v, 0)->s();
     return Status::OK();
   }
   TensorEntry t;
@@ -213,34 +213,30 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
   }
   *out = json::object();
   if (!cls.empty()) (*out)["$class"] = cls;
-  else if (v->callable) {
+  else if (v->callable()) {
     json callable;
-    CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->callable, path, depth + 1, &callable));
+    CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->callable(), path, depth + 1, &callable));
     (*out)["$call"] = std::move(callable);
   }
-  if (v->args) CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->args, path, depth + 1, &(*out)["args"]));
-  if (v->kwargs) CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->kwargs, path, depth + 1, &(*out)["kwargs"]));
-  if (v->state) {
+  if (v->args()) CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->args(), path, depth + 1, &(*out)["args"]));
+  if (v->kwargs()) CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->kwargs(), path, depth + 1, &(*out)["kwargs"]));
+  if (v->state()) {
     // Attributes (argparse.Namespace, dataclasses) are walked like a dict: tensors
     // kept there are served under the object's key.
     bool keep;
-    CKPTFS_RETURN_IF_ERROR(Walk(v->state, path, depth + 1, &(*out)["state"], &keep));
+    CKPTFS_RETURN_IF_ERROR(Walk(v->state(), path, depth + 1, &(*out)["state"], &keep));
     if (!keep) out->erase("state");
   }
   // Set items (SETITEMS on the object: a dict subclass) go under "items" as a mapping,
   // appended items (APPENDS: a list subclass) under "appended" as a list. They must not share
   // one synthetic dict: pushing list items into a JSON object throws, which escaped the
   // reader as an uncaught exception (found by fuzz_torch, tests/fuzz/regressions/torch/).
-  if (!v->entries.empty()) {
-    PyValue rest;
-    rest.kind = Kind::kDict;
-    rest.entries = v->entries;
+  if (!v->entries().empty()) {
+    const PyValue rest = PyValue::DictOf(v->entries());
     CKPTFS_RETURN_IF_ERROR(WalkOpaque(&rest, path, depth + 1, &(*out)["items"]));
   }
-  if (!v->items.empty()) {
-    PyValue rest;
-    rest.kind = Kind::kList;
-    rest.items = v->items;
+  if (!v->items().empty()) {
+    const PyValue rest = PyValue::ListOf(v->items());
     CKPTFS_RETURN_IF_ERROR(WalkOpaque(&rest, path, depth + 1, &(*out)["appended"]));
   }
   return Status::OK();

@@ -16,34 +16,35 @@ constexpr int kMaxTensorDepth = 16;
 
 // "module.name" of a GLOBAL, without allocating.
 bool IsGlobal(const PyValue* g, std::string_view qualified) {
-  return g && g->kind == Kind::kGlobal && qualified.size() == g->s.size() + 1 + g->name.size() &&
-         qualified.substr(0, g->s.size()) == g->s && qualified[g->s.size()] == '.' &&
-         qualified.substr(g->s.size() + 1) == g->name;
+  return g && g->kind() == Kind::kGlobal && qualified.size() == g->s().size() + 1 + g->name().size() &&
+         qualified.substr(0, g->s().size()) == g->s() && qualified[g->s().size()] == '.' &&
+         qualified.substr(g->s().size() + 1) == g->name();
 }
 
 bool IsCall(const PyValue* v, std::string_view qualified) {
-  return v->kind == Kind::kObject && IsGlobal(v->callable, qualified);
+  return v->kind() == Kind::kObject && IsGlobal(v->callable(), qualified);
 }
 
-std::string QualifiedName(const PyValue* g) { return std::string(g->s) + "." + std::string(g->name); }
+std::string QualifiedName(const PyValue* g) { return std::string(g->s()) + "." + std::string(g->name()); }
 
 const PyValue* Arg(const PyValue* call, size_t i) {
-  if (!call->args || call->args->kind != Kind::kTuple || i >= call->args->items.size()) return nullptr;
-  return call->args->items[i];
+  if (!call->args() || call->args()->kind() != Kind::kTuple || i >= call->args()->items().size()) return nullptr;
+  return call->args()->items()[i];
 }
 
 bool AsUint(const PyValue* v, uint64_t* out) {
-  if (!v || v->kind != Kind::kInt || v->i < 0) return false;
-  *out = static_cast<uint64_t>(v->i);
+  if (!v || v->kind() != Kind::kInt || v->i() < 0) return false;
+  *out = static_cast<uint64_t>(v->i());
   return true;
 }
 
 // A tuple (or torch.Size) of non-negative ints.
 bool AsUintTuple(const PyValue* v, std::vector<uint64_t>* out) {
   if (v && IsCall(v, "torch.Size")) v = Arg(v, 0);
-  if (!v || (v->kind != Kind::kTuple && v->kind != Kind::kList)) return false;
+  if (!v || (v->kind() != Kind::kTuple && v->kind() != Kind::kList)) return false;
   out->clear();
-  for (const PyValue* item : v->items) {
+  out->reserve(v->items().size());
+  for (const PyValue* item : v->items()) {
     uint64_t x;
     if (!AsUint(item, &x)) return false;
     out->push_back(x);
@@ -54,19 +55,19 @@ bool AsUintTuple(const PyValue* v, std::vector<uint64_t>* out) {
 
 const PyValue* AsMapping(const PyValue* v) {
   if (!v) return nullptr;
-  if (v->kind == Kind::kDict) return v;
+  if (v->kind() == Kind::kDict) return v;
   if (IsCall(v, "collections.OrderedDict") || IsCall(v, "__builtin__.dict") || IsCall(v, "builtins.dict")) return v;
   // State set on a plain dict by BUILD (state_dict()._metadata): the dict is the argument.
-  if (v->kind == Kind::kObject && v->callable && v->callable->kind == Kind::kNone && v->args &&
-      v->args->kind == Kind::kDict)
-    return v->args;
+  if (v->kind() == Kind::kObject && v->callable() && v->callable()->kind() == Kind::kNone && v->args() &&
+      v->args()->kind() == Kind::kDict)
+    return v->args();
   return nullptr;
 }
 
 const PyValue* Find(const PyValue* mapping, std::string_view key) {
   if (!mapping) return nullptr;
-  for (const auto& [k, v] : mapping->entries)
-    if (k->kind == Kind::kStr && k->s == key) return v;
+  for (const auto& [k, v] : mapping->entries())
+    if (k->kind() == Kind::kStr && k->s() == key) return v;
   return nullptr;
 }
 
@@ -87,12 +88,15 @@ void PickleCache::Insert(std::string bytes, std::shared_ptr<const Pickle> pickle
 }
 
 Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits,
-                          const ArchiveRecords& records, PickleCache* cache) {
+                          const ArchiveRecords& records, PickleCache* cache, std::string_view window_bytes) {
   path_ = files.Describe(window);
   files_ = &files;
   window_ = window;
+  // An archive may be reopened on another window (a DCP reader's million chunks).
+  pickle_.reset();
+  next_record_ = 0;
   // A torch archive holds one record per storage plus a few: the tensor limit bounds it.
-  CKPTFS_RETURN_IF_ERROR(zip_.Open(files, window, limits.tensors + 1024));
+  CKPTFS_RETURN_IF_ERROR(zip_.Open(files, window, limits.tensors + 1024, window_bytes));
   if (zip_.entries().empty()) return Bad("zip archive has no entries");
   // torch takes the archive folder from the first central-directory entry.
   const std::string& first = zip_.entries().front().name;
@@ -124,10 +128,14 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
   pickle_ = cache ? cache->Find(pickle_bytes) : nullptr;
   if (!pickle_) {
     auto parsed = std::make_shared<Pickle>();
-    CKPTFS_RETURN_IF_ERROR(
-        ParsePickle(pickle_bytes, path_ + ": " + prefix_ + records.pickle, parsed.get(), limits.pickle_memory));
+    // The pickle keeps the bytes its strings point into: hand them over rather than copy
+    // (a million-tensor data.pkl is a few hundred MB). The cache keeps its own small key.
+    std::string cache_key;
+    if (cache && pickle_bytes.size() <= PickleCache::kMaxPickleBytes) cache_key = pickle_bytes;
+    CKPTFS_RETURN_IF_ERROR(ParseOwnedPickle(std::move(pickle_bytes), path_ + ": " + prefix_ + records.pickle,
+                                            parsed.get(), limits.pickle_memory));
     pickle_ = parsed;
-    if (cache) cache->Insert(std::move(pickle_bytes), std::move(parsed));
+    if (cache && !cache_key.empty()) cache->Insert(std::move(cache_key), std::move(parsed));
   }
   return Status::OK();
 }
@@ -137,24 +145,24 @@ Status ParseStoragePid(const PyValue* pid, std::optional<DType> tensor_dtype, co
                        StoragePid* out) {
   // ('storage', <storage class>, key, location, numel[, view]); numel counts elements for
   // typed storages and bytes for UntypedStorage.
-  if (!pid || pid->kind != Kind::kPersistent || !pid->args || pid->args->kind != Kind::kTuple ||
-      pid->args->items.size() < 5)
+  if (!pid || pid->kind() != Kind::kPersistent || !pid->args() || pid->args()->kind() != Kind::kTuple ||
+      pid->args()->items().size() < 5)
     return Status::Corruption(where, "tensor storage is not a ('storage', ...) persistent id");
-  const auto& f = pid->args->items;
+  const auto& f = pid->args()->items();
   uint64_t numel;
-  if (f[0]->kind != Kind::kStr || f[0]->s != "storage" || f[1]->kind != Kind::kGlobal ||
-      f[2]->kind != Kind::kStr || !AsUint(f[4], &numel))
+  if (f[0]->kind() != Kind::kStr || f[0]->s() != "storage" || f[1]->kind() != Kind::kGlobal ||
+      f[2]->kind() != Kind::kStr || !AsUint(f[4], &numel))
     return Status::Corruption(where, "malformed storage persistent id");
-  out->key = f[2]->s;
+  out->key = f[2]->s();
   out->numel = numel;
-  out->view = f.size() > 5 && f[5]->kind != Kind::kNone ? f[5] : nullptr;
+  out->view = f.size() > 5 && f[5]->kind() != Kind::kNone ? f[5] : nullptr;
   out->itemsize = 1;
-  if (f[1]->name == "UntypedStorage") {
+  if (f[1]->name() == "UntypedStorage") {
     if (!tensor_dtype)
       return Status::Corruption(where, "storage '" + std::string(out->key) + "' is untyped but the tensor names no dtype");
     out->dtype = *tensor_dtype;
   } else {
-    auto sd = DTypeFromStorageClass(f[1]->name);
+    auto sd = DTypeFromStorageClass(f[1]->name());
     if (!sd) return Status::NotSupported(where, "storage class " + QualifiedName(f[1]) + " is not supported");
     out->dtype = tensor_dtype ? *tensor_dtype : *sd;
     out->itemsize = Info(*sd).itemsize;
@@ -263,9 +271,9 @@ Status RebuildTensorAt(const PyValue* v, const StorageResolver& storages, int de
   const std::string& where = storages.path();
   auto Bad = [&](const std::string& what) { return Status::Corruption(where, what); };
   *is_tensor = false;
-  if (v->kind != Kind::kObject || depth > kMaxTensorDepth || !v->callable || v->callable->kind != Kind::kGlobal)
+  if (v->kind() != Kind::kObject || depth > kMaxTensorDepth || !v->callable() || v->callable()->kind() != Kind::kGlobal)
     return Status::OK();
-  const PyValue* callable = v->callable;
+  const PyValue* callable = v->callable();
   if (IsGlobal(callable, "torch._utils._rebuild_parameter") ||
       IsGlobal(callable, "torch._utils._rebuild_parameter_with_state")) {
     const PyValue* data = Arg(v, 0);
@@ -276,10 +284,8 @@ Status RebuildTensorAt(const PyValue* v, const StorageResolver& storages, int de
     const PyValue* func = Arg(v, 0);
     const PyValue* args = Arg(v, 2);
     if (!func || !args) return Status::OK();
-    PyValue call;
-    call.kind = Kind::kObject;
-    call.callable = const_cast<PyValue*>(func);
-    call.args = const_cast<PyValue*>(args);
+    PyObjectBody body{const_cast<PyValue*>(func), const_cast<PyValue*>(args)};
+    const PyValue call = PyValue::CallOf(&body);
     return RebuildTensorAt(&call, storages, depth + 1, t, is_tensor);
   }
   const bool v2 = IsGlobal(callable, "torch._utils._rebuild_tensor_v2");
@@ -290,8 +296,8 @@ Status RebuildTensorAt(const PyValue* v, const StorageResolver& storages, int de
   std::optional<DType> tensor_dtype;
   if (v3) {
     const PyValue* d = Arg(v, 6);
-    if (!d || d->kind != Kind::kGlobal || d->s != "torch" || !(tensor_dtype = DTypeFromTorchName(d->name)))
-      return Status::NotSupported(where, "tensor with an unsupported dtype " + (d && d->kind == Kind::kGlobal ? QualifiedName(d) : std::string("?")));
+    if (!d || d->kind() != Kind::kGlobal || d->s() != "torch" || !(tensor_dtype = DTypeFromTorchName(d->name())))
+      return Status::NotSupported(where, "tensor with an unsupported dtype " + (d && d->kind() == Kind::kGlobal ? QualifiedName(d) : std::string("?")));
   }
   uint64_t offset;
   std::vector<uint64_t> shape, stride;

@@ -109,8 +109,10 @@ class TorchArchive : public StorageResolver {
   // archive and parses its object pickle (`records.pickle`, data.pkl unless said; none when
   // empty) without executing anything; its storages are `records.storage_dir` records.
   // With a `cache`, an object pickle already parsed by another archive is not parsed again.
+  // `window_bytes`: the window's bytes when the caller has read them (ZipArchive::Open).
   Status Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits = ReadLimits{},
-              const ArchiveRecords& records = ArchiveRecords{}, PickleCache* cache = nullptr);
+              const ArchiveRecords& records = ArchiveRecords{}, PickleCache* cache = nullptr,
+              std::string_view window_bytes = {});
 
   // The zip directory and "<archive>/" folder prefix, for readers of other records.
   const ZipArchive& zip() const { return zip_; }
@@ -120,9 +122,9 @@ class TorchArchive : public StorageResolver {
   const std::string& path() const override { return path_; }
   uint32_t file() const { return window_.file; }
   const FileWindow& window() const { return window_; }
-  const PyValue* root() const { return pickle_->root; }
+  const PyValue* root() const { return pickle_ ? pickle_->root : nullptr; }
   // Values in the parsed pickle (walkers bound their work by it).
-  size_t value_count() const { return pickle_->value_count(); }
+  size_t value_count() const { return pickle_ ? pickle_->value_count() : 0; }
 
   // When `v` is a tensor rebuild call (_rebuild_tensor[_v2|_v3], _rebuild_parameter,
   // _rebuild_from_type_v2), sets *is_tensor and fills dtype, shape, extents or strided
@@ -149,7 +151,7 @@ class TorchArchive : public StorageResolver {
   ZipArchive zip_;
   std::string prefix_;  // "<archive>/"
   std::string storage_dir_;  // "data/", or "constants/" for a TorchScript constants.pkl
-  std::shared_ptr<const Pickle> pickle_ = std::make_shared<const Pickle>();
+  std::shared_ptr<const Pickle> pickle_;  // none until Open parses (or finds) one
   // Storage records found so far, by the index of their zip entry: a memo of lookups.
   mutable std::vector<std::optional<StorageRecord>> storages_;
   mutable size_t next_record_ = 0;   // the entry index Storage tries first

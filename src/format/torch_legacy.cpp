@@ -113,18 +113,18 @@ Status LegacyReader::ReadPickleAt(uint64_t offset, std::string_view what, Pickle
 Status LegacyReader::CheckHeader(uint64_t* offset) {
   Pickle p;
   CKPTFS_RETURN_IF_ERROR(ReadPickleAt(0, "magic number pickle", &p, offset));
-  if (p.root->kind != Kind::kBigInt || p.root->s != kMagicNumber)
+  if (p.root->kind() != Kind::kBigInt || p.root->s() != kMagicNumber)
     return Bad("not a legacy torch.save file: its first pickle is not torch's magic number");
   CKPTFS_RETURN_IF_ERROR(ReadPickleAt(*offset, "protocol version pickle", &p, offset));
-  if (p.root->kind != Kind::kInt || p.root->i != kProtocolVersion)
+  if (p.root->kind() != Kind::kInt || p.root->i() != kProtocolVersion)
     return Status::NotSupported(path_, "legacy torch.save protocol version " +
-                                           (p.root->kind == Kind::kInt ? std::to_string(p.root->i) : std::string("?")) +
+                                           (p.root->kind() == Kind::kInt ? std::to_string(p.root->i()) : std::string("?")) +
                                            "; only 1001 is known");
   // {'protocol_version', 'little_endian', 'type_sizes'}. torch ignores it on load, but a
   // writer on a big-endian machine may have stored its storages in that byte order.
   CKPTFS_RETURN_IF_ERROR(ReadPickleAt(*offset, "system info pickle", &p, offset));
   const PyValue* little = Find(AsMapping(p.root), "little_endian");
-  if (little && little->kind == Kind::kBool && !little->b)
+  if (little && little->kind() == Kind::kBool && !little->b())
     return Status::NotSupported(path_, "legacy torch.save file written on a big-endian machine; only "
                                        "little-endian files are supported");
   return Status::OK();
@@ -144,12 +144,12 @@ Status LegacyReader::CollectStorages(const PyValue* root) {
     if (++visits > budget)
       return Status::Refused(path_, "the pickled objects reference each other so often that finding their "
                                     "storages would visit more than " + std::to_string(budget) + " nodes");
-    if (v->kind == Kind::kPersistent) {
-      const PyValue* pid = v->args;
+    if (v->kind() == Kind::kPersistent) {
+      const PyValue* pid = v->args();
       // ('module', <class>, source file, source): torch.save(model) records the source of
       // each module class; nothing to serve.
-      if (pid && pid->kind == Kind::kTuple && !pid->items.empty() && pid->items[0]->kind == Kind::kStr &&
-          pid->items[0]->s == "module")
+      if (pid && pid->kind() == Kind::kTuple && !pid->items().empty() && pid->items()[0]->kind() == Kind::kStr &&
+          pid->items()[0]->s() == "module")
         continue;
       StoragePid parsed;
       // The tensor dtype does not matter here: only the storage class's element size does.
@@ -163,51 +163,51 @@ Status LegacyReader::CollectStorages(const PyValue* root) {
       continue;
     }
     // Scalars, strings and globals hold nothing.
-    if (v->kind != Kind::kTuple && v->kind != Kind::kList && v->kind != Kind::kSet && v->kind != Kind::kDict &&
-        v->kind != Kind::kObject)
+    if (v->kind() != Kind::kTuple && v->kind() != Kind::kList && v->kind() != Kind::kSet && v->kind() != Kind::kDict &&
+        v->kind() != Kind::kObject)
       continue;
-    for (const PyValue* item : v->items) stack.push_back(item);
-    for (const auto& [k, val] : v->entries) {
+    for (const PyValue* item : v->items()) stack.push_back(item);
+    for (const auto& [k, val] : v->entries()) {
       stack.push_back(k);
       stack.push_back(val);
     }
-    stack.push_back(v->callable);
-    stack.push_back(v->args);
-    stack.push_back(v->kwargs);
-    stack.push_back(v->state);
+    stack.push_back(v->callable());
+    stack.push_back(v->args());
+    stack.push_back(v->kwargs());
+    stack.push_back(v->state());
   }
   return Status::OK();
 }
 
 Status LegacyReader::LocateStorages(const PyValue* keys, uint64_t offset) {
-  if (!keys || keys->kind != Kind::kList) return Bad("the storage key list pickle does not hold a list");
-  if (keys->items.size() != storages_.size())
-    return Bad("the storage key list names " + std::to_string(keys->items.size()) + " storages but the pickle uses " +
+  if (!keys || keys->kind() != Kind::kList) return Bad("the storage key list pickle does not hold a list");
+  if (keys->items().size() != storages_.size())
+    return Bad("the storage key list names " + std::to_string(keys->items().size()) + " storages but the pickle uses " +
                std::to_string(storages_.size()));
-  for (const PyValue* k : keys->items) {
-    if (k->kind != Kind::kStr) return Bad("the storage key list holds something other than a string");
-    auto it = storages_.find(k->s);
+  for (const PyValue* k : keys->items()) {
+    if (k->kind() != Kind::kStr) return Bad("the storage key list holds something other than a string");
+    auto it = storages_.find(k->s());
     if (it == storages_.end())
-      return Bad("the storage key list names storage '" + std::string(k->s) + "', which the pickle never uses");
+      return Bad("the storage key list names storage '" + std::string(k->s()) + "', which the pickle never uses");
     Storage& st = it->second;
-    if (st.located) return Bad("the storage key list names storage '" + std::string(k->s) + "' twice");
+    if (st.located) return Bad("the storage key list names storage '" + std::string(k->s()) + "' twice");
     // Each storage: its element count (int64, little-endian), then count * itemsize bytes.
     unsigned char header[8];
     uint64_t data_end;
     if (!CheckedAdd(offset, 8, &data_end) || data_end > size_)
       return Bad("file ends at byte " + std::to_string(size_) + " before the header of storage '" +
-                 std::string(k->s) + "' (truncated?)");
+                 std::string(k->s()) + "' (truncated?)");
     CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(file_, offset, sizeof header, header));
     uint64_t count = 0;
     for (int i = 7; i >= 0; --i) count = (count << 8) | header[i];
     auto name = std::find_if(st.names.begin(), st.names.end(), [&](const auto& n) { return n.second == count; });
     if (name == st.names.end())
-      return Bad("storage '" + std::string(k->s) + "' at byte " + std::to_string(offset) + " holds " +
+      return Bad("storage '" + std::string(k->s()) + "' at byte " + std::to_string(offset) + " holds " +
                  std::to_string(count) + " elements but the pickle says " + std::to_string(st.names.front().second));
     const uint64_t itemsize = name->first;
     st.data_offset = offset + 8;
     if (!CheckedMul(count, itemsize, &st.nbytes) || !CheckedAdd(st.data_offset, st.nbytes, &offset) || offset > size_)
-      return Bad("storage '" + std::string(k->s) + "' (" + std::to_string(count) + " elements of " +
+      return Bad("storage '" + std::string(k->s()) + "' (" + std::to_string(count) + " elements of " +
                  std::to_string(itemsize) + " bytes at byte " + std::to_string(st.data_offset) +
                  ") runs past the end of the file (" + std::to_string(size_) + " bytes; truncated?)");
     st.located = true;
@@ -236,8 +236,8 @@ Status LegacyReader::Resolve(const PyValue* pid, std::optional<DType> tensor_dty
     // Streams of torch < 0.4 may name a view of the storage: (view key, offset, size), in
     // elements of the storage class.
     uint64_t view_offset, view_size, begin, length, end;
-    if (parsed.view->kind != Kind::kTuple || parsed.view->items.size() != 3 ||
-        !AsUint(parsed.view->items[1], &view_offset) || !AsUint(parsed.view->items[2], &view_size))
+    if (parsed.view->kind() != Kind::kTuple || parsed.view->items().size() != 3 ||
+        !AsUint(parsed.view->items()[1], &view_offset) || !AsUint(parsed.view->items()[2], &view_size))
       return Bad("malformed storage view of storage '" + std::string(parsed.key) + "'");
     if (!CheckedMul(view_offset, parsed.itemsize, &begin) || !CheckedMul(view_size, parsed.itemsize, &length) ||
         !CheckedAdd(begin, length, &end) || end > stored_nbytes)

@@ -37,17 +37,17 @@ Status ReadTorchScript(const std::string& path, Catalog* catalog, json* metadata
   TorchArchive constants;
   CKPTFS_RETURN_IF_ERROR(constants.Open(*catalog->files, window, limits, records));
   const PyValue* table = constants.root();
-  if (table->kind != PyValue::Kind::kTuple)
+  if (table->kind() != PyValue::Kind::kTuple)
     return Status::Corruption(path, prefix + "constants.pkl does not hold a tuple");
   json other_constants = json::object();
-  for (size_t i = 0; i < table->items.size(); ++i) {
+  for (size_t i = 0; i < table->items().size(); ++i) {
     const std::string name = "c" + std::to_string(i);
     TensorEntry t;
     bool is_tensor = false;
-    CKPTFS_RETURN_IF_ERROR(constants.AsTensor(table->items[i], &t, &is_tensor));
+    CKPTFS_RETURN_IF_ERROR(constants.AsTensor(table->items()[i], &t, &is_tensor));
     if (!is_tensor) {
       // Ints, strings and the like are inlined in the code; script objects are not data.
-      const std::string cls = table->items[i]->CallableName();
+      const std::string cls = table->items()[i]->CallableName();
       other_constants[name] = cls.empty() ? "not a tensor" : cls;
       continue;
     }

@@ -101,10 +101,10 @@ Status MomentTensors(const TorchArchive& a, int stage, size_t groups, const char
   for (size_t g = 0; g < groups; ++g) {
     const PyValue* group_state = nullptr;
     if (state) {
-      for (const auto& [k, v] : state->entries)
-        if (k->kind == Kind::kInt && k->i == static_cast<int64_t>(g)) group_state = v;
-    } else if (base && base->kind == Kind::kList && g < base->items.size()) {
-      group_state = base->items[g];
+      for (const auto& [k, v] : state->entries())
+        if (k->kind() == Kind::kInt && k->i() == static_cast<int64_t>(g)) group_state = v;
+    } else if (base && base->kind() == Kind::kList && g < base->items().size()) {
+      group_state = base->items()[g];
     }
     const PyValue* t = Find(AsMapping(group_state), moment);
     TensorEntry entry;
@@ -123,8 +123,8 @@ Status MomentTensors(const TorchArchive& a, int stage, size_t groups, const char
 uint64_t PartitionCount(const PyValue* osd) {
   uint64_t world = 0;
   const PyValue* pc = Find(osd, "partition_count");
-  if (!AsUint(pc, &world) && pc && pc->kind == Kind::kList)
-    for (const PyValue* x : pc->items) {
+  if (!AsUint(pc, &world) && pc && pc->kind() == Kind::kList)
+    for (const PyValue* x : pc->items()) {
       uint64_t w;
       if (AsUint(x, &w)) world = std::max(world, w);
     }
@@ -221,13 +221,13 @@ Status ZeroReader::ZeroStage(const PyValue* osd, const std::string& where, int* 
   *stage = -1;  // absent: BF16_Optimizer
   if (!v) return Status::OK();
   uint64_t n;
-  if (AsUint(v, &n) || (v->kind == Kind::kObject && AsUint(Arg(v, 0), &n))) {
+  if (AsUint(v, &n) || (v->kind() == Kind::kObject && AsUint(Arg(v, 0), &n))) {
     *stage = static_cast<int>(n);
   } else if (IsCall(v, "__builtin__.getattr") || IsCall(v, "builtins.getattr")) {
     const PyValue* member = Arg(v, 1);
     static const std::map<std::string_view, int> kNames = {
         {"disabled", 0}, {"optimizer_states", 1}, {"gradients", 2}, {"weights", 3}, {"max_stage", 3}};
-    auto it = member ? kNames.find(member->s) : kNames.end();
+    auto it = member ? kNames.find(member->s()) : kNames.end();
     if (it != kNames.end()) *stage = it->second;
   }
   if (*stage < 1 || *stage > 3) return Status::NotSupported(where, "unsupported ZeRO stage");
@@ -236,10 +236,10 @@ Status ZeroReader::ZeroStage(const PyValue* osd, const std::string& where, int* 
 
 Status ZeroReader::FlatGroups(const TorchArchive& a, const PyValue* list, const std::string& what,
                               std::vector<TensorEntry>* out) {
-  if (!list || (list->kind != Kind::kList && list->kind != Kind::kTuple)) return a.Bad("no " + what + " list");
-  for (size_t g = 0; g < list->items.size(); ++g) {
+  if (!list || (list->kind() != Kind::kList && list->kind() != Kind::kTuple)) return a.Bad("no " + what + " list");
+  for (size_t g = 0; g < list->items().size(); ++g) {
     TensorEntry t;
-    CKPTFS_RETURN_IF_ERROR(Tensor(a, list->items[g], what + "[" + std::to_string(g) + "]", &t));
+    CKPTFS_RETURN_IF_ERROR(Tensor(a, list->items()[g], what + "[" + std::to_string(g) + "]", &t));
     if (t.shape.size() != 1 || !StoredAsExtents(t)) return a.Bad(what + "[" + std::to_string(g) + "] is not a flat 1-D tensor");
     out->push_back(std::move(t));
   }
@@ -251,17 +251,17 @@ Status ParamShapes(const TorchArchive& a, const PyValue* v,
                    std::vector<std::vector<std::pair<std::string, std::vector<uint64_t>>>>* out) {
   std::vector<const PyValue*> groups;
   if (AsMapping(v)) groups.push_back(v);  // before DeepSpeed 0.5.4: a single mapping
-  else if (v && v->kind == Kind::kList) groups = {v->items.begin(), v->items.end()};
+  else if (v && v->kind() == Kind::kList) groups = {v->items().begin(), v->items().end()};
   else return a.Bad("model states have no param_shapes (not a ZeRO checkpoint?)");
   for (const PyValue* g : groups) {
     const PyValue* m = AsMapping(g);
     if (!m) return a.Bad("param_shapes entry is not a mapping");
     auto& dst = out->emplace_back();
-    for (const auto& [k, s] : m->entries) {
+    for (const auto& [k, s] : m->entries()) {
       std::vector<uint64_t> shape;
-      if (k->kind != Kind::kStr || !AsUintTuple(s, &shape)) return a.Bad("malformed param_shapes entry");
-      if (!ZeroShapeFits(shape)) return a.Bad("param_shapes entry '" + std::string(k->s) + "' has a shape whose size overflows");
-      dst.emplace_back(std::string(k->s), std::move(shape));
+      if (k->kind() != Kind::kStr || !AsUintTuple(s, &shape)) return a.Bad("malformed param_shapes entry");
+      if (!ZeroShapeFits(shape)) return a.Bad("param_shapes entry '" + std::string(k->s()) + "' has a shape whose size overflows");
+      dst.emplace_back(std::string(k->s()), std::move(shape));
     }
   }
   return Status::OK();
@@ -269,9 +269,9 @@ Status ParamShapes(const TorchArchive& a, const PyValue* v,
 
 std::vector<std::string> StringList(const PyValue* v) {
   std::vector<std::string> out;
-  if (v && (v->kind == Kind::kList || v->kind == Kind::kTuple || v->kind == Kind::kSet))
-    for (const PyValue* s : v->items)
-      if (s->kind == Kind::kStr) out.emplace_back(s->s);
+  if (v && (v->kind() == Kind::kList || v->kind() == Kind::kTuple || v->kind() == Kind::kSet))
+    for (const PyValue* s : v->items())
+      if (s->kind() == Kind::kStr) out.emplace_back(s->s());
   return out;
 }
 
@@ -415,10 +415,10 @@ Status ZeroReader::AddFrozen(const std::string& prefix, const OptimizerRanks& ra
 // Stage 2: each frozen_param_fragments entry is the whole parameter. Stage 3: rank r's
 // holds elements [r·P, r·P + P) of the padded parameter, the first len_r of them real.
 Status ZeroReader::AddFrozenFragments(const std::string& prefix, const OptimizerRanks& ranks, const ModelStates& model) {
-  for (const auto& [k, s] : model.frozen_shapes->entries) {
-    const std::string name(k->s);
+  for (const auto& [k, s] : model.frozen_shapes->entries()) {
+    const std::string name(k->s());
     std::vector<uint64_t> shape;
-    if (k->kind != Kind::kStr || !AsUintTuple(s, &shape)) return model.rank0().Bad("malformed frozen_param_shapes");
+    if (k->kind() != Kind::kStr || !AsUintTuple(s, &shape)) return model.rank0().Bad("malformed frozen_param_shapes");
     if (!ZeroShapeFits(shape))
       return model.rank0().Bad("frozen_param_shapes entry '" + name + "' has a shape whose size overflows");
     TensorEntry t;
@@ -452,11 +452,11 @@ Status ZeroReader::AddUnlistedModuleEntries(const std::string& prefix, const Mod
   for (const auto& group : model.param_shapes)
     for (const auto& [name, shape] : group) listed.insert(name);
   if (model.shared)
-    for (const auto& [k, v] : model.shared->entries)
-      if (k->kind == Kind::kStr) listed.emplace(k->s);
-  for (const auto& [k, v] : model.module->entries) {
-    if (k->kind != Kind::kStr) continue;
-    const std::string name(k->s);
+    for (const auto& [k, v] : model.shared->entries())
+      if (k->kind() == Kind::kStr) listed.emplace(k->s());
+  for (const auto& [k, v] : model.module->entries()) {
+    if (k->kind() != Kind::kStr) continue;
+    const std::string name(k->s());
     if (listed.count(name)) continue;
     TensorEntry t;
     CKPTFS_RETURN_IF_ERROR(Tensor(model.rank0(), v, "module['" + name + "']", &t));
@@ -470,8 +470,8 @@ Status ZeroReader::AddUnlistedModuleEntries(const std::string& prefix, const Mod
 Status ZeroReader::AddTrainable(const std::string& prefix, const OptimizerRanks& ranks, ZeroLayout* layout) {
   layout->stage = ranks.stage;
   layout->world = ranks.world;
-  if (const PyValue* pads = Find(ranks.rank0_state, "param_alignment_paddings"); pads && pads->kind == Kind::kList)
-    for (const PyValue* g : pads->items) AsUintTuple(g, &layout->align_pads.emplace_back());
+  if (const PyValue* pads = Find(ranks.rank0_state, "param_alignment_paddings"); pads && pads->kind() == Kind::kList)
+    for (const PyValue* g : pads->items()) AsUintTuple(g, &layout->align_pads.emplace_back());
   CKPTFS_RETURN_IF_ERROR(CheckZeroPartitions(ranks.fp32, layout));
   std::vector<TensorEntry> params;
   CKPTFS_RETURN_IF_ERROR(WalkZeroTrainable(*layout, ranks.fp32, &params));
@@ -486,17 +486,17 @@ Status ZeroReader::AddTrainable(const std::string& prefix, const OptimizerRanks&
 // tied. Owners are trainable parameters (catalog entries from `first_trainable` on).
 Status ZeroReader::AddTiedAliases(const std::string& prefix, const ModelStates& model, size_t first_trainable) {
   if (!model.shared) return Status::OK();
-  for (const auto& [k, v] : model.shared->entries) {
-    if (k->kind != Kind::kStr || v->kind != Kind::kStr) continue;
+  for (const auto& [k, v] : model.shared->entries()) {
+    if (k->kind() != Kind::kStr || v->kind() != Kind::kStr) continue;
     // The owner's key is built outside the lambda: clang before 16 cannot capture a
     // structured binding (the fuzz build uses Debian's clang 14).
-    const std::string owner_key = prefix + std::string(v->s);
+    const std::string owner_key = prefix + std::string(v->s());
     auto owner = std::find_if(catalog_->tensors.begin() + first_trainable, catalog_->tensors.end(),
                               [&](const TensorEntry& t) { return t.key == owner_key; });
     if (owner == catalog_->tensors.end()) continue;
     owner->storage_id = "zero:" + owner->key;
     TensorEntry alias = *owner;
-    CKPTFS_RETURN_IF_ERROR(Add(prefix, std::string(k->s), std::move(alias)));
+    CKPTFS_RETURN_IF_ERROR(Add(prefix, std::string(k->s()), std::move(alias)));
   }
   return Status::OK();
 }
@@ -530,7 +530,7 @@ void ZeroReader::DescribeRun(const OptimizerRanks& ranks, const ModelStates& mod
                       : ranks.stage == 3     ? "DeepSpeedZeroOptimizer_Stage3"
                                              : "DeepSpeedZeroOptimizer";
   info["world_size"] = ranks.world;
-  if (const PyValue* v = Find(model.root, "ds_version"); v && v->kind == Kind::kStr) info["ds_version"] = std::string(v->s);
+  if (const PyValue* v = Find(model.root, "ds_version"); v && v->kind() == Kind::kStr) info["ds_version"] = std::string(v->s());
   if (uint64_t steps; AsUint(Find(model.root, "global_steps"), &steps)) info["global_steps"] = steps;
   json dtypes = json::object();
   for (const TensorEntry& t : catalog_->tensors) dtypes[std::string(Info(t.dtype).torch_name)] = true;
@@ -555,12 +555,12 @@ Status ZeroReader::ReadLayers(const std::vector<LayerFile>& layers) {
                     static_cast<unsigned long long>(lf.layer));
     else
       std::snprintf(prefix, sizeof prefix, "%llu.", static_cast<unsigned long long>(lf.layer));
-    for (const auto& [k, v] : sd->entries) {
-      if (k->kind != Kind::kStr) continue;
+    for (const auto& [k, v] : sd->entries()) {
+      if (k->kind() != Kind::kStr) continue;
       TensorEntry t;
       bool is_tensor = false;
       CKPTFS_RETURN_IF_ERROR(a->AsTensor(v, &t, &is_tensor));
-      if (is_tensor) CKPTFS_RETURN_IF_ERROR(Add(prefix, std::string(k->s), std::move(t)));
+      if (is_tensor) CKPTFS_RETURN_IF_ERROR(Add(prefix, std::string(k->s()), std::move(t)));
     }
   }
   json& info = catalog_->metadata["deepspeed"];

@@ -31,6 +31,8 @@ constexpr uint64_t kMaxCentralDirSize = uint64_t{1} << 30;
 constexpr uint64_t kHeaderWindow = 16 << 10;
 // Bytes first read at the end of an archive (see Open).
 constexpr uint64_t kShortTail = 8 << 10;
+// Directories up to this many entries are searched without a name table.
+constexpr size_t kLinearFindEntries = 16;
 
 }  // namespace
 
@@ -70,7 +72,8 @@ size_t FindEocd(std::string_view tail) {
 
 }  // namespace
 
-Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t max_entries) {
+Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t max_entries,
+                        std::string_view window_bytes) {
   files_ = &files;
   window_ = window;
   entries_.clear();
@@ -93,7 +96,13 @@ Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t ma
   // reads rather than eight million).
   uint64_t tail_len = std::min<uint64_t>(size, kShortTail);
   size_t eocd = std::string::npos;
-  for (;;) {
+  if (!window_bytes.empty()) {
+    if (window_bytes.size() != size) return Corrupt("internal: the bytes given for the archive are not its window's");
+    tail_.assign(window_bytes);
+    tail_start_ = 0;
+    eocd = FindEocd(tail_);
+  }
+  while (window_bytes.empty()) {
     tail_.resize(tail_len);
     tail_start_ = size - tail_len;
     CKPTFS_RETURN_IF_ERROR(files_->ReadExact(window_.file, window_.base + tail_start_, tail_len, tail_.data()));
@@ -153,9 +162,14 @@ Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t ma
     return Status::Refused(files.Describe(window_), "zip directory lists " + std::to_string(entry_count) +
                                                         " entries, over the limit of " + std::to_string(max_entries) +
                                                         LimitHint("max_tensors"));
-  std::string cd(cd_size, '\0');
-  CKPTFS_RETURN_IF_ERROR(ReadAt(cd_offset, cd_size, cd.data()));
-  CKPTFS_RETURN_IF_ERROR(ParseCentralDirectory(cd, entry_count));
+  if (cd_offset >= tail_start_) {
+    // In the tail already read (a small archive's whole directory): parse it in place.
+    CKPTFS_RETURN_IF_ERROR(ParseCentralDirectory(std::string_view(tail_).substr(cd_offset - tail_start_, cd_size), entry_count));
+  } else {
+    std::string cd(cd_size, '\0');
+    CKPTFS_RETURN_IF_ERROR(ReadAt(cd_offset, cd_size, cd.data()));
+    CKPTFS_RETURN_IF_ERROR(ParseCentralDirectory(cd, entry_count));
+  }
 
   // Records lie one after another before the central directory. Two entries that share bytes
   // (the trick of overlapping-entry zip bombs, or a forged offset) or an entry that runs into
@@ -227,6 +241,14 @@ Status ZipArchive::ParseCentralDirectory(std::string_view cd, uint64_t entry_cou
       return Corrupt("entry '" + e.name + "' extends past the end of the file");
     entries_.push_back(std::move(e));
   }
+  if (entries_.size() <= kLinearFindEntries) {
+    // A small directory (a DCP chunk's archive: 6 entries, a million of them) is searched in
+    // place: a hash table per archive cost more than the searches it saves.
+    for (size_t i = 1; i < entries_.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        if (entries_[i].name == entries_[j].name) return Corrupt("duplicate entry name '" + entries_[i].name + "'");
+    return Status::OK();
+  }
   by_name_.reserve(entries_.size());  // a million records rehashed as they came took a quarter of a listing
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (!by_name_.emplace(entries_[i].name, i).second)
@@ -236,6 +258,11 @@ Status ZipArchive::ParseCentralDirectory(std::string_view cd, uint64_t entry_cou
 }
 
 const ZipEntry* ZipArchive::Find(std::string_view name) const {
+  if (entries_.size() <= kLinearFindEntries) {
+    for (const ZipEntry& e : entries_)
+      if (e.name == name) return &e;
+    return nullptr;
+  }
   auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : &entries_[it->second];
 }

@@ -33,7 +33,10 @@ class ZipArchive {
 
   // Parses the end records and central directory of the archive in `window`, refusing
   // directories of more than `max_entries` entries. Nothing outside the window is read.
-  Status Open(const SourceFiles& files, FileWindow window, uint64_t max_entries = uint64_t{1} << 24);
+  // `window_bytes`, when given, are the whole window's bytes, already read by the caller
+  // (a DCP reader reads many small chunk archives of a file in one read); they are copied.
+  Status Open(const SourceFiles& files, FileWindow window, uint64_t max_entries = uint64_t{1} << 24,
+              std::string_view window_bytes = {});
 
   const FileWindow& window() const { return window_; }
 

@@ -31,10 +31,10 @@ uint64_t Walk(const Pickle& p) {
     stack.pop_back();
     if (!v || !seen.insert(v).second) continue;
     FUZZ_CHECK(seen.size() <= p.value_count());  // every value lives in the arena
-    h = h * 1000003 + static_cast<uint64_t>(v->kind) + Touch(v->s) + Touch(v->name) + v->items.size();
-    switch (v->kind) {
+    h = h * 1000003 + static_cast<uint64_t>(v->kind()) + Touch(v->s()) + Touch(v->name()) + v->items().size();
+    switch (v->kind()) {
       case PyValue::Kind::kGlobal:
-        FUZZ_CHECK(v->callable == nullptr);
+        FUZZ_CHECK(v->callable() == nullptr);
         break;
       case PyValue::Kind::kObject:
         (void)v->CallableName();
@@ -42,12 +42,12 @@ uint64_t Walk(const Pickle& p) {
       default:
         break;
     }
-    for (const PyValue* c : v->items) stack.push_back(c);
-    for (const auto& [k, val] : v->entries) stack.push_back(k), stack.push_back(val);
-    stack.push_back(v->callable);
-    stack.push_back(v->args);
-    stack.push_back(v->kwargs);
-    stack.push_back(v->state);
+    for (const PyValue* c : v->items()) stack.push_back(c);
+    for (const auto& [k, val] : v->entries()) stack.push_back(k), stack.push_back(val);
+    stack.push_back(v->callable());
+    stack.push_back(v->args());
+    stack.push_back(v->kwargs());
+    stack.push_back(v->state());
   }
   return h;
 }

@@ -232,8 +232,11 @@ BOOST_AUTO_TEST_CASE(metadata_parser_alone) {
   Status s = ckptfs::ParseDcpMetadata(ReadFile(kData + "/dcp-sharded/.metadata"), "x", &meta);
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
   BOOST_REQUIRE_EQUAL(meta.items.size(), 3u);
-  BOOST_TEST(meta.items[2].chunks.size() == 2u);  // both replicas listed
-  BOOST_TEST(meta.items[0].chunks[1].slice.relative_path == "__1_0.distcp");
+  BOOST_TEST(meta.items[2].chunk_count() == 2u);  // both replicas listed
+  BOOST_REQUIRE_EQUAL(meta.items[0].chunk_count(), 2u);
+  BOOST_TEST(meta.files.at(meta.items[0].chunk_slices[1].file) == "__1_0.distcp");
+  BOOST_TEST(meta.items[0].offsets(1)[0] == meta.items[0].sizes(0)[0]);  // rows split between two ranks
+  BOOST_TEST(meta.items[0].sizes(1)[1] == meta.items[0].shape[1]);
   s = ckptfs::ParseDcpMetadata("", "x", &meta);
   BOOST_TEST(!s.ok());
 }

@@ -41,8 +41,8 @@ void CheckFails(std::string_view bytes, Status::Code code, std::string_view expe
 
 // The value of `dict` under string key `key` (dict entries keep insertion order).
 const PyValue* Get(const PyValue* dict, std::string_view key) {
-  for (const auto& [k, v] : dict->entries)
-    if (k->kind == K::kStr && k->s == key) return v;
+  for (const auto& [k, v] : dict->entries())
+    if (k->kind() == K::kStr && k->s() == key) return v;
   BOOST_FAIL("no key " << key);
   return nullptr;
 }
@@ -67,29 +67,29 @@ BOOST_AUTO_TEST_CASE(protocol2_dict_of_scalars) {
   p.SetItems().Stop();
   Pickle pk = MustParse(p.bytes());
   const PyValue* d = pk.root;
-  BOOST_REQUIRE(d->kind == K::kDict);
-  BOOST_REQUIRE_EQUAL(d->entries.size(), 14u);
-  BOOST_TEST(d->entries[0].first->s == "k1");
-  BOOST_TEST(d->entries[13].first->s == "caf\xc3\xa9");
-  BOOST_TEST((Get(d, "k1")->kind == K::kInt));
-  BOOST_TEST(Get(d, "k1")->i == 200);
-  BOOST_TEST(Get(d, "k2")->i == 0xBEEF);
-  BOOST_TEST(Get(d, "k3")->i == -123456);
-  BOOST_TEST((Get(d, "k4")->kind == K::kFloat));
-  BOOST_TEST(Get(d, "k4")->f == 1e-3);
-  BOOST_TEST((Get(d, "k5")->kind == K::kBigInt));
-  BOOST_TEST(Get(d, "k5")->s == "0x010000000000000000");
-  BOOST_TEST(Get(d, "k6")->i == -1);
-  BOOST_TEST(Get(d, "k7")->i == 4294967296LL);
-  BOOST_TEST((Get(d, "k8")->kind == K::kInt));
-  BOOST_TEST(Get(d, "k8")->i == 0);
-  BOOST_TEST(Get(d, "k9")->i == INT64_MIN);
-  BOOST_TEST(Get(d, "k10")->s == "0xff0000000000000000");
-  BOOST_TEST((Get(d, "n")->kind == K::kNone));
-  BOOST_TEST((Get(d, "t")->kind == K::kBool));
-  BOOST_TEST(Get(d, "t")->b == true);
-  BOOST_TEST(Get(d, "f")->b == false);
-  BOOST_TEST(Get(d, "caf\xc3\xa9")->s == "");
+  BOOST_REQUIRE(d->kind() == K::kDict);
+  BOOST_REQUIRE_EQUAL(d->entries().size(), 14u);
+  BOOST_TEST(d->entries()[0].first->s() == "k1");
+  BOOST_TEST(d->entries()[13].first->s() == "caf\xc3\xa9");
+  BOOST_TEST((Get(d, "k1")->kind() == K::kInt));
+  BOOST_TEST(Get(d, "k1")->i() == 200);
+  BOOST_TEST(Get(d, "k2")->i() == 0xBEEF);
+  BOOST_TEST(Get(d, "k3")->i() == -123456);
+  BOOST_TEST((Get(d, "k4")->kind() == K::kFloat));
+  BOOST_TEST(Get(d, "k4")->f() == 1e-3);
+  BOOST_TEST((Get(d, "k5")->kind() == K::kBigInt));
+  BOOST_TEST(Get(d, "k5")->s() == "0x010000000000000000");
+  BOOST_TEST(Get(d, "k6")->i() == -1);
+  BOOST_TEST(Get(d, "k7")->i() == 4294967296LL);
+  BOOST_TEST((Get(d, "k8")->kind() == K::kInt));
+  BOOST_TEST(Get(d, "k8")->i() == 0);
+  BOOST_TEST(Get(d, "k9")->i() == INT64_MIN);
+  BOOST_TEST(Get(d, "k10")->s() == "0xff0000000000000000");
+  BOOST_TEST((Get(d, "n")->kind() == K::kNone));
+  BOOST_TEST((Get(d, "t")->kind() == K::kBool));
+  BOOST_TEST(Get(d, "t")->b() == true);
+  BOOST_TEST(Get(d, "f")->b() == false);
+  BOOST_TEST(Get(d, "caf\xc3\xa9")->s() == "");
 }
 
 BOOST_AUTO_TEST_CASE(tuples_lists_and_sets) {
@@ -106,24 +106,26 @@ BOOST_AUTO_TEST_CASE(tuples_lists_and_sets) {
   p.Tuple().Stop();
   Pickle pk = MustParse(p.bytes());
   const PyValue* t = pk.root;
-  BOOST_REQUIRE(t->kind == K::kTuple);
-  BOOST_REQUIRE_EQUAL(t->items.size(), 8u);
-  BOOST_TEST(t->items[0]->items.size() == 0u);
-  BOOST_TEST(t->items[1]->items.size() == 1u);
-  BOOST_TEST(t->items[2]->items.size() == 2u);
-  BOOST_TEST(t->items[3]->items.size() == 3u);
-  BOOST_TEST(t->items[3]->items[2]->i == 3);
-  BOOST_TEST(t->items[4]->items.size() == 4u);
-  BOOST_TEST(t->items[4]->items[3]->i == 7);
-  const PyValue* list = t->items[5];
-  BOOST_REQUIRE(list->kind == K::kList);
-  BOOST_REQUIRE_EQUAL(list->items.size(), 3u);
-  BOOST_TEST(list->items[0]->i == 8);
-  BOOST_TEST(list->items[2]->i == 10);
-  BOOST_TEST((t->items[6]->kind == K::kList));
-  BOOST_TEST(t->items[6]->items.at(0)->i == 11);
-  BOOST_TEST((t->items[7]->kind == K::kSet));
-  BOOST_TEST(t->items[7]->items.at(0)->i == 12);
+  BOOST_REQUIRE(t->kind() == K::kTuple);
+  BOOST_REQUIRE_EQUAL(t->items().size(), 8u);
+  BOOST_TEST(t->items()[0]->items().size() == 0u);
+  BOOST_TEST(t->items()[1]->items().size() == 1u);
+  BOOST_TEST(t->items()[2]->items().size() == 2u);
+  BOOST_TEST(t->items()[3]->items().size() == 3u);
+  BOOST_TEST(t->items()[3]->items()[2]->i() == 3);
+  BOOST_TEST(t->items()[4]->items().size() == 4u);
+  BOOST_TEST(t->items()[4]->items()[3]->i() == 7);
+  const PyValue* list = t->items()[5];
+  BOOST_REQUIRE(list->kind() == K::kList);
+  BOOST_REQUIRE_EQUAL(list->items().size(), 3u);
+  BOOST_TEST(list->items()[0]->i() == 8);
+  BOOST_TEST(list->items()[2]->i() == 10);
+  BOOST_TEST((t->items()[6]->kind() == K::kList));
+  BOOST_REQUIRE_EQUAL(t->items()[6]->items().size(), 1u);
+  BOOST_TEST(t->items()[6]->items()[0]->i() == 11);
+  BOOST_TEST((t->items()[7]->kind() == K::kSet));
+  BOOST_REQUIRE_EQUAL(t->items()[7]->items().size(), 1u);
+  BOOST_TEST(t->items()[7]->items()[0]->i() == 12);
 }
 
 BOOST_AUTO_TEST_CASE(memo_binput_binget_share_values) {
@@ -132,12 +134,12 @@ BOOST_AUTO_TEST_CASE(memo_binput_binget_share_values) {
   p.Op('j').Raw(LE32(200));  // LONG_BINGET
   p.Tuple().Stop();
   Pickle pk = MustParse(p.bytes());
-  const auto& items = pk.root->items;
+  const auto& items = pk.root->items();
   BOOST_REQUIRE_EQUAL(items.size(), 5u);
   BOOST_TEST(items[2] == items[0]);  // the same node, not a copy
   BOOST_TEST(items[3] == items[1]);
   BOOST_TEST(items[4] == items[1]);
-  BOOST_TEST(items[2]->s == "shared");
+  BOOST_TEST(items[2]->s() == "shared");
 }
 
 BOOST_AUTO_TEST_CASE(memoize_numbers_by_memo_size) {
@@ -145,10 +147,10 @@ BOOST_AUTO_TEST_CASE(memoize_numbers_by_memo_size) {
   p.Proto(4).Mark().ShortBinUnicode("x").Op(0x94).ShortBinUnicode("y").Op(0x94);
   p.BinGet(1).BinGet(0).Tuple().Stop();
   Pickle pk = MustParse(p.bytes());
-  const auto& items = pk.root->items;
+  const auto& items = pk.root->items();
   BOOST_REQUIRE_EQUAL(items.size(), 4u);
-  BOOST_TEST(items[2]->s == "y");
-  BOOST_TEST(items[3]->s == "x");
+  BOOST_TEST(items[2]->s() == "y");
+  BOOST_TEST(items[3]->s() == "x");
   BOOST_TEST(items[2] == items[1]);
 }
 
@@ -159,9 +161,9 @@ BOOST_AUTO_TEST_CASE(memoize_after_overwritten_and_sparse_puts) {
   p.Proto(4).Mark().ShortBinUnicode("a").BinPut(0).ShortBinUnicode("b").BinPut(0);
   p.ShortBinUnicode("c").Op(0x94).BinGet(1).BinGet(0).Tuple().Stop();
   Pickle pk = MustParse(p.bytes());
-  BOOST_REQUIRE_EQUAL(pk.root->items.size(), 5u);
-  BOOST_TEST(pk.root->items[3]->s == "c");
-  BOOST_TEST(pk.root->items[4]->s == "b");
+  BOOST_REQUIRE_EQUAL(pk.root->items().size(), 5u);
+  BOOST_TEST(pk.root->items()[3]->s() == "c");
+  BOOST_TEST(pk.root->items()[4]->s() == "b");
 
   // A PUT far beyond the pickle's size, then MEMOIZE at len(memo) == 1:
   // pickle.loads gives ('a', 'b', 'b', 'a').
@@ -169,9 +171,9 @@ BOOST_AUTO_TEST_CASE(memoize_after_overwritten_and_sparse_puts) {
   q.Proto(4).Mark().ShortBinUnicode("a").Op('r').Raw(LE32(0xFFFFFFF0u)).ShortBinUnicode("b").Op(0x94);
   q.BinGet(1).Op('j').Raw(LE32(0xFFFFFFF0u)).Tuple().Stop();
   Pickle pq = MustParse(q.bytes());
-  BOOST_REQUIRE_EQUAL(pq.root->items.size(), 4u);
-  BOOST_TEST(pq.root->items[2]->s == "b");
-  BOOST_TEST(pq.root->items[3]->s == "a");
+  BOOST_REQUIRE_EQUAL(pq.root->items().size(), 4u);
+  BOOST_TEST(pq.root->items()[2]->s() == "b");
+  BOOST_TEST(pq.root->items()[3]->s() == "a");
 }
 
 BOOST_AUTO_TEST_CASE(protocol4_frame_stack_global_newobj_build) {
@@ -186,16 +188,16 @@ BOOST_AUTO_TEST_CASE(protocol4_frame_stack_global_newobj_build) {
   p.Proto(4).Frame(body.bytes().size()).Raw(body.bytes());
   Pickle pk = MustParse(p.bytes());
   const PyValue* obj = pk.root;
-  BOOST_REQUIRE(obj->kind == K::kObject);
+  BOOST_REQUIRE(obj->kind() == K::kObject);
   BOOST_TEST(obj->CallableName() == "collections.OrderedDict");
-  BOOST_TEST(obj->callable->IsGlobal("collections", "OrderedDict"));
-  BOOST_REQUIRE(obj->args);
-  BOOST_TEST((obj->args->kind == K::kTuple));
-  BOOST_TEST(obj->args->items.empty());
-  BOOST_TEST(obj->kwargs == nullptr);
-  BOOST_REQUIRE(obj->state);
-  BOOST_TEST((obj->state->kind == K::kDict));
-  BOOST_TEST(Get(obj->state, "version")->i == 1);
+  BOOST_TEST(obj->callable()->IsGlobal("collections", "OrderedDict"));
+  BOOST_REQUIRE(obj->args());
+  BOOST_TEST((obj->args()->kind() == K::kTuple));
+  BOOST_TEST(obj->args()->items().empty());
+  BOOST_TEST(obj->kwargs() == nullptr);
+  BOOST_REQUIRE(obj->state());
+  BOOST_TEST((obj->state()->kind() == K::kDict));
+  BOOST_TEST(Get(obj->state(), "version")->i() == 1);
 }
 
 BOOST_AUTO_TEST_CASE(reduce_and_setitems_on_an_object) {
@@ -206,12 +208,12 @@ BOOST_AUTO_TEST_CASE(reduce_and_setitems_on_an_object) {
   p.EmptyDict().Op('b').Stop();
   Pickle pk = MustParse(p.bytes());
   const PyValue* obj = pk.root;
-  BOOST_REQUIRE(obj->kind == K::kObject);
+  BOOST_REQUIRE(obj->kind() == K::kObject);
   BOOST_TEST(obj->CallableName() == "collections.OrderedDict");
-  BOOST_REQUIRE_EQUAL(obj->entries.size(), 2u);
-  BOOST_TEST(obj->entries[1].first->s == "b");
-  BOOST_TEST(obj->entries[1].second->i == 8);
-  BOOST_TEST((obj->state->kind == K::kDict));
+  BOOST_REQUIRE_EQUAL(obj->entries().size(), 2u);
+  BOOST_TEST(obj->entries()[1].first->s() == "b");
+  BOOST_TEST(obj->entries()[1].second->i() == 8);
+  BOOST_TEST((obj->state()->kind() == K::kDict));
 }
 
 BOOST_AUTO_TEST_CASE(binpersid_wraps_the_storage_tuple) {
@@ -220,12 +222,12 @@ BOOST_AUTO_TEST_CASE(binpersid_wraps_the_storage_tuple) {
   p.BinInt2(512).Tuple().BinPersId().Stop();
   Pickle pk = MustParse(p.bytes());
   const PyValue* pid = pk.root;
-  BOOST_REQUIRE(pid->kind == K::kPersistent);
-  BOOST_REQUIRE(pid->args);
-  BOOST_REQUIRE_EQUAL(pid->args->items.size(), 5u);
-  BOOST_TEST(pid->args->items[0]->s == "storage");
-  BOOST_TEST(pid->args->items[1]->IsGlobal("torch", "FloatStorage"));
-  BOOST_TEST(pid->args->items[4]->i == 512);
+  BOOST_REQUIRE(pid->kind() == K::kPersistent);
+  BOOST_REQUIRE(pid->args());
+  BOOST_REQUIRE_EQUAL(pid->args()->items().size(), 5u);
+  BOOST_TEST(pid->args()->items()[0]->s() == "storage");
+  BOOST_TEST(pid->args()->items()[1]->IsGlobal("torch", "FloatStorage"));
+  BOOST_TEST(pid->args()->items()[4]->i() == 512);
 }
 
 BOOST_AUTO_TEST_CASE(protocol0_text_opcodes) {
@@ -244,25 +246,27 @@ BOOST_AUTO_TEST_CASE(protocol0_text_opcodes) {
       ".";
   Pickle pk = MustParse(bytes);
   const PyValue* d = pk.root;
-  BOOST_REQUIRE(d->kind == K::kDict);
-  BOOST_REQUIRE_EQUAL(d->entries.size(), 10u);
-  BOOST_TEST(Get(d, "name")->s == "demo");
-  BOOST_TEST(Get(d, "n")->i == -42);
-  BOOST_TEST((Get(d, "big")->kind == K::kBigInt));
-  BOOST_TEST(Get(d, "big")->s == "123456789012345678901234567890");
-  BOOST_TEST(Get(d, "long")->i == 7);
-  BOOST_TEST((Get(d, "flag")->kind == K::kBool));
-  BOOST_TEST(Get(d, "flag")->b == true);
-  BOOST_TEST(Get(d, "x")->f == 0.25);
-  BOOST_TEST(Get(d, "u")->s == "h\xc3\xa9llo");
-  BOOST_TEST(Get(d, "again") == d->entries[0].first);  // GET of memo 1: the 'name' key
+  BOOST_REQUIRE(d->kind() == K::kDict);
+  BOOST_REQUIRE_EQUAL(d->entries().size(), 10u);
+  BOOST_TEST(Get(d, "name")->s() == "demo");
+  BOOST_TEST(Get(d, "n")->i() == -42);
+  BOOST_TEST((Get(d, "big")->kind() == K::kBigInt));
+  BOOST_TEST(Get(d, "big")->s() == "123456789012345678901234567890");
+  BOOST_TEST(Get(d, "long")->i() == 7);
+  BOOST_TEST((Get(d, "flag")->kind() == K::kBool));
+  BOOST_TEST(Get(d, "flag")->b() == true);
+  BOOST_TEST(Get(d, "x")->f() == 0.25);
+  BOOST_TEST(Get(d, "u")->s() == "h\xc3\xa9llo");
+  BOOST_TEST(Get(d, "again") == d->entries()[0].first);  // GET of memo 1: the 'name' key
   const PyValue* set = Get(d, "set");
   BOOST_TEST(set->CallableName() == "__builtin__.set");
-  BOOST_TEST(set->args->items.at(0)->items.at(0)->i == 5);
+  BOOST_REQUIRE_EQUAL(set->args()->items().size(), 1u);
+  BOOST_REQUIRE_EQUAL(set->args()->items()[0]->items().size(), 1u);
+  BOOST_TEST(set->args()->items()[0]->items()[0]->i() == 5);
   const PyValue* ns = Get(d, "ns");  // INST
   BOOST_TEST(ns->CallableName() == "argparse.Namespace");
-  BOOST_REQUIRE_EQUAL(ns->args->items.size(), 2u);
-  BOOST_TEST(ns->args->items[1]->i == 2);
+  BOOST_REQUIRE_EQUAL(ns->args()->items().size(), 2u);
+  BOOST_TEST(ns->args()->items()[1]->i() == 2);
 }
 
 BOOST_AUTO_TEST_CASE(unknown_benign_global_becomes_an_object) {
@@ -270,9 +274,9 @@ BOOST_AUTO_TEST_CASE(unknown_benign_global_becomes_an_object) {
   p.Proto(2).Global("argparse", "Namespace").EmptyTuple().Reduce();
   p.EmptyDict().BinUnicode("lr").BinFloat(0.5).SetItem().Op('b').Stop();
   Pickle pk = MustParse(p.bytes());
-  BOOST_TEST((pk.root->kind == K::kObject));
+  BOOST_TEST((pk.root->kind() == K::kObject));
   BOOST_TEST(pk.root->CallableName() == "argparse.Namespace");
-  BOOST_TEST(Get(pk.root->state, "lr")->f == 0.5);
+  BOOST_TEST(Get(pk.root->state(), "lr")->f() == 0.5);
 }
 
 // ---- malformed streams -------------------------------------------------------------------
@@ -419,16 +423,78 @@ BOOST_AUTO_TEST_CASE(repeated_number_tuples_and_sizes_are_shared_and_copied_befo
   p.BinUnicode("x").BinInt1(1).Tuple2();                                        // 5
   p.Tuple().Stop();
   Pickle pk = MustParse(p.bytes());
-  const auto& items = pk.root->items;
+  const auto& items = pk.root->items();
   BOOST_REQUIRE_EQUAL(items.size(), 6u);
   BOOST_TEST(items[0] == items[1]);
-  BOOST_TEST(items[0]->items[0]->i == 70000);
+  BOOST_TEST(items[0]->items()[0]->i() == 70000);
   BOOST_TEST(items[2]->CallableName() == "torch.Size");
-  BOOST_TEST(items[2]->state == nullptr);  // the BUILD went to a copy
+  BOOST_TEST(items[2]->state() == nullptr);  // the BUILD went to a copy
   BOOST_TEST(items[3] != items[2]);
   BOOST_TEST(items[3]->CallableName() == "torch.Size");
-  BOOST_TEST((items[3]->state != nullptr && items[3]->state->kind == K::kDict));
-  BOOST_TEST(items[3]->args == items[2]->args);
+  BOOST_TEST((items[3]->state() != nullptr && items[3]->state()->kind() == K::kDict));
+  BOOST_TEST(items[3]->args() == items[2]->args());
   BOOST_TEST(items[4] != items[5]);
-  BOOST_TEST(items[4]->items[0]->s == "x");
+  BOOST_TEST(items[4]->items()[0]->s() == "x");
+}
+
+BOOST_AUTO_TEST_CASE(items_appended_to_a_shared_size_go_to_copies_of_their_own) {
+  // Every change to a shared (interned) object goes to a fresh copy: two changed copies
+  // and the shared original hold different items.
+  PickleBuilder p;
+  p.Proto(2).Mark();
+  p.Global("torch", "Size").BinInt1(2).BinInt1(3).Tuple2().Op(0x85).Reduce();   // 0: Size((2, 3))
+  p.Mark().BinInt1(7).Op('e');                                                   //    APPENDS 7 to it
+  p.Global("torch", "Size").BinInt1(2).BinInt1(3).Tuple2().Op(0x85).Reduce();   // 1: the shared Size
+  p.Mark().BinInt1(8).BinInt1(9).Op('e');                                        //    APPENDS 8, 9 to a copy
+  p.Global("torch", "Size").BinInt1(2).BinInt1(3).Tuple2().Op(0x85).Reduce();   // 2: the shared Size again
+  p.Tuple().Stop();
+  Pickle pk = MustParse(p.bytes());
+  const auto& items = pk.root->items();
+  BOOST_REQUIRE_EQUAL(items.size(), 3u);
+  BOOST_REQUIRE_EQUAL(items[0]->items().size(), 1u);
+  BOOST_TEST(items[0]->items()[0]->i() == 7);
+  BOOST_REQUIRE_EQUAL(items[1]->items().size(), 2u);  // a copy of its own: not 7, 8, 9
+  BOOST_TEST(items[1]->items()[0]->i() == 8);
+  BOOST_TEST(items[1]->items()[1]->i() == 9);
+  BOOST_TEST(items[2] != items[0]);
+  BOOST_TEST(items[2] != items[1]);
+  BOOST_TEST(items[2]->items().empty());  // the interned Size itself was never changed
+  BOOST_TEST(items[2]->args() == items[1]->args());
+}
+
+BOOST_AUTO_TEST_CASE(lists_and_dicts_grow_one_item_at_a_time_in_order) {
+  PickleBuilder p;
+  p.Proto(2).Mark().EmptyList();
+  for (int k = 0; k < 1000; ++k) p.BinInt2(static_cast<uint16_t>(k)).Op('a');  // APPEND
+  p.EmptyDict();
+  for (int k = 0; k < 1000; ++k) p.BinUnicode("k" + std::to_string(k)).BinFloat(k * 0.5).SetItem();
+  p.Tuple().Stop();
+  Pickle pk = MustParse(p.bytes());
+  const PyValue* list = pk.root->items()[0];
+  const PyValue* dict = pk.root->items()[1];
+  BOOST_REQUIRE_EQUAL(list->items().size(), 1000u);
+  BOOST_REQUIRE_EQUAL(dict->entries().size(), 1000u);
+  for (int k = 0; k < 1000; ++k) {
+    BOOST_TEST(list->items()[k]->i() == k);
+    BOOST_TEST(dict->entries()[k].first->s() == "k" + std::to_string(k));
+    BOOST_TEST(dict->entries()[k].second->f() == k * 0.5);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(number_tuples_are_shared_by_value) {
+  // Ints are not interned; tuples of equal numbers (floats included) still are.
+  PickleBuilder p;
+  p.Proto(2).Mark();
+  p.BinInt(-70000).BinFloat(1.5).Tuple2();
+  p.BinInt(-70000).BinFloat(1.5).Tuple2();
+  p.BinInt(-70000).BinFloat(2.5).Tuple2();
+  p.Tuple().Stop();
+  Pickle pk = MustParse(p.bytes());
+  const auto& items = pk.root->items();
+  BOOST_REQUIRE_EQUAL(items.size(), 3u);
+  BOOST_TEST(items[0] == items[1]);
+  BOOST_TEST(items[0] != items[2]);
+  BOOST_TEST(items[2]->items()[0]->i() == -70000);
+  BOOST_TEST(items[2]->items()[1]->f() == 2.5);
+  BOOST_TEST(sizeof(PyValue) == 16u);
 }
