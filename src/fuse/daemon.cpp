@@ -24,6 +24,7 @@
 
 #include "ckptfs/options.hpp"
 #include "fuse/filesystem.hpp"
+#include "fuse/push_ahead.hpp"
 #include "fuse/source_watcher.hpp"
 
 namespace ckptfs::fuse {
@@ -94,6 +95,19 @@ void RaiseReadahead(std::string mountpoint) {
       std::fclose(f);
     }
   }).detach();
+}
+
+// Bytes pushed ahead of each reader of a served file (push_ahead.hpp): at most 256 MiB of
+// page cache per stream, reached only after several READs continue it; a loader consumes
+// pushed pages several times faster than one thread pushes them, so a window this wide is
+// rarely the limit (tests/bench/README.md, issue 14). CKPTFS_PUSH_AHEAD_MIB=N sets it (0: off).
+// Remote sources are not pushed: their Env has its own readahead, and a push would fetch
+// bytes nobody may read.
+uint64_t PushAheadWindow(const std::string& source) {
+  constexpr uint64_t kDefaultMiB = 256;
+  if (IsRemoteSource(source)) return 0;
+  const char* mib = std::getenv("CKPTFS_PUSH_AHEAD_MIB");
+  return (mib ? std::strtoull(mib, nullptr, 10) : kDefaultMiB) << 20;
 }
 
 struct ParsedCommandLine {
@@ -236,6 +250,12 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
       // mount already exists: the command returns with the mount ready.
       if (fuse_daemonize(fopts.foreground) == 0) {
         RaiseReadahead(mountpoint.get());
+        PushAhead push_ahead(PushAheadWindow(source), kMaxRequestBytes, 4 * kMaxRequestBytes,
+                             std::getenv("CKPTFS_TEST_PUSH_REFUSED") != nullptr);
+        if (push_ahead.window() > 0) {
+          push_ahead.Start(se, &fs);
+          fs.push_ahead = &push_ahead;
+        }
         SourceWatcher watcher;
         if (!watcher.Start(se, &fs))
           fuse_log(FUSE_LOG_WARNING, "ckptfs: cannot watch the source files; changes are caught on read only\n");
@@ -247,6 +267,14 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
           fuse_loop_cfg_set_max_threads(config, fopts.max_threads);
           status = fuse_session_loop_mt(se, config);
           fuse_loop_cfg_destroy(config);
+        }
+        watcher.Stop();
+        fs.push_ahead = nullptr;
+        push_ahead.Stop();
+        if (push_ahead.window() > 0) {
+          const PushAhead::Counters c = push_ahead.counters();
+          fuse_log(FUSE_LOG_INFO, "ckptfs: pushed %llu bytes in %llu stores%s\n", (unsigned long long)c.pushed_bytes,
+                   (unsigned long long)c.stores, c.refused ? " (the kernel refused one; pushing stopped)" : "");
         }
       }
       fuse_session_unmount(se);

@@ -1,5 +1,7 @@
 #include "fuse/filesystem.hpp"
 
+#include "fuse/push_ahead.hpp"
+
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
@@ -155,8 +157,14 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     // Contents never change under an open file: keep the page cache across opens. No
     // direct_io, so shared and private mmap both work.
     fi->keep_cache = 1;
-    fuse_reply_open(req, fi);
+    if (fuse_reply_open(req, fi) == 0 && fs.push_ahead) fs.push_ahead->OnOpen(ino);
   });
+}
+
+void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  Filesystem& fs = Fs(req);
+  if (fs.push_ahead) fs.push_ahead->OnRelease(ino);
+  fuse_reply_err(req, 0);
 }
 
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file_info*) {
@@ -174,6 +182,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file
       return (void)fuse_reply_err(req, s.ToErrno());
     }
     fuse_reply_buf(req, buf.data(), n);
+    if (fs.push_ahead) fs.push_ahead->OnRead(ino, static_cast<uint64_t>(offset), n);
   });
 }
 
@@ -283,6 +292,7 @@ fuse_lowlevel_ops MakeOperations() {
   ops.readdir = OpReaddir;
   ops.open = OpOpen;
   ops.read = OpRead;
+  ops.release = OpRelease;
   ops.statfs = OpStatfs;
   ops.getxattr = OpGetxattr;
   ops.listxattr = OpListxattr;

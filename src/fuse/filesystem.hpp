@@ -21,6 +21,8 @@ namespace ckptfs::fuse {
 // Largest read the kernel is asked to send in one request (max_pages = 256).
 constexpr unsigned kMaxRequestBytes = 1u << 20;
 
+class PushAhead;
+
 struct Filesystem {
   std::unique_ptr<View> view;
   uid_t uid = 0;
@@ -29,6 +31,8 @@ struct Filesystem {
   // user.ckptfs.xxh3 values, computed on first request and kept for the mount's life.
   std::mutex hash_mutex;
   std::unordered_map<View::NodeId, uint64_t> hashes;
+  // Pushes bytes ahead of readers into the kernel's cache (push_ahead.hpp); null when off.
+  PushAhead* push_ahead = nullptr;
 };
 
 // Inode numbers are node ids shifted by one so the root is FUSE_ROOT_ID.
