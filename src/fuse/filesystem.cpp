@@ -62,6 +62,17 @@ void Guard(fuse_req_t req, Body body) {
   }
 }
 
+// See Filesystem::readahead_knob. A failed write leaves the kernel's window.
+void RaiseReadaheadAfterInit(Filesystem& fs) {
+  std::call_once(fs.readahead_raised, [&] {
+    if (fs.readahead_knob.empty()) return;
+    if (FILE* f = std::fopen(fs.readahead_knob.c_str(), "we")) {
+      std::fprintf(f, "%u\n", kMaxRequestBytes / 1024);
+      std::fclose(f);
+    }
+  });
+}
+
 void OpInit(void* userdata, fuse_conn_info* conn) {
   // libfuse derives max_pages from max_write; 1 MiB requests cut per-request overhead.
   conn->max_write = kMaxRequestBytes;
@@ -79,6 +90,7 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Guard(req, [&] {
     Filesystem& fs = Fs(req);
+    RaiseReadaheadAfterInit(fs);
     if (!Valid(fs, parent)) return (void)fuse_reply_err(req, ENOENT);
     auto child = fs.view->Child(NodeOf(parent), name);
     if (!child) {
@@ -98,6 +110,7 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
 void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   Guard(req, [&] {
     Filesystem& fs = Fs(req);
+    RaiseReadaheadAfterInit(fs);
     if (!Valid(fs, ino)) return (void)fuse_reply_err(req, ENOENT);
     struct stat st = AttrOf(fs, NodeOf(ino));
     fuse_reply_attr(req, &st, kCacheSeconds);
@@ -151,6 +164,7 @@ void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_f
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Guard(req, [&] {
     Filesystem& fs = Fs(req);
+    RaiseReadaheadAfterInit(fs);
     if (!Valid(fs, ino)) return (void)fuse_reply_err(req, ENOENT);
     if (fs.view->node(NodeOf(ino)).is_dir) return (void)fuse_reply_err(req, EISDIR);
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return (void)fuse_reply_err(req, EROFS);
