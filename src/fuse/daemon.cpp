@@ -117,17 +117,18 @@ std::string ReadaheadKnob(const std::string& mountpoint) {
   return device.empty() ? std::string() : "/sys/class/bdi/" + device + "/read_ahead_kb";
 }
 
-// Bytes pushed ahead of each reader of a served file (push_ahead.hpp): at most 256 MiB of
-// page cache per stream, reached only after several READs continue it; a loader consumes
-// pushed pages several times faster than one thread pushes them, so a window this wide is
-// rarely the limit (tests/bench/README.md, issue 14). CKPTFS_PUSH_AHEAD_MIB=N sets it (0: off).
-// Remote sources are not pushed: their Env has its own readahead, and a push would fetch
-// bytes nobody may read.
+// Bytes pushed ahead of each reader of a served file (push_ahead.hpp), from
+// CKPTFS_PUSH_AHEAD_MIB; off unless set. Measured (tests/bench/README.md, issue 14, second
+// pass): mapped loaders gain 5-15 % with a core to spare, while `dd`/`cp` of the mount lose up
+// to 20 % on a loaded machine (the pushes cost the daemon 0.26 CPU-seconds per 2.2 GB, and a
+// reader that catches up with them waits for a READ the kernel's readahead would have sent
+// ahead): not a clear enough win to be the default. 256 is the measured setting. Remote
+// sources are never pushed: their Env has its own readahead, and a push would fetch bytes
+// nobody may read.
 uint64_t PushAheadWindow(const std::string& source) {
-  constexpr uint64_t kDefaultMiB = 256;
   if (IsRemoteSource(source)) return 0;
   const char* mib = std::getenv("CKPTFS_PUSH_AHEAD_MIB");
-  return (mib ? std::strtoull(mib, nullptr, 10) : kDefaultMiB) << 20;
+  return mib ? std::strtoull(mib, nullptr, 10) << 20 : 0;
 }
 
 struct ParsedCommandLine {

@@ -186,6 +186,8 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file
     Filesystem& fs = Fs(req);
     if (!Valid(fs, ino) || offset < 0) return (void)fuse_reply_err(req, EINVAL);
     // One reusable buffer per worker thread: libfuse's workers live for the mount.
+    // Before the bytes are read: the pusher then skips what this READ already covers.
+    if (fs.push_ahead) fs.push_ahead->OnRead(ino, static_cast<uint64_t>(offset), size);
     thread_local std::vector<char> buf;
     if (buf.size() < size) buf.resize(size);
     size_t n = 0;
@@ -196,7 +198,6 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file
       return (void)fuse_reply_err(req, s.ToErrno());
     }
     fuse_reply_buf(req, buf.data(), n);
-    if (fs.push_ahead) fs.push_ahead->OnRead(ino, static_cast<uint64_t>(offset), n);
   });
 }
 

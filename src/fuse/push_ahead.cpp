@@ -39,13 +39,26 @@ void PushAhead::OnRelease(fuse_ino_t ino) {
   queue_.erase(std::remove(queue_.begin(), queue_.end(), ino), queue_.end());
 }
 
-void PushAhead::MarkServed(File& f, uint64_t begin, uint64_t end, bool whole_blocks_only) {
+void PushAhead::Mark(std::vector<uint64_t>& bits, uint64_t size, uint64_t begin, uint64_t end,
+                     bool whole_blocks_only) {
   uint64_t first = begin / kBlock, last = (end + kBlock - 1) / kBlock;  // [first, last)
   if (whole_blocks_only) {
     if (begin % kBlock) ++first;
-    if (end % kBlock && end != f.size) --last;
+    if (end % kBlock && end != size) --last;
   }
-  for (uint64_t b = first; b < last; ++b) f.served[b / 64] |= uint64_t{1} << (b % 64);
+  for (uint64_t b = first; b < last; ++b) bits[b / 64] |= uint64_t{1} << (b % 64);
+}
+
+bool PushAhead::Unread(fuse_ino_t ino, uint64_t* start, uint64_t* length) const {
+  auto it = files_.find(ino);
+  if (it == files_.end()) return false;
+  const File& f = it->second;
+  const uint64_t end = *start + *length;
+  uint64_t from = end;
+  while (from > *start && !Bit(f.read, (from - 1) / kBlock)) from = std::max(*start, ((from - 1) / kBlock) * kBlock);
+  *length = end - from;
+  *start = from;
+  return *length > 0;
 }
 
 void PushAhead::OnRead(fuse_ino_t ino, uint64_t offset, uint64_t size) {
@@ -58,8 +71,10 @@ void PushAhead::OnRead(fuse_ino_t ino, uint64_t offset, uint64_t size) {
   if (f.served.empty()) {
     f.size = file_size;
     f.served.assign((file_size / kBlock + 1 + 63) / 64, 0);
+    f.read = f.served;
   }
-  MarkServed(f, offset, end, true);
+  Mark(f.served, f.size, offset, end, true);
+  Mark(f.read, f.size, offset, end, false);
   // A small READ comes from a reader whose readahead is off or at its smallest, i.e. a random
   // one (FADV_RANDOM, MADV_RANDOM, scattered faults): it neither starts nor moves a stream.
   if (end - offset < kMinStreamRead) return;
@@ -113,7 +128,7 @@ bool PushAhead::Claim(File& f, uint64_t* start, uint64_t* length) {
     while (stop < limit && !Served(f, stop / kBlock)) stop = std::min(limit, (stop / kBlock + 1) * kBlock);
     *start = s->next;
     *length = stop - s->next;
-    MarkServed(f, s->next, stop, false);
+    Mark(f.served, f.size, s->next, stop, false);
     s->next = stop;
     return true;
   }
@@ -171,11 +186,20 @@ void PushAhead::Run() {
     std::lock_guard<std::mutex> store(store_mutex_);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (disabled_ || stop_) continue;
+      if (disabled_ || stop_ || !Unread(ino, &start, &length)) continue;
     }
     size_t n = 0;
     // Failures (a changed source) are the READ path's to report: a push is only a hint.
     if (!fs_->view->Read(NodeOf(ino), start, length, buf.data(), &n).ok() || n == 0) continue;
+    {
+      // A READ that came while this chunk was read needs no second copy of its bytes.
+      std::lock_guard<std::mutex> lock(mutex_);
+      uint64_t from = start, left = n;
+      if (!Unread(ino, &from, &left)) continue;
+      std::memmove(buf.data(), buf.data() + (from - start), left);
+      start = from;
+      n = left;
+    }
     fuse_bufvec data = FUSE_BUFVEC_INIT(n);
     data.buf[0].mem = buf.data();
     const int rc = provoke_refusal_ ? StoreMalformed(ino, start, buf.data(), n)

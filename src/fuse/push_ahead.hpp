@@ -14,7 +14,8 @@
 // (torch's parallel ops split a tensor). A stream pushes nothing until a second READ continues
 // it, then twice as far with each READ up to the window, and never the bytes just after a
 // READ, which the kernel's own readahead asks for next. Small READs (a random reader's) do
-// not count. Bytes already read or pushed while the file is open are not pushed (again).
+// not count. Bytes already read or pushed while the file is open are not pushed (again), and a
+// chunk is trimmed to what no READ asked for while it was being read from the source.
 //
 // Bounded: at most `window` bytes past the furthest READ of each stream, one chunk in flight;
 // a file's state goes with its last release, everything with Stop() at unmount, and pushing
@@ -59,7 +60,7 @@ class PushAhead {
   // `ino` was opened / its open was released (the state goes with the last release).
   void OnOpen(fuse_ino_t ino);
   void OnRelease(fuse_ino_t ino);
-  // A READ of [offset, offset + size) of `ino` was answered.
+  // A READ of [offset, offset + size) of `ino` came (call before answering it).
   void OnRead(fuse_ino_t ino, uint64_t offset, uint64_t size);
   // A source changed: no more pushes, and none in flight once this returns.
   void Disable();
@@ -88,12 +89,18 @@ class PushAhead {
   struct File {
     unsigned opens = 0;
     uint64_t size = 0;
-    std::vector<uint64_t> served;  // bit per block: read or pushed while open
+    std::vector<uint64_t> served;  // bit per block: read or pushed (or claimed) while open
+    std::vector<uint64_t> read;    // bit per block: asked for by a READ
     std::vector<Stream> streams;
     bool queued = false;
   };
-  bool Served(const File& f, uint64_t block) const { return (f.served[block / 64] >> (block % 64)) & 1; }
-  void MarkServed(File& f, uint64_t begin, uint64_t end, bool whole_blocks_only);
+  static bool Bit(const std::vector<uint64_t>& bits, uint64_t block) { return (bits[block / 64] >> (block % 64)) & 1; }
+  bool Served(const File& f, uint64_t block) const { return Bit(f.served, block); }
+  // Sets the bits of [begin, end) in `bits`: blocks wholly inside, or every block it touches.
+  static void Mark(std::vector<uint64_t>& bits, uint64_t size, uint64_t begin, uint64_t end, bool whole_blocks_only);
+  // The part of a claimed [*start, *start + *length) still worth storing: what follows the
+  // last block a READ asked for meanwhile (a pusher that fell behind its reader).
+  bool Unread(fuse_ino_t ino, uint64_t* start, uint64_t* length) const;
   // The next range of `f` to push, claimed (marked served); false when nothing is left.
   bool Claim(File& f, uint64_t* start, uint64_t* length);
   void Run();

@@ -12,10 +12,11 @@ that has imported torch and transformers before the clock starts:
   load_file         safetensors.torch.load_file(DIR/model.safetensors) + the same touch
   dd                dd bs=1M of MNT/model.safetensors (the mount's sequential first-read rate)
 
-With --compare-push, every mount run is paired with one whose daemon does not push ahead
-(CKPTFS_PUSH_AHEAD_MIB=0; src/fuse/push_ahead.hpp), the two taking turns, and the bench prints
-both medians, their ratio and CPU seconds (loader's timed part, daemon's whole life): on a
-loaded machine the wall times mostly measure the load, the CPU seconds much less.
+With --compare-push MIB, every mount run is paired with one whose daemon pushes ahead
+(CKPTFS_PUSH_AHEAD_MIB=MIB; src/fuse/push_ahead.hpp, off by default), the two taking turns, and
+the bench prints both medians and their ratio. It prints CPU seconds for every alternative
+(loader's timed part, daemon's whole life): on a loaded machine the wall times mostly measure
+the load, the CPU seconds much less.
 
 Five runs each (--repeats), the alternatives in turn; median and spread (max - min over twice
 the median). Goals (issue 14): from_pretrained through the mount at >= 0.8x dd's first-read
@@ -93,8 +94,8 @@ def main() -> int:
     ap.add_argument("--mount-opts", default="", help="extra -o options (experiments)")
     ap.add_argument("--read-ahead-kb", type=int, default=0, help="set the mount's bdi read_ahead_kb (experiments)")
     ap.add_argument("--tag", default="")
-    ap.add_argument("--compare-push", action="store_true",
-                    help="pair every mount run with one that does not push ahead (CKPTFS_PUSH_AHEAD_MIB=0)")
+    ap.add_argument("--compare-push", type=int, default=0, metavar="MIB",
+                    help="pair every mount run with one that pushes ahead (CKPTFS_PUSH_AHEAD_MIB=MIB)")
     args = ap.parse_args()
     got = benchlib.workdir_and_binary(argparse.Namespace(workdir=args.workdir, ckptfs=args.ckptfs, generate_only=False))
     if not got:
@@ -113,17 +114,18 @@ def main() -> int:
     size = (src / "model.safetensors").stat().st_size
     t = {"src_fp": [], "mnt_fp": [], "src_lf": [], "mnt_lf": [], "dd": []}
     if args.compare_push:
-        t.update({"mnt_fp_nopush": [], "mnt_lf_nopush": [], "dd_nopush": []})
+        t.update({"mnt_fp_push": [], "mnt_lf_push": [], "dd_push": []})
     cpu = {k: [] for k in t}  # loader CPU s (timed part; dd: none) and daemon CPU s, per run
     daemon_cpu = {k: [] for k in t}
     print(f"model {src} ({size / GB:.2f} GB); {benchlib.machine_note()}; repeats {repeats}; opts "
           f"{args.mount_opts or '-'}", flush=True)
 
-    def fresh_mount(push: bool = True):
+    def fresh_mount(push: bool = False):
         m = CkptfsMount(ckptfs, src, mnt, args.mount_opts)
-        saved = os.environ.pop("CKPTFS_PUSH_AHEAD_MIB", None)
-        if not push:
-            os.environ["CKPTFS_PUSH_AHEAD_MIB"] = "0"
+        # Without --compare-push the environment decides, as for a user's mount.
+        saved = os.environ.get("CKPTFS_PUSH_AHEAD_MIB")
+        if args.compare_push:
+            os.environ["CKPTFS_PUSH_AHEAD_MIB"] = str(args.compare_push) if push else "0"
         try:
             m.__enter__()
         finally:
@@ -149,7 +151,7 @@ def main() -> int:
         t[key].append(seconds)
         cpu[key].append(loader_cpu)
 
-    variants = [("", True)] + ([("_nopush", False)] if args.compare_push else [])
+    variants = [("", False)] + ([("_push", True)] if args.compare_push else [])
     for rep in range(repeats):
         for key, mode in (("fp", "from_pretrained"), ("lf", "load_file")):
             dd(src / "model.safetensors")
@@ -186,9 +188,9 @@ def main() -> int:
         f"{k} {median(cpu[k]):.2f}/{median(daemon_cpu[k]) if daemon_cpu[k] else float('nan'):.2f}" for k in t))
     if args.compare_push:
         for key, what in (("mnt_fp", "from_pretrained + touch"), ("mnt_lf", "load_file + touch"), ("dd", "dd")):
-            on, off = median(t[key]), median(t[key + "_nopush"])
-            res.add(f"h.push.{key}" + tag, f"{what} through a fresh mount: push-ahead on vs off (median s)", on, off,
-                    "s", "info", None, alt_name="push-ahead off", detail=detail)
+            on, off = median(t[key + "_push"]), median(t[key])
+            res.add(f"h.push.{key}" + tag, f"{what} through a fresh mount: push-ahead {args.compare_push} MiB vs off "
+                    "(median s)", on, off, "s", "info", None, alt_name="push-ahead off", detail=detail)
     return 0
 
 
