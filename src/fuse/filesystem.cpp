@@ -1,5 +1,7 @@
 #include "fuse/filesystem.hpp"
 
+#include "fuse/push_ahead.hpp"
+
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
@@ -60,6 +62,17 @@ void Guard(fuse_req_t req, Body body) {
   }
 }
 
+// See Filesystem::readahead_knob. A failed write leaves the kernel's window.
+void RaiseReadaheadAfterInit(Filesystem& fs) {
+  std::call_once(fs.readahead_raised, [&] {
+    if (fs.readahead_knob.empty()) return;
+    if (FILE* f = std::fopen(fs.readahead_knob.c_str(), "we")) {
+      std::fprintf(f, "%u\n", kMaxRequestBytes / 1024);
+      std::fclose(f);
+    }
+  });
+}
+
 void OpInit(void* userdata, fuse_conn_info* conn) {
   // libfuse derives max_pages from max_write; 1 MiB requests cut per-request overhead.
   conn->max_write = kMaxRequestBytes;
@@ -77,6 +90,7 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Guard(req, [&] {
     Filesystem& fs = Fs(req);
+    RaiseReadaheadAfterInit(fs);
     if (!Valid(fs, parent)) return (void)fuse_reply_err(req, ENOENT);
     auto child = fs.view->Child(NodeOf(parent), name);
     if (!child) {
@@ -96,6 +110,7 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
 void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   Guard(req, [&] {
     Filesystem& fs = Fs(req);
+    RaiseReadaheadAfterInit(fs);
     if (!Valid(fs, ino)) return (void)fuse_reply_err(req, ENOENT);
     struct stat st = AttrOf(fs, NodeOf(ino));
     fuse_reply_attr(req, &st, kCacheSeconds);
@@ -149,14 +164,21 @@ void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_f
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Guard(req, [&] {
     Filesystem& fs = Fs(req);
+    RaiseReadaheadAfterInit(fs);
     if (!Valid(fs, ino)) return (void)fuse_reply_err(req, ENOENT);
     if (fs.view->node(NodeOf(ino)).is_dir) return (void)fuse_reply_err(req, EISDIR);
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return (void)fuse_reply_err(req, EROFS);
     // Contents never change under an open file: keep the page cache across opens. No
     // direct_io, so shared and private mmap both work.
     fi->keep_cache = 1;
-    fuse_reply_open(req, fi);
+    if (fuse_reply_open(req, fi) == 0 && fs.push_ahead) fs.push_ahead->OnOpen(ino);
   });
+}
+
+void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  Filesystem& fs = Fs(req);
+  if (fs.push_ahead) fs.push_ahead->OnRelease(ino);
+  fuse_reply_err(req, 0);
 }
 
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file_info*) {
@@ -164,6 +186,8 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file
     Filesystem& fs = Fs(req);
     if (!Valid(fs, ino) || offset < 0) return (void)fuse_reply_err(req, EINVAL);
     // One reusable buffer per worker thread: libfuse's workers live for the mount.
+    // Before the bytes are read: the pusher then skips what this READ already covers.
+    if (fs.push_ahead) fs.push_ahead->OnRead(ino, static_cast<uint64_t>(offset), size);
     thread_local std::vector<char> buf;
     if (buf.size() < size) buf.resize(size);
     size_t n = 0;
@@ -283,6 +307,7 @@ fuse_lowlevel_ops MakeOperations() {
   ops.readdir = OpReaddir;
   ops.open = OpOpen;
   ops.read = OpRead;
+  ops.release = OpRelease;
   ops.statfs = OpStatfs;
   ops.getxattr = OpGetxattr;
   ops.listxattr = OpListxattr;

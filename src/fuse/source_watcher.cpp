@@ -1,5 +1,7 @@
 #include "fuse/source_watcher.hpp"
 
+#include "fuse/push_ahead.hpp"
+
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
@@ -79,6 +81,8 @@ void SourceWatcher::Run() {
 
 void SourceWatcher::InvalidateAll() {
   fuse_log(FUSE_LOG_WARNING, "ckptfs: a source file changed; dropping cached pages, reads of it now fail\n");
+  // No push may land after the pages are dropped.
+  if (fs_->push_ahead) fs_->push_ahead->Disable();
   for (View::NodeId id = 0; id < fs_->view->node_count(); ++id) {
     if (fs_->view->node(id).is_dir) continue;
     // Offset 0, length 0: all cached pages of the inode.

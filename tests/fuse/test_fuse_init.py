@@ -3,6 +3,7 @@ kernel offers FUSE_AUTO_INVAL_DATA and ckptfs declines it (the tree is immutable
 watcher drops the pages of a changed source itself, tests/fuse/test_fuse_source_changes.py),
 and it negotiates 1 MiB requests (FUSE_MAX_PAGES, max_write)."""
 
+import os
 import re
 import subprocess
 
@@ -46,3 +47,26 @@ def test_init_declines_auto_inval_data(ckptfs_bin, mounts, tmp_path):
     assert not replied & FUSE_AUTO_INVAL_DATA, f"ckptfs asked for auto_inval_data (reply flags {replied:#x})"
     assert replied & FUSE_MAX_PAGES, f"no FUSE_MAX_PAGES in the reply ({replied:#x})"
     assert int(fields["max_write"], 16) == 1 << 20, fields
+
+
+@pytest.mark.timeout(60)
+def test_readahead_window_raised_after_init(ckptfs_bin, mounts):
+    """The kernel applies INIT's readahead after the reply, so the daemon raises the mount's
+    window to 1 MiB on its first request after INIT (root only: sysfs)."""
+    if os.geteuid() != 0:
+        pytest.skip("raising a mount's read_ahead_kb needs root")
+    mnt = mounts.mount(SAMPLE)
+    dev = os.stat(mnt).st_dev  # a GETATTR: the first request after INIT
+    knob = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+    with open(knob) as f:
+        assert int(f.read()) == 1024, knob
+
+
+@pytest.mark.timeout(120)
+def test_unmount_right_after_a_read_is_never_busy(ckptfs_bin, mounts):
+    """Nothing in the daemon holds the mount: an unmount right after a first read succeeds
+    (a stat() of the mountpoint from a daemon thread once made this fail now and then)."""
+    for _ in range(10):
+        mnt = mounts.mount(SAMPLE)
+        assert (mnt / "manifest.json").read_bytes()
+        mounts.unmount(mnt)

@@ -1,0 +1,96 @@
+"""Push-ahead (src/fuse/push_ahead.hpp): while a reader faults on a served file, the daemon stores
+the bytes that follow into the kernel's cache (FUSE notify_store). Checked through a real mount
+read by page faults of a mapping, as loaders read: the bytes are the served file's (`ckptfs cat`),
+pushes happen (the daemon's count at unmount), and when the kernel refuses a store the daemon
+stops pushing and READs serve everything. Push-ahead is off unless CKPTFS_PUSH_AHEAD_MIB is
+set. The daemon runs in the foreground so its log is read."""
+
+import mmap
+import os
+import random
+import re
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from fusetools import wait_for_mount
+
+PAGE = 4096
+PUSHED = re.compile(r"ckptfs: pushed (\d+) bytes in (\d+) stores")
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A 40 MiB safetensors file of pseudo-random float32 tensors (pages differ)."""
+    rng = np.random.default_rng(14)
+    tensors = {f"layer.{i}.weight": rng.standard_normal((1024, 1280), dtype=np.float32) for i in range(8)}
+    path = tmp_path_factory.mktemp("push-src") / "model.safetensors"
+    save_file(tensors, str(path))
+    return path
+
+
+def mount_foreground(ckptfs_bin, mounts, source, log_path, env_extra):
+    mnt = mounts.new_mountpoint()
+    mounts.register(mnt)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTFS_")}
+    env.update(env_extra)
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([str(ckptfs_bin), str(source), str(mnt), "-f"], stdin=subprocess.DEVNULL, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    log.close()
+    assert wait_for_mount(mnt) is not None, f"the mount did not appear: {log_path.read_text(errors='replace')}"
+    return mnt, proc
+
+
+def read_by_faults(path, size) -> bytes:
+    """The file's bytes as a loader reads them: a private mapping, page faults only. The first
+    4 MiB page by page (READs in order: a stream the daemon pushes for), a pause (its first
+    window lands whatever the machine's load), a scatter of pages (more streams), then
+    everything in order."""
+    with open(path, "rb") as f:
+        with mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ) as m:
+            for off in range(0, 4 << 20, PAGE):
+                assert len(m[off:off + 1]) == 1
+            time.sleep(0.5)
+            pages = list(range(0, size, PAGE))
+            for off in random.Random(14).sample(pages, 64):
+                assert len(m[off:off + 1]) == 1
+            return bytes(m[:])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", ["on", "refused", "off"])
+def test_mapped_reads_with_push_ahead(ckptfs_bin, mounts, run_ckptfs_bytes, source, tmp_path, case):
+    # Off unless CKPTFS_PUSH_AHEAD_MIB is set (src/fuse/daemon.cpp says why); "off" is the default.
+    env = {"on": {"CKPTFS_PUSH_AHEAD_MIB": "256"},
+           "refused": {"CKPTFS_PUSH_AHEAD_MIB": "256", "CKPTFS_TEST_PUSH_REFUSED": "1"}}.get(case, {})
+    log_path = tmp_path / "daemon.log"
+    mnt, proc = mount_foreground(ckptfs_bin, mounts, source, log_path, env)
+    served = mnt / "model.safetensors"
+    size = served.stat().st_size
+    try:
+        got = read_by_faults(served, size)
+    finally:
+        mounts.unmount(mnt)
+        proc.wait(timeout=30)
+    log = log_path.read_text(errors="replace")
+    expected = run_ckptfs_bytes("cat", str(source), "model.safetensors")
+    assert len(expected) == size > 32 << 20
+    assert got == expected, f"{case}: the mapped bytes differ from ckptfs cat's"
+    pushed = PUSHED.search(log)
+    if case == "off":
+        assert pushed is None, log
+        return
+    assert pushed, f"no push count in the daemon's log:\n{log}"
+    pushed_bytes, stores = int(pushed.group(1)), int(pushed.group(2))
+    if case == "refused":
+        assert "the kernel refused pushed data (Invalid argument); reading on request only" in log, log
+        assert pushed_bytes == 0 and stores == 0, log
+        assert "the kernel refused one; pushing stopped" in log, log
+    else:
+        assert "refused" not in log, log
+        assert 0 < pushed_bytes <= size and stores > 0, log
+
