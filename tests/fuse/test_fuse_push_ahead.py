@@ -2,8 +2,8 @@
 the bytes that follow into the kernel's cache (FUSE notify_store). Checked through a real mount
 read by page faults of a mapping, as loaders read: the bytes are the served file's (`ckptfs cat`),
 pushes happen (the daemon's count at unmount), and when the kernel refuses a store the daemon
-stops pushing and READs serve everything. Push-ahead is off unless CKPTFS_PUSH_AHEAD_MIB is
-set. The daemon runs in the foreground so its log is read."""
+stops pushing and READs serve everything. Push-ahead is on (256 MiB) unless
+CKPTFS_PUSH_AHEAD_MIB=0. The daemon runs in the foreground so its log is read."""
 
 import mmap
 import os
@@ -62,11 +62,12 @@ def read_by_faults(path, size) -> bytes:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", ["on", "refused", "off"])
+@pytest.mark.parametrize("case", ["default", "on", "refused", "off"])
 def test_mapped_reads_with_push_ahead(ckptfs_bin, mounts, run_ckptfs_bytes, source, tmp_path, case):
-    # Off unless CKPTFS_PUSH_AHEAD_MIB is set (src/fuse/daemon.cpp says why); "off" is the default.
+    # On by default (src/fuse/daemon.cpp says why); CKPTFS_PUSH_AHEAD_MIB=0 turns it off.
     env = {"on": {"CKPTFS_PUSH_AHEAD_MIB": "256"},
-           "refused": {"CKPTFS_PUSH_AHEAD_MIB": "256", "CKPTFS_TEST_PUSH_REFUSED": "1"}}.get(case, {})
+           "refused": {"CKPTFS_PUSH_AHEAD_MIB": "256", "CKPTFS_TEST_PUSH_REFUSED": "1"},
+           "off": {"CKPTFS_PUSH_AHEAD_MIB": "0"}}.get(case, {})
     log_path = tmp_path / "daemon.log"
     mnt, proc = mount_foreground(ckptfs_bin, mounts, source, log_path, env)
     served = mnt / "model.safetensors"
