@@ -13,10 +13,14 @@
 
 namespace ckptfs {
 
+class ZipArchive;
+
 // A torch.save zip file (.pt/.bin, torch >= 1.6). Its non-tensor values are stored in
 // `*metadata` (a JSON tree mirroring the saved object, tensors left out).
+// `opened`: the file's zip directory when TorchZipKind has already read it (a million-entry
+// directory costs a tenth of the whole read), taken over instead of read again.
 Status ReadTorchZip(const std::string& path, Catalog* catalog, nlohmann::json* metadata,
-                    const ReadLimits& limits = ReadLimits{});
+                    const ReadLimits& limits = ReadLimits{}, ZipArchive* opened = nullptr);
 // The same for a torch.save archive stored in `window` of a file already in catalog->files
 // (a chunk of a larger file): tensor offsets are offsets in that file.
 Status ReadTorchZip(const FileWindow& window, Catalog* catalog, nlohmann::json* metadata,
@@ -41,8 +45,9 @@ Status ReadTorchExport(const std::string& path, Catalog* catalog, nlohmann::json
                        const ReadLimits& limits = ReadLimits{});
 
 // Which reader a zip file needs: "torchscript" (it holds <archive>/constants.pkl),
-// "torch-export" (<archive>/archive_format says pt2) or "torch-zip".
-Status TorchZipKind(const std::string& path, SourceFiles* files, std::string* kind);
+// "torch-export" (<archive>/archive_format says pt2) or "torch-zip". The directory it reads
+// is left in `*zip` (empty when the file is not a readable zip) for ReadTorchZip.
+Status TorchZipKind(const std::string& path, SourceFiles* files, std::string* kind, ZipArchive* zip);
 
 // One .safetensors file; its "__metadata__" strings go to `*metadata`.
 Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, nlohmann::json* metadata,

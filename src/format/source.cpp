@@ -6,6 +6,7 @@
 #include "format/catalog_cache.hpp"
 #include "format/limit_hint.hpp"
 #include "format/readers.hpp"
+#include "format/zip.hpp"
 
 namespace ckptfs {
 namespace {
@@ -73,13 +74,14 @@ Status OpenCatalog(const std::string& source, const SourceOptions& options, std:
     std::string head;
     CKPTFS_RETURN_IF_ERROR(Sniff(source, catalog->files.get(), &head));
     if (head.size() >= 4 && head.compare(0, 4, "PK\x03\x04", 4) == 0) {
-      CKPTFS_RETURN_IF_ERROR(TorchZipKind(source, catalog->files.get(), &catalog->format));
+      ZipArchive zip;
+      CKPTFS_RETURN_IF_ERROR(TorchZipKind(source, catalog->files.get(), &catalog->format, &zip));
       if (catalog->format == "torchscript")
         CKPTFS_RETURN_IF_ERROR(ReadTorchScript(source, catalog.get(), &catalog->metadata, options.limits));
       else if (catalog->format == "torch-export")
         CKPTFS_RETURN_IF_ERROR(ReadTorchExport(source, catalog.get(), &catalog->metadata, options.limits));
       else
-        CKPTFS_RETURN_IF_ERROR(ReadTorchZip(source, catalog.get(), &catalog->metadata, options.limits));
+        CKPTFS_RETURN_IF_ERROR(ReadTorchZip(source, catalog.get(), &catalog->metadata, options.limits, &zip));
     } else if ((head.size() >= 9 && head[8] == '{') ||
                (source.size() > 12 && source.compare(source.size() - 12, 12, ".safetensors") == 0)) {
       // By content, or by name so that a damaged header gets a safetensors error message.

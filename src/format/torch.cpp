@@ -248,9 +248,12 @@ Status FlattenTorchObject(const PyValue* root, size_t value_count, const Storage
   return reader.Read(root, value_count, metadata);
 }
 
-Status ReadTorchZip(const FileWindow& window, Catalog* catalog, json* metadata, const ReadLimits& limits) {
+namespace {
+
+Status ReadTorchZipIn(const FileWindow& window, Catalog* catalog, json* metadata, const ReadLimits& limits,
+                      ZipArchive* opened) {
   TorchArchive archive;
-  CKPTFS_RETURN_IF_ERROR(archive.Open(*catalog->files, window, limits));
+  CKPTFS_RETURN_IF_ERROR(archive.Open(*catalog->files, window, limits, ArchiveRecords{}, nullptr, {}, opened));
   // About one tensor per stored record: reserved, the catalog is not copied as it grows
   // (a million tensors' vector held its old and new copies, ~260 MB, at the parse's peak).
   catalog->tensors.reserve(catalog->tensors.size() +
@@ -258,10 +261,17 @@ Status ReadTorchZip(const FileWindow& window, Catalog* catalog, json* metadata, 
   return FlattenTorchObject(archive.root(), archive.value_count(), archive, catalog, limits, metadata);
 }
 
-Status ReadTorchZip(const std::string& path, Catalog* catalog, json* metadata, const ReadLimits& limits) {
+}  // namespace
+
+Status ReadTorchZip(const FileWindow& window, Catalog* catalog, json* metadata, const ReadLimits& limits) {
+  return ReadTorchZipIn(window, catalog, metadata, limits, nullptr);
+}
+
+Status ReadTorchZip(const std::string& path, Catalog* catalog, json* metadata, const ReadLimits& limits,
+                    ZipArchive* opened) {
   uint32_t file;
   CKPTFS_RETURN_IF_ERROR(catalog->files->Add(path, &file));
-  return ReadTorchZip(catalog->files->whole(file), catalog, metadata, limits);
+  return ReadTorchZipIn(catalog->files->whole(file), catalog, metadata, limits, opened);
 }
 
 }  // namespace ckptfs

@@ -88,7 +88,8 @@ void PickleCache::Insert(std::string bytes, std::shared_ptr<const Pickle> pickle
 }
 
 Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits,
-                          const ArchiveRecords& records, PickleCache* cache, std::string_view window_bytes) {
+                          const ArchiveRecords& records, PickleCache* cache, std::string_view window_bytes,
+                          ZipArchive* opened) {
   path_ = files.Describe(window);
   files_ = &files;
   window_ = window;
@@ -96,7 +97,15 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
   pickle_.reset();
   next_record_ = 0;
   // A torch archive holds one record per storage plus a few: the tensor limit bounds it.
-  CKPTFS_RETURN_IF_ERROR(zip_.Open(files, window, limits.tensors + 1024, window_bytes));
+  const uint64_t max_entries = limits.tensors + 1024;
+  const bool same_window = opened && opened->window().file == window.file &&
+                           opened->window().base == window.base && opened->window().length == window.length;
+  // A directory over this reader's entry limit is read again so that the limit's own
+  // message reports it.
+  if (same_window && !opened->entries().empty() && opened->entries().size() <= max_entries)
+    zip_ = std::move(*opened);
+  else
+    CKPTFS_RETURN_IF_ERROR(zip_.Open(files, window, max_entries, window_bytes));
   if (zip_.entries().empty()) return Bad("zip archive has no entries");
   // torch takes the archive folder from the first central-directory entry.
   const std::string& first = zip_.entries().front().name;
@@ -315,19 +324,21 @@ Status RebuildTensorAt(const PyValue* v, const StorageResolver& storages, int de
 
 }  // namespace
 
-Status TorchZipKind(const std::string& path, SourceFiles* files, std::string* kind) {
+Status TorchZipKind(const std::string& path, SourceFiles* files, std::string* kind, ZipArchive* zip) {
   *kind = "torch-zip";
   uint32_t file;
   CKPTFS_RETURN_IF_ERROR(files->Add(path, &file));
-  ZipArchive zip;
   // A damaged zip is the torch.save reader's to report.
-  if (!zip.Open(*files, files->whole(file)).ok() || zip.entries().empty()) return Status::OK();
-  const std::string& first = zip.entries().front().name;
+  if (!zip->Open(*files, files->whole(file)).ok() || zip->entries().empty()) {
+    *zip = ZipArchive();
+    return Status::OK();
+  }
+  const std::string& first = zip->entries().front().name;
   const size_t slash = first.find('/');
   if (slash == std::string::npos) return Status::OK();
   const std::string prefix = first.substr(0, slash + 1);
-  if (zip.Find(prefix + "constants.pkl")) *kind = "torchscript";
-  else if (zip.Find(prefix + "archive_format") && !zip.Find(prefix + "data.pkl")) *kind = "torch-export";
+  if (zip->Find(prefix + "constants.pkl")) *kind = "torchscript";
+  else if (zip->Find(prefix + "archive_format") && !zip->Find(prefix + "data.pkl")) *kind = "torch-export";
   return Status::OK();
 }
 

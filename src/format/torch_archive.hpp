@@ -110,9 +110,10 @@ class TorchArchive : public StorageResolver {
   // empty) without executing anything; its storages are `records.storage_dir` records.
   // With a `cache`, an object pickle already parsed by another archive is not parsed again.
   // `window_bytes`: the window's bytes when the caller has read them (ZipArchive::Open).
+  // `opened`: this window's directory, already read; taken over (moved from) when it is.
   Status Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits = ReadLimits{},
               const ArchiveRecords& records = ArchiveRecords{}, PickleCache* cache = nullptr,
-              std::string_view window_bytes = {});
+              std::string_view window_bytes = {}, ZipArchive* opened = nullptr);
 
   // The zip directory and "<archive>/" folder prefix, for readers of other records.
   const ZipArchive& zip() const { return zip_; }
