@@ -423,7 +423,7 @@ def case_c(args, ckptfs, fx, work, res):
         out_pt.unlink(missing_ok=True)
         warm([dcp_dir])
         rows["mount -o root=model + from_pretrained"].append(
-            with_mount(ckptfs, dcp_dir, mnt, "root=model", py(FROM_PRETRAINED, mnt), args.timeout))
+            with_mount(ckptfs, dcp_dir, mnt, "root=model", py(FROM_PRETRAINED, folder), args.timeout))
         print(f"  c: run {rep + 1} done", flush=True)
     report(res, "c", rows, "dcp_to_torch_save + torch.load", 0.5, 0.2, ["mount -o root=model + from_pretrained"],
            helpers=True)
