@@ -33,7 +33,7 @@ struct RemoteOptions {
   // How far ahead of a sequential reader blocks are fetched, in parallel requests.
   uint64_t readahead_bytes = uint64_t{64} << 20;
   // A PEM file of the certificate authorities HTTPS servers are checked against, instead of
-  // the system's; empty: EnvForSource takes it from $CURL_CA_BUNDLE (for s3:// sources
+  // the system's (the ca_file option); empty: EnvForSource takes it from $CURL_CA_BUNDLE (for s3:// sources
   // $AWS_CA_BUNDLE first), as curl and the AWS tools do.
   std::string ca_file;
 };

@@ -90,18 +90,21 @@ Status ParseMaxTensors(std::string_view where, std::string_view value, OptionVal
   return Status::OK();
 }
 
-Status ParseCacheDir(std::string_view where, std::string_view value, OptionValues* out) {
+// An absolute path (`what`: folder or file) into `*path`: a mount's daemon runs from /, so a
+// relative path would name something else than the user meant.
+Status AssignAbsolutePath(std::string_view where, std::string_view value, const char* what, std::string* path) {
   if (value.empty() || value.front() != '/')
-    return Status::InvalidArgument(where, "needs an absolute folder path (a mount runs from /)");
-  out->source.remote.cache_dir.assign(value);
+    return Status::InvalidArgument(where, std::string("needs an absolute ") + what + " path (a mount runs from /)");
+  path->assign(value);
   return Status::OK();
 }
 
+Status ParseCacheDir(std::string_view where, std::string_view value, OptionValues* out) {
+  return AssignAbsolutePath(where, value, "folder", &out->source.remote.cache_dir);
+}
+
 Status ParseCaFile(std::string_view where, std::string_view value, OptionValues* out) {
-  if (value.empty() || value.front() != '/')
-    return Status::InvalidArgument(where, "needs an absolute file path (a mount runs from /)");
-  out->source.remote.ca_file.assign(value);
-  return Status::OK();
+  return AssignAbsolutePath(where, value, "file", &out->source.remote.ca_file);
 }
 
 Status ParseRemoteTimeout(std::string_view where, std::string_view value, OptionValues* out) {
