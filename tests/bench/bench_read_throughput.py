@@ -11,7 +11,10 @@ ckptfs's own preads) always hit the page cache: "source in page cache".
        first read: the mount file's pages are evicted (FADV_DONTNEED, checked with mincore)
        re-read:    the same dd again, now from the kernel's page cache of the mount file,
                    vs dd of the same bytes copied to a tmpfs mounted with huge=never (4 KiB
-                   pages, as the FUSE page cache on this kernel: the ceiling of a re-read)
+                   pages, as the FUSE page cache on this kernel: the ceiling of a re-read);
+                   after one unmeasured read of each, --reread-pairs pairs per repeat taking
+                   turns on which goes first; the median of the per-pair ratios, with its
+                   spread, is the figure (one 1 GiB re-read takes ~0.1 s: single pairs swing)
   b  k = 1, 2, 4 concurrent dd readers, each on its own tensor (first read): aggregate
      bytes/s through the mount vs the same k dd on the source.
   c  t0 through a second mount with -o dtype=bf16 (first read): output bytes per second
@@ -150,6 +153,8 @@ def main() -> int:
     ap.add_argument("--read-ahead-kb", type=int, default=0)
     ap.add_argument("--random-reads", type=int, default=0, help="4 KiB reads per run (default 20000, quick 4000)")
     ap.add_argument("--tag", default="", help="suffix for figure ids (experiments)")
+    ap.add_argument("--reread-pairs", type=int, default=5,
+                    help="re-read pairs (mount, tmpfs copy) per repeat, taking turns on which goes first")
     args = ap.parse_args()
     got = benchlib.workdir_and_binary(argparse.Namespace(workdir=args.workdir, ckptfs=args.ckptfs, generate_only=False))
     if not got:
@@ -203,9 +208,20 @@ def main() -> int:
                 dd_first.append(dd(src, *ranges["t0"]))
                 evict(files["t0"])
                 first.append(dd(files["t0"], *mranges["t0"]))
-                reread_src = dd(src, *ranges["t0"])
+                # Steady re-reads: one unmeasured read of each side first (the mount's first
+                # re-read also moves its pages to the active LRU list, which the tmpfs copy's
+                # pages went through when it was read before), then pairs taking turns on
+                # which goes first; the ratio is taken per pair.
+                dd(files["t0"], *mranges["t0"])
                 dd(tmpfs.copy)
-                reread.append((dd(files["t0"], *mranges["t0"]), reread_src, dd(tmpfs.copy)))
+                for j in range(args.reread_pairs):
+                    if j % 2 == 0:
+                        m = dd(files["t0"], *mranges["t0"])
+                        t = dd(tmpfs.copy)
+                    else:
+                        t = dd(tmpfs.copy)
+                        m = dd(files["t0"], *mranges["t0"])
+                    reread.append((m, dd(src, *ranges["t0"]), t))
                 if "c" in only:
                     evict(bf16_file)
                     bf16.append(dd(bf16_file, *bf16_range))
@@ -221,9 +237,16 @@ def main() -> int:
                 res.add("a.reread" + tag, f"seq read {size // MiB} MiB tensor, re-read (both cached)",
                         rr / GB, rs / GB, "GB/s", "info", None, alt_name="dd source",
                         detail={**detail, "pairs_s": reread})
-                res.add("a.reread_tmpfs" + tag, f"re-read vs a tmpfs copy with 4 KiB pages (the ceiling)",
-                        rr / GB, rt / GB, "GB/s", "≥ 0.95", rr / rt >= 0.95, alt_name="dd tmpfs 4 KiB",
-                        detail={**detail, "triples_s": reread})
+                # Per pair (the two reads a few ms apart): the median ratio and its spread.
+                pair_ratios = sorted(r[2] / r[0] for r in reread)
+                pr = median(pair_ratios)
+                print(f"  re-read / tmpfs per pair ({len(pair_ratios)}): median {pr:.3f}, "
+                      f"min {pair_ratios[0]:.3f}, max {pair_ratios[-1]:.3f}; mount "
+                      f"{min(r[0] for r in reread) * 1e3:.0f}-{max(r[0] for r in reread) * 1e3:.0f} ms, tmpfs "
+                      f"{min(r[2] for r in reread) * 1e3:.0f}-{max(r[2] for r in reread) * 1e3:.0f} ms", flush=True)
+                res.add("a.reread_tmpfs" + tag, f"re-read vs a tmpfs copy with 4 KiB pages (the ceiling), median of pairs",
+                        rr / GB, rt / GB, "GB/s", "≥ 0.95", pr >= 0.95, ratio=pr, alt_name="dd tmpfs 4 KiB",
+                        detail={**detail, "triples_s": reread, "pair_ratios": pair_ratios})
             if "c" in only:
                 c_bps = (size // 2) / median(bf16)
                 u_bps = size / median(first)
