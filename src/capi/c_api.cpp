@@ -262,8 +262,8 @@ CKPTFS_EXPORT int ckptfs_load_mapped(ckptfs_handle* handle, size_t count, const 
     for (size_t i = 0; i < count; ++i) bytes += handle->view->catalog().tensors[positions[i]].served_nbytes();
     for (const TensorRead& r : mapped.reads) read_bytes += r.length;
     try {
-      g_stats = nlohmann::json{{"tensors", count},          {"bytes", bytes},           {"mapped_bytes", mapped.mapped_bytes},
-                               {"read_bytes", read_bytes}, {"maps", mapped.maps},     {"backend", "map"}}
+      g_stats = nlohmann::json{{"tensors", count},         {"bytes", bytes}, {"mapped_bytes", mapped.mapped_bytes},
+                               {"read_bytes", read_bytes}, {"maps", mapped.maps}, {"backend", "map"}}
                     .dump();
     } catch (...) {
       UnmapRegion(mapped.base, mapped.size);

@@ -110,9 +110,8 @@ struct PopulateRange {
 // wants every byte, and these faults, split over threads, cost less than the same faults taken
 // by a first touch (tests/bench/README.md, bench_python_load.py). MADV_POPULATE_READ (Linux 5.14+) faults pages in without breaking copy-on-write and
 // returns an error where a touch would raise SIGBUS (a file truncated since it was checked).
-// It is called on one page per fault: at the start of each huge page that can be mapped
-// whole, and every kFaultAround bytes elsewhere, since each fault maps that many cached pages
-// around the faulting one. One call over a whole range would walk every 4 KiB page a second
+// It is called on each huge page that can be mapped whole, and elsewhere on one page every
+// kFaultAround bytes, since each fault maps that many cached pages around the faulting one. One call over a whole range would walk every 4 KiB page a second
 // time in the kernel's get_user_pages loop, which measured 2-3x the cost of the faults
 // themselves (tests/bench/README.md). An older kernel refuses; the pages are then mapped
 // when first touched, as without this.
@@ -126,9 +125,11 @@ void Populate(const std::vector<PopulateRange>& ranges, uint64_t page, uint64_t 
     const PopulateRange& task = tasks[i];
     const auto begin = reinterpret_cast<uint64_t>(task.at), end = begin + task.length;
     for (uint64_t at = begin; at < end;) {
-      if (::madvise(reinterpret_cast<void*>(at), page, kPopulateRead) != 0) return;
-      const uint64_t step = task.huge && at % huge == 0 && end - at >= huge ? huge : kFaultAround;
-      at = RoundDown(at, step) + step;
+      // A whole huge page in one call: one entry when the file's cache holds it in one huge
+      // folio (the call then steps over it at once), every page otherwise.
+      const bool whole = task.huge && at % huge == 0 && end - at >= huge;
+      if (::madvise(reinterpret_cast<void*>(at), whole ? huge : page, kPopulateRead) != 0) return;
+      at = whole ? at + huge : RoundDown(at, kFaultAround) + kFaultAround;
     }
   });
 }
