@@ -108,13 +108,14 @@ struct PopulateRange {
 
 // Maps the page-table entries of RANGES (maps of cached files) now, on a few threads: a load
 // wants every byte, and these faults, split over threads, cost less than the same faults taken
-// by a first touch (tests/bench/README.md, bench_python_load.py). MADV_POPULATE_READ (Linux 5.14+) faults pages in without breaking copy-on-write and
-// returns an error where a touch would raise SIGBUS (a file truncated since it was checked).
-// It is called on each huge page that can be mapped whole, and elsewhere on one page every
-// kFaultAround bytes, since each fault maps that many cached pages around the faulting one. One call over a whole range would walk every 4 KiB page a second
-// time in the kernel's get_user_pages loop, which measured 2-3x the cost of the faults
-// themselves (tests/bench/README.md). An older kernel refuses; the pages are then mapped
-// when first touched, as without this.
+// by a first touch (tests/bench/README.md, bench_python_load.py). MADV_POPULATE_READ (Linux
+// 5.14+) faults pages in without breaking copy-on-write and returns an error where a touch
+// would raise SIGBUS (a file truncated since it was checked). It is called on each huge page
+// that can be mapped whole, and elsewhere on one page every kFaultAround bytes, since each
+// fault maps that many cached pages around the faulting one. One call over a whole range would
+// walk every 4 KiB page a second time in the kernel's get_user_pages loop, which measured 2-3x
+// the cost of the faults themselves. An older kernel refuses; the pages are then mapped when
+// first touched, as without this.
 void Populate(const std::vector<PopulateRange>& ranges, uint64_t page, uint64_t huge) {
   constexpr uint64_t kTask = 16 << 20;  // bytes per unit of work handed to a thread
   std::vector<PopulateRange> tasks;
