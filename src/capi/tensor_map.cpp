@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <map>
@@ -79,22 +80,22 @@ char* Reserve(uint64_t size, uint64_t alignment) {
   return reinterpret_cast<char*>(aligned);
 }
 
-// Runs work(0) .. work(count - 1) on up to `threads` threads, the calling one included; on
-// fewer when no thread can be had.
+// Runs work(0) .. work(count - 1) on up to `threads` threads, the calling one included, each
+// taking the next index when it is done with one; on fewer when no thread can be had.
 template <typename Work>
 void ParallelFor(size_t count, size_t threads, const Work& work) {
   threads = std::min<size_t>({threads, std::max(1u, std::thread::hardware_concurrency()), count});
-  auto run = [&work, count, &threads](size_t first) {
-    for (size_t i = first; i < count; i += threads) work(i);
+  std::atomic<size_t> next{0};
+  auto run = [&work, &next, count] {
+    for (size_t i = next++; i < count; i = next++) work(i);
   };
   std::vector<std::thread> pool;
   try {
-    for (size_t t = 1; t < threads; ++t) pool.emplace_back(run, t);
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back(run);
   } catch (const std::system_error&) {
-    // No thread to be had: the calling thread does the shares of those not started.
-    for (size_t t = pool.size() + 1; t < threads; ++t) run(t);
+    // No more threads to be had: those started and the calling one share the work.
   }
-  if (threads > 0) run(0);
+  run();
   for (std::thread& t : pool) t.join();
 }
 
