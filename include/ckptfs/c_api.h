@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define CKPTFS_C_API_VERSION 4
+#define CKPTFS_C_API_VERSION 5
 
 typedef struct ckptfs_handle ckptfs_handle;
 
@@ -100,8 +100,10 @@ const char* ckptfs_last_load_stats(void);
  * one offset within a page in their files (ZeRO-3 partitions of whole pages) is then the
  * files' own pages, except where two ranges meet inside a page. Ranges shorter than 64 KiB,
  * pages a file system refuses to map and pages past 8192 maps in one region are left to read.
- * Pages that cannot be mapped with huge page-table entries are made resident before it
- * returns (MADV_POPULATE_READ, Linux 5.14+); the rest when first touched. Sets *REGION and
+ * Since API version 5 every mapped page is made resident before it returns, on a few
+ * threads (MADV_POPULATE_READ once per huge page or fault-around window, Linux 5.14+; an
+ * older kernel maps them when first touched); version 4 did so only for pages that cannot be
+ * mapped with huge page-table entries. Sets *REGION and
  * *REGION_SIZE (NULL and 0 when every tensor is empty) and returns JSON: {"offsets": [tensor i
  * starts at REGION + offsets[i], aligned for its dtype], "reads": [[i, offset, length], ...]
  * (bytes of tensor i as served that no map supplies: the caller reads them with
@@ -113,7 +115,18 @@ const char* ckptfs_last_load_stats(void);
 const char* ckptfs_map_tensors(ckptfs_handle* handle, size_t count, const uint64_t* indices, void** region,
                                uint64_t* region_size);
 
-/* Releases a region of ckptfs_map_tensors. 0, or -1. Since API version 4. */
+/* ckptfs_map_tensors, then the bytes no map supplies read into their places (on a few
+ * threads when there are megabytes of them), so that every tensor is whole when it returns:
+ * the CPU load of ckptfs.load in one call. Tensor INDICES[i] starts at *REGION + OFFSETS[i]
+ * (OFFSETS holds COUNT values). Tensors without pages to map (a few elements, converted,
+ * gathered) are placed in the region too and read. ckptfs_last_load_stats() then gives
+ * {"tensors", "bytes", "mapped_bytes", "read_bytes", "maps", "backend": "map"}. Returns 0, or
+ * -1 (nothing is left mapped). Release the region with ckptfs_unmap. Since API version 5. */
+int ckptfs_load_mapped(ckptfs_handle* handle, size_t count, const uint64_t* indices, void** region,
+                       uint64_t* region_size, uint64_t* offsets);
+
+/* Releases a region of ckptfs_map_tensors or ckptfs_load_mapped. 0, or -1. Since API
+ * version 4. */
 int ckptfs_unmap(void* region, uint64_t region_size);
 
 /* The option table as a JSON array, one object per option: {"name", "kind" ("switch" or

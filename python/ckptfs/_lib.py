@@ -13,8 +13,8 @@ from pathlib import Path
 
 # The C API version this package calls (include/ckptfs/c_api.h): ckptfs_read_tensor,
 # ckptfs_source_files, ckptfs_metadata and the tensors' "extent" arrived in 3;
-# ckptfs_map_tensors, ckptfs_unmap and the tensors' "maps" in 4.
-REQUIRED_API_VERSION = 4
+# ckptfs_map_tensors, ckptfs_unmap and the tensors' "maps" in 4; ckptfs_load_mapped in 5.
+REQUIRED_API_VERSION = 5
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _REPO = _PACKAGE_DIR.parents[1]  # python/ckptfs -> the checkout, when run from one
@@ -79,6 +79,7 @@ def _declare(lib) -> None:
         "ckptfs_last_load_stats": (c.c_char_p, []),
         "ckptfs_options": (c.c_char_p, []),
         "ckptfs_map_tensors": (c.c_char_p, [c.c_void_p, c.c_size_t, u64p, c.POINTER(c.c_void_p), u64p]),
+        "ckptfs_load_mapped": (c.c_int, [c.c_void_p, c.c_size_t, u64p, c.POINTER(c.c_void_p), u64p, u64p]),
         "ckptfs_unmap": (c.c_int, [c.c_void_p, c.c_uint64]),
     }
     for name, (restype, argtypes) in signatures.items():

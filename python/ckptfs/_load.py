@@ -92,12 +92,18 @@ def load(source: str | os.PathLike, device: str | int = "cuda:0", dtype=None, se
         v is not None for v in (buffer_size, buffers, io_threads, direct_io))
 
     with Source(source, view_options(dtype, root, moments=moments)) as opened:
+        entries = _selected(opened.tensors, select)
+        # Tensors split over several files (ZeRO-3) are composed of maps of those files'
+        # pages: a copy into new memory costs several times more (a zeroed page and a fault
+        # per 4 KiB), see tests/bench/README.md. The tensors read beside them go into the
+        # same region, in the same library call.
+        in_region = map_stored and not pipeline and any(e.get("maps") for e in entries)
         out, filled, tensors, composed = {}, [], [], []
-        for entry in _selected(opened.tensors, select):
+        for entry in entries:
             if map_stored and opened.mappable(entry):
                 out[entry["key"]] = opened.mapped_torch(entry)
                 continue
-            if map_stored and entry.get("maps") and not pipeline:
+            if in_region:
                 out[entry["key"]] = None  # keeps the checkpoint's order; set below
                 composed.append(entry)
                 continue
@@ -105,14 +111,10 @@ def load(source: str | os.PathLike, device: str | int = "cuda:0", dtype=None, se
             out[entry["key"]] = tensor
             filled.append(entry)
             tensors.append(tensor)
-        # Tensors split over several files (ZeRO-3) are composed of maps of those files'
-        # pages: a copy into new memory costs several times more (a zeroed page and a fault
-        # per 4 KiB), see tests/bench/README.md.
-        views, reads = opened.compose_torch(composed)
-        for entry, view in zip(composed, views):
-            out[entry["key"]] = view
+        for entry, tensor in zip(composed, opened.load_mapped_torch(composed)):
+            out[entry["key"]] = tensor
         if not pipeline:
-            _read_into(opened, filled, tensors, reads)
+            _read_into(opened, filled, tensors)
             return out
         # torch.empty's memory may still be in use by kernels queued on the current stream
         # (the caching allocator reuses blocks in stream order): the load waits for them. It
@@ -127,21 +129,18 @@ def load(source: str | os.PathLike, device: str | int = "cuda:0", dtype=None, se
 _READ_THREADS = 2
 
 
-def _read_into(opened: Source, entries: list, tensors: list, ranges: list = ()) -> None:
-    """Fills CPU TENSORS with ENTRIES' bytes as served, and RANGES ([(entry, offset, length,
-    address)], the bytes of composed tensors no map supplies): buffered preads straight into
-    place (conversions through the library's small per-thread scratch), largest first."""
+def _read_into(opened: Source, entries: list, tensors: list) -> None:
+    """Fills CPU TENSORS with ENTRIES' bytes as served: buffered preads straight into place
+    (conversions through the library's small per-thread scratch), largest first."""
     from concurrent.futures import ThreadPoolExecutor
 
-    jobs = [(entry["nbytes"], opened.read_whole, (entry, tensor.data_ptr())) for entry, tensor in zip(entries, tensors)]
-    jobs += [(length, opened.read_range, (entry, offset, length, address)) for entry, offset, length, address in ranges]
-    jobs.sort(key=lambda job: -job[0])
+    jobs = sorted(zip(entries, tensors), key=lambda job: -job[0]["nbytes"])
     if len(jobs) < 2:
-        for _, read, args in jobs:
-            read(*args)
+        for entry, tensor in jobs:
+            opened.read_whole(entry, tensor.data_ptr())
         return
     with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
-        for done in [pool.submit(read, *args) for _, read, args in jobs]:
+        for done in [pool.submit(opened.read_whole, entry, tensor.data_ptr()) for entry, tensor in jobs]:
             done.result()
 
 

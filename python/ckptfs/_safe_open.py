@@ -191,10 +191,7 @@ class safe_open:
             return self._source.mapped_torch(entry)
         if self._device == "cpu" and self._framework == "pt" and entry.get("maps"):
             # Split over files (ZeRO-3): maps of those files where their pages line up.
-            (tensor,), reads = self._source.compose_torch([entry])
-            for piece, offset, length, address in reads:
-                self._source.read_range(piece, offset, length, address)
-            return tensor
+            return self._source.load_mapped_torch([entry])[0]
         if self._framework == "numpy":
             import numpy as np
 

@@ -26,7 +26,7 @@ def view_options(dtype=None, root=None, **options) -> dict:
 
 
 class MappedRegion:
-    """Memory of ckptfs_map_tensors: private maps of source files over anonymous memory,
+    """Memory of ckptfs_load_mapped: private maps of source files over anonymous memory,
     released when this object goes. Tensors over it hold it through their storage's buffer."""
 
     def __init__(self, lib, address: int, size: int):
@@ -163,30 +163,33 @@ class Source:
         tensor.set_(storage, entry["extent"]["offset"] // itemsize(entry["dtype"]), shape, list(reversed(strides)))
         return tensor
 
-    def compose_torch(self, entries: list) -> tuple[list, list]:
-        """ENTRIES (with "maps") as torch tensors over one region where libckptfs mapped
-        the source files' pages that hold them (ckptfs_map_tensors), and the byte ranges no
-        map supplies, [(entry, offset, length, address)], which the caller must read
-        (read_range) before the tensors are used."""
+    def load_mapped_torch(self, entries: list) -> list:
+        """ENTRIES as torch tensors in one region of private memory (ckptfs_load_mapped): the
+        pages of source files that hold them as stored are mapped there (a ZeRO-3 parameter
+        is maps of every rank file whose pages line up), and the bytes no map supplies are
+        read into place by the library. One call for all of them: per-tensor work in Python
+        (an allocation, a read call, a thread hand-off) cost more than the maps
+        (tests/bench/README.md)."""
         import numpy as np
         import torch
 
         from ._dtypes import torch_dtype
 
         if not entries:
-            return [], []
+            return []
         indices = np.array([e["index"] for e in entries], np.uint64)
+        offsets = np.empty(len(entries), np.uint64)
         address, size = ctypes.c_void_p(), ctypes.c_uint64()
         u64p = ctypes.POINTER(ctypes.c_uint64)
-        layout = self.lib.ckptfs_map_tensors(self._handle(), len(entries), indices.ctypes.data_as(u64p),
-                                             ctypes.byref(address), ctypes.byref(size))
-        if layout is None:
+        if self.lib.ckptfs_load_mapped(self._handle(), len(entries), indices.ctypes.data_as(u64p),
+                                       ctypes.byref(address), ctypes.byref(size), offsets.ctypes.data_as(u64p)) != 0:
             raise last_error()
-        layout = json.loads(layout)
+        if not address.value:  # every tensor is empty
+            return [torch.empty(e["shape"], dtype=torch_dtype(e["dtype"])) for e in entries]
         region = MappedRegion(self.lib, address.value, size.value)
         storage = torch.frombuffer(region.buffer(), dtype=torch.uint8).untyped_storage()
         tensors = []
-        for entry, offset in zip(entries, layout["offsets"]):
+        for entry, offset in zip(entries, offsets.tolist()):
             shape = entry["shape"]
             strides, step = [], 1
             for dim in reversed(shape):
@@ -195,15 +198,7 @@ class Source:
             tensor = torch.empty(0, dtype=torch_dtype(entry["dtype"]))
             tensor.set_(storage, offset // itemsize(entry["dtype"]), shape, list(reversed(strides)))
             tensors.append(tensor)
-        reads = [(entries[i], start, length, region.address + layout["offsets"][i] + start)
-                 for i, start, length in layout["reads"]]
-        return tensors, reads
-
-    def read_range(self, entry: dict, offset: int, length: int, out_address: int) -> None:
-        """Reads bytes [OFFSET, OFFSET + LENGTH) of ENTRY as served into OUT_ADDRESS."""
-        import numpy as np
-
-        self.read(entry["index"], np.array([offset], np.uint64), np.array([length], np.uint64), out_address)
+        return tensors
 
     def mapped_numpy(self, entry: dict):
         """ENTRY as a numpy array over the source file's pages (no copy)."""

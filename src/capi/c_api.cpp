@@ -3,6 +3,7 @@
 
 #include "capi/tensor_map.hpp"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -239,6 +240,42 @@ CKPTFS_EXPORT const char* ckptfs_map_tensors(ckptfs_handle* handle, size_t count
   } catch (const std::exception& e) {
     SetError(std::string("ckptfs_map_tensors: ") + e.what());
     return nullptr;
+  }
+}
+
+CKPTFS_EXPORT int ckptfs_load_mapped(ckptfs_handle* handle, size_t count, const uint64_t* indices, void** region,
+                                     uint64_t* region_size, uint64_t* offsets) {
+  using namespace ckptfs;
+  try {
+    *region = nullptr;
+    *region_size = 0;
+    if (!handle) return SetError("ckptfs_load_mapped: null handle"), -1;
+    const std::vector<size_t> positions(indices, indices + count);
+    TensorRegion mapped;
+    Status s = MapTensors(*handle->view, positions, &mapped);
+    if (s.ok()) s = ReadUnmapped(*handle->view, positions, &mapped);
+    if (!s.ok()) {
+      UnmapRegion(mapped.base, mapped.size);
+      return SetError(s.message()), -1;
+    }
+    uint64_t bytes = 0, read_bytes = 0;
+    for (size_t i = 0; i < count; ++i) bytes += handle->view->catalog().tensors[positions[i]].served_nbytes();
+    for (const TensorRead& r : mapped.reads) read_bytes += r.length;
+    try {
+      g_stats = nlohmann::json{{"tensors", count},         {"bytes", bytes}, {"mapped_bytes", mapped.mapped_bytes},
+                               {"read_bytes", read_bytes}, {"maps", mapped.maps}, {"backend", "map"}}
+                    .dump();
+    } catch (...) {
+      UnmapRegion(mapped.base, mapped.size);
+      throw;
+    }
+    std::copy(mapped.offsets.begin(), mapped.offsets.end(), offsets);
+    *region = mapped.base;
+    *region_size = mapped.size;
+    return 0;
+  } catch (const std::exception& e) {
+    SetError(std::string("ckptfs_load_mapped: ") + e.what());
+    return -1;
   }
 }
 

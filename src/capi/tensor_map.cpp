@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <map>
@@ -40,8 +41,15 @@ constexpr int kPopulateRead = MADV_POPULATE_READ;
 #else
 constexpr int kPopulateRead = 22;
 #endif
-// Threads that populate maps (Populate), at most.
-constexpr size_t kPopulateThreads = 4;
+// Threads that populate maps or read the bytes no map supplies, at most.
+constexpr size_t kWorkThreads = 4;
+// What one fault of a file map makes resident where it cannot use a huge entry: the kernel
+// maps the cached pages around the faulting one, fault_around_bytes (64 KiB by default, set
+// only through debugfs). A smaller setting leaves pages between these points to be mapped
+// when first touched.
+constexpr uint64_t kFaultAround = 64 << 10;
+// Reads shorter than this in all are done on the calling thread: a thread costs more.
+constexpr uint64_t kThreadedReadBytes = 4 << 20;
 // Where unmapped tensors start: enough for any element type and for vector loads.
 constexpr uint64_t kReadAlignment = 64;
 
@@ -72,31 +80,60 @@ char* Reserve(uint64_t size, uint64_t alignment) {
   return reinterpret_cast<char*>(aligned);
 }
 
-// Maps the page-table entries of RANGES (maps of cached files) now, on a few threads. Pages
-// a huge page-table entry cannot map would each cost a fault per 64 KiB when first touched;
-// MADV_POPULATE_READ maps them in one pass without breaking copy-on-write (Linux 5.14+; an
-// older kernel refuses, and they are mapped on first touch as before). It is as much work as
-// the faults would be, so it is split over threads as a toucher would split its touches.
-void Populate(const std::vector<std::pair<char*, uint64_t>>& ranges) {
-  constexpr uint64_t kChunk = 16 << 20;
-  std::vector<std::pair<char*, uint64_t>> chunks;
-  for (const auto& [at, length] : ranges)
-    for (uint64_t done = 0; done < length; done += kChunk) chunks.push_back({at + done, std::min(kChunk, length - done)});
-  const size_t threads = std::min<size_t>({kPopulateThreads, std::max(1u, std::thread::hardware_concurrency()),
-                                           chunks.size()});
-  auto work = [&chunks, threads](size_t first) {
-    for (size_t c = first; c < chunks.size(); c += threads) ::madvise(chunks[c].first, chunks[c].second, kPopulateRead);
+// Runs work(0) .. work(count - 1) on up to `threads` threads, the calling one included, each
+// taking the next index when it is done with one; on fewer when no thread can be had.
+template <typename Work>
+void ParallelFor(size_t count, size_t threads, const Work& work) {
+  threads = std::min<size_t>({threads, std::max(1u, std::thread::hardware_concurrency()), count});
+  std::atomic<size_t> next{0};
+  auto run = [&work, &next, count] {
+    for (size_t i = next++; i < count; i = next++) work(i);
   };
   std::vector<std::thread> pool;
   try {
-    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back(run);
   } catch (const std::system_error&) {
-    // No thread to be had: the calling thread populates the rest.
-    for (size_t t = pool.size() + 1; t < threads; ++t)
-      for (size_t c = t; c < chunks.size(); c += threads) ::madvise(chunks[c].first, chunks[c].second, kPopulateRead);
+    // No more threads to be had: those started and the calling one share the work.
   }
-  if (threads > 0) work(0);
+  run();
   for (std::thread& t : pool) t.join();
+}
+
+// A range of maps to make resident now: `huge` when its address agrees with its file offset
+// modulo the huge page size, so that its whole huge pages map with one entry each.
+struct PopulateRange {
+  char* at = nullptr;
+  uint64_t length = 0;
+  bool huge = false;
+};
+
+// Maps the page-table entries of RANGES (maps of cached files) now, on a few threads: a load
+// wants every byte, and these faults, split over threads, cost less than the same faults taken
+// by a first touch (tests/bench/README.md, bench_python_load.py). MADV_POPULATE_READ (Linux
+// 5.14+) faults pages in without breaking copy-on-write and returns an error where a touch
+// would raise SIGBUS (a file truncated since it was checked). It is called on each huge page
+// that can be mapped whole, and elsewhere on one page every kFaultAround bytes, since each
+// fault maps that many cached pages around the faulting one. One call over a whole range would
+// walk every 4 KiB page a second time in the kernel's get_user_pages loop, which measured 2-3x
+// the cost of the faults themselves. An older kernel refuses; the pages are then mapped when
+// first touched, as without this.
+void Populate(const std::vector<PopulateRange>& ranges, uint64_t page, uint64_t huge) {
+  constexpr uint64_t kTask = 16 << 20;  // bytes per unit of work handed to a thread
+  std::vector<PopulateRange> tasks;
+  for (const PopulateRange& r : ranges)
+    for (uint64_t done = 0; done < r.length; done += kTask)
+      tasks.push_back({r.at + done, std::min(kTask, r.length - done), r.huge});
+  ParallelFor(tasks.size(), kWorkThreads, [&](size_t i) {
+    const PopulateRange& task = tasks[i];
+    const auto begin = reinterpret_cast<uint64_t>(task.at), end = begin + task.length;
+    for (uint64_t at = begin; at < end;) {
+      // A whole huge page in one call: one entry when the file's cache holds it in one huge
+      // folio (the call then steps over it at once), every page otherwise.
+      const bool whole = task.huge && at % huge == 0 && end - at >= huge;
+      if (::madvise(reinterpret_cast<void*>(at), whole ? huge : page, kPopulateRead) != 0) return;
+      at = whole ? at + huge : RoundDown(at, kFaultAround) + kFaultAround;
+    }
+  });
 }
 
 // A map of part of a tensor: bytes [map_begin, map_end) from the start of the tensor's first
@@ -236,7 +273,7 @@ Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRe
   region->base = bytes;
 
   FileDescriptors fds(files);
-  std::vector<std::pair<char*, uint64_t>> populate;
+  std::vector<PopulateRange> populate;
   auto fail = [&](Status s) {
     UnmapRegion(bytes, region->size);
     *region = TensorRegion{};
@@ -262,14 +299,35 @@ Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRe
         continue;
       }
       ++region->maps;
-      if ((reinterpret_cast<uint64_t>(at) - m.file_offset) % huge != 0) populate.push_back({at, length});
+      populate.push_back({at, length, (reinterpret_cast<uint64_t>(at) - m.file_offset) % huge == 0});
       region->mapped_bytes += m.tensor_end - m.tensor_begin;
       AddRead(i, unread_from, m.tensor_begin, &region->reads);
       unread_from = m.tensor_end;
     }
     AddRead(i, unread_from, nbytes, &region->reads);
   }
-  Populate(populate);
+  Populate(populate, page, huge);
+  return Status::OK();
+}
+
+Status ReadUnmapped(const View& view, const std::vector<size_t>& indices, TensorRegion* region) {
+  std::vector<const TensorRead*> order;
+  uint64_t total = 0;
+  for (const TensorRead& r : region->reads) {
+    order.push_back(&r);
+    total += r.length;
+  }
+  // Largest first, so that the threads finish together.
+  std::sort(order.begin(), order.end(), [](const TensorRead* a, const TensorRead* b) { return a->length > b->length; });
+  std::vector<Status> failures(order.size(), Status::OK());
+  char* const base = static_cast<char*>(region->base);
+  ParallelFor(order.size(), total >= kThreadedReadBytes ? kWorkThreads : 1, [&](size_t i) {
+    const TensorRead& r = *order[i];
+    failures[i] = view.ReadTensorData(indices[r.tensor], r.offset, static_cast<size_t>(r.length),
+                                      base + region->offsets[r.tensor] + r.offset);
+  });
+  for (const Status& s : failures)
+    if (!s.ok()) return s;
   return Status::OK();
 }
 

@@ -36,9 +36,14 @@ struct TensorRegion {
 // local source file at the same offset within a page; `region->reads` lists the bytes left
 // (their pages are zero-filled anonymous memory). A tensor whose pieces share one offset
 // within a page (ZeRO-3 partitions of one flat buffer per rank) is then maps of the ranks'
-// files, except the page where two pieces meet. Each source file is opened by its local path
-// and must still be the file the view indexed, else an error naming it.
+// files, except the page where two pieces meet. The mapped pages are made resident before it
+// returns. Each source file is opened by its local path and must still be the file the view
+// indexed, else an error naming it.
 Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRegion* region);
+
+// Reads `region->reads` (of MapTensors(view, indices, region)) into their places in the
+// region, on a few threads when there are megabytes of them: then every tensor is whole.
+Status ReadUnmapped(const View& view, const std::vector<size_t>& indices, TensorRegion* region);
 
 Status UnmapRegion(void* base, uint64_t size);
 

@@ -35,7 +35,11 @@ tensor, which makes lazily mapped tensors resident, so it is the time until all 
 memory whatever the method (the fair comparison: a map costs nothing until touched). `cpu s`
 is the loading process's user + system time over call and touch, `faults` its minor page
 faults: both barely change with the machine's load, unlike the times. Each child imports torch,
-safetensors and ckptfs and loads libckptfs.so before the clock. Medians of --repeats runs
+safetensors and ckptfs and loads libckptfs.so before the clock, and sets torch's threads to
+--torch-threads (default 1; 0 leaves torch's default): the touch is a strided sum, and with
+torch's OpenMP pool on a loaded 2-core machine its barrier took 25-30 ms of CPU per touch of
+0.89 GB whatever the loader (the same touch repeated with no fault left cost as much), which
+hid the loaders' own differences; libckptfs's threads are not torch's. Medians of --repeats runs
 decide the goals; the best run is printed too (the machine may be loaded). Peak RSS is VmHWM of
 the loading process after the touch, and net of the floor (the VmHWM of a process that only
 imported torch, safetensors and ckptfs), which every loader pays.
@@ -74,7 +78,7 @@ RSS_GOAL = 1.1
 # --- child modes (torch is imported only here) ---------------------------------------------
 
 
-def child_load(mode: str, source: str) -> None:
+def child_load(mode: str, source: str, torch_threads: int) -> None:
     import resource
 
     import safetensors.torch
@@ -83,6 +87,8 @@ def child_load(mode: str, source: str) -> None:
     import ckptfs
 
     ckptfs.option_table()  # loads libckptfs.so before the clock, as importing safetensors loads its own
+    if torch_threads > 0:
+        torch.set_num_threads(torch_threads)
     if mode == "memcpy":
         # Made resident and allocated before the clock: what is timed is the copy alone.
         sources = safetensors.torch.load_file(source)
@@ -157,14 +163,14 @@ def warm(path: Path) -> None:
                 pass
 
 
-def measure(methods: dict, repeats: int, timeout: float) -> dict:
+def measure(methods: dict, repeats: int, timeout: float, torch_threads: int) -> dict:
     """Runs every method of METHODS ({name: (mode, source)}) REPEATS times, interleaved (one
     run of each per round, so a change in the machine's load hits them alike); medians."""
     runs = {name: [] for name in methods}
     for _ in range(repeats):
         for name, (mode, source) in methods.items():
             warm(source)
-            runs[name].append(run_child(["--_load", mode, str(source)], timeout))
+            runs[name].append(run_child(["--_load", mode, str(source), str(torch_threads)], timeout))
     out = {}
     for name, rs in runs.items():
         med = {key: statistics.median(r[key] for r in rs) for key in ("call_s", "touch_s", "VmHWM", "cpu_s", "faults")}
@@ -192,11 +198,13 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--only", default="", help="comma-separated sources to measure (pt, zero); default all")
-    ap.add_argument("--_load", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="torch.set_num_threads in every child (0: torch's default); see the docstring")
+    ap.add_argument("--_load", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--_generate", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._load:
-        child_load(*args._load)
+        child_load(args._load[0], args._load[1], int(args._load[2]))
         return 0
     if args._generate:
         out, *dims = args._generate
@@ -220,8 +228,9 @@ def main() -> int:
             subprocess.run([str(ckptfs_binary()), "export", str(zero), str(copy)], check=True, timeout=args.timeout)
         sources["zero"] = (zero, copy / "model.safetensors")
 
-    floor = measure({"floor": ("floor", pt)}, args.repeats, args.timeout)["floor"]["VmHWM"]
+    floor = measure({"floor": ("floor", pt)}, args.repeats, args.timeout, args.torch_threads)["floor"]["VmHWM"]
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; page cache warm; "
+          f"torch threads {args.torch_threads or 'default'}; "
           f"floor (torch + safetensors + ckptfs imported) {floor / 1024:.0f} MiB; medians of {args.repeats}, "
           f"methods interleaved\n")
     header = (f"{'source':8} {'method':30} {'GB':>6} {'call s':>8} {'+touch s':>9} {'cpu s':>7} {'faults':>7} "
@@ -241,7 +250,7 @@ def main() -> int:
         methods["load_file (safetensors copy)"] = ("load_file", copy)
         methods["load_file + clone (copy floor)"] = ("load_file-clone", copy)
         methods["ckptfs.load of the copy"] = ("ckptfs", copy)
-        rows = measure(methods, args.repeats, args.timeout)
+        rows = measure(methods, args.repeats, args.timeout, args.torch_threads)
         reference = rows["load_file (safetensors copy)"]["total_s"]
         reference_best = rows["load_file (safetensors copy)"]["best_s"]
         reference_cpu = rows["load_file (safetensors copy)"]["cpu_s"]

@@ -1,11 +1,14 @@
 """ckptfs.load(device="cpu") of ZeRO-3 saves whose parameters are split over the rank files in
-whole pages: those tensors are composed of private maps of the rank files (ckptfs_map_tensors),
+whole pages: those tensors are composed of private maps of the rank files (ckptfs_load_mapped),
 byte for byte what DeepSpeed's zero_to_fp32 gives, and the maps live exactly as long as the
 tensors."""
 
 import gc
 import hashlib
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from ckptfs._source import Source
 from ckptfs_testlib import REPO_ROOT, assert_bitwise_equal, cached_fixtures_or_fail
 
 GENERATOR = REPO_ROOT / "tests" / "pypkg" / "make_zero3_pages.py"
+REFUSED_MAPS = REPO_ROOT / "tests" / "pypkg" / "refused_maps.py"
 WORLD_SIZES = (2, 4)
 
 
@@ -164,12 +168,39 @@ def test_a_rank_file_changed_before_mapping_is_an_error(zero3_root, tmp_path):
         stat = rank1.stat()
         os.utime(rank1, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
         with pytest.raises(ckptfs.CkptfsError, match=f"{rank1.name}.*changed since it was indexed"):
-            opened.compose_torch(composed)
+            opened.load_mapped_torch(composed)
     with Source(save_dir, {}) as opened:
         composed = [e for e in opened.tensors if e.get("maps")]
         replacement = tmp_path / "other.pt"
         replacement.write_bytes(rank1.read_bytes())
         replacement.rename(rank1)
         with pytest.raises(ckptfs.CkptfsError, match=f"{rank1.name}.*replaced since it was indexed"):
-            opened.compose_torch(composed)
+            opened.load_mapped_torch(composed)
     assert maps_of([str(rank1.resolve())]) == 0
+
+
+def test_a_refused_map_is_read_instead(zero3_root):
+    """Where the kernel refuses a file map (a file system without mmap: ENODEV), libckptfs
+    reads those bytes into the memory it reserved: the same tensors, bit for bit, and no map
+    of a rank file. refused_maps.py refuses them with a seccomp filter in a process of its own
+    and loads once before and once after."""
+    save_dir, _ = checkpoint(zero3_root, 2)
+    files = rank_files(save_dir)
+    result = subprocess.run([sys.executable, str(REFUSED_MAPS), str(save_dir),
+                             str(zero3_root / "w2" / "zero_to_fp32.pt"), *files],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    if "skip" in report:
+        pytest.skip(report["skip"])
+    before, refused = report["before"], report["refused"]
+    # Without the filter the same load maps both rank files: the filter is what changes.
+    assert before["load_stats"]["maps"] > 0 and before["map_tensors_maps"] > 0
+    assert before["rank_files_mapped"] == files
+    assert before["differing"] == []
+    assert refused["load_stats"]["maps"] == 0 and refused["load_stats"]["mapped_bytes"] == 0
+    assert refused["load_stats"]["read_bytes"] == refused["load_stats"]["bytes"] > 0
+    assert refused["map_tensors_maps"] == 0
+    assert refused["map_tensors_read_bytes"] == refused["map_tensors_bytes"] > 0
+    assert refused["rank_files_mapped"] == []
+    assert refused["differing"] == [], "tensors that differ from zero_to_fp32's after the maps were refused"
