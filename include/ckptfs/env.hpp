@@ -34,14 +34,6 @@ struct FileIdentity {
   bool operator==(const FileIdentity&) const = default;
 };
 
-// Bytes of a source file lent without a copy: `data` stays valid while `keep` is held (null
-// when the bytes lie in a buffer the caller owns).
-struct BorrowedBytes {
-  const char* data = nullptr;
-  size_t length = 0;
-  std::shared_ptr<const void> keep;
-};
-
 // One opened source file.
 class SourceFile {
  public:
@@ -58,16 +50,6 @@ class SourceFile {
 
   // kSourceChanged when the file differs from the one that was opened.
   virtual Status CheckUnchanged() const = 0;
-
-  // Appends to *out slices that hold, in order, exactly the `length` bytes at `offset` (the
-  // range checked as for Read). A source that already holds the bytes in memory (the remote
-  // block cache) lends them, so a FUSE reply is written straight from them; the default
-  // reads them into `scratch` (`length` bytes the caller owns) as Read does.
-  virtual Status Borrow(uint64_t offset, size_t length, char* scratch, std::vector<BorrowedBytes>* out) const {
-    CKPTFS_RETURN_IF_ERROR(Read(offset, length, scratch));
-    out->push_back(BorrowedBytes{scratch, length, nullptr});
-    return Status::OK();
-  }
 
   // A path the operating system can open, for O_DIRECT and cuFile reads; "" when the file
   // has none (memory, remote).

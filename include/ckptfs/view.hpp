@@ -82,12 +82,6 @@ class View {
   // Reads up to `length` bytes at `offset` of file `id` into `out`; *nread is short only
   // at the end of the file.
   Status Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* nread) const;
-  // The same read as slices, in order (src/view/read_slices.cpp): byte ranges of source
-  // files that their SourceFile lends (SourceFile::Borrow) point into its memory, and
-  // everything else is written into `scratch` (`length` bytes) at its place in the read.
-  // The slices stay valid while *out holds them.
-  Status ReadSlices(NodeId id, uint64_t offset, size_t length, char* scratch, std::vector<BorrowedBytes>* out,
-                    size_t* nread) const;
 
   // XXH3-64 of the whole content of file `id` (reads it all).
   Status Xxh3(NodeId id, uint64_t* hash) const;

@@ -4,7 +4,6 @@
 
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/uio.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -186,32 +185,19 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file
   Guard(req, [&] {
     Filesystem& fs = Fs(req);
     if (!Valid(fs, ino) || offset < 0) return (void)fuse_reply_err(req, EINVAL);
+    // One reusable buffer per worker thread: libfuse's workers live for the mount.
     // Before the bytes are read: the pusher then skips what this READ already covers.
     if (fs.push_ahead) fs.push_ahead->OnRead(ino, static_cast<uint64_t>(offset), size);
-    // The reply is written from slices: bytes a source lends (remote cache blocks) go to the
-    // kernel without a copy into a reply buffer; everything else is made in `scratch`.
-    // `slices` pins what it lends until the reply is written (fuse_reply_iov writes it
-    // before returning) and lets go of it on every way out. Reusable buffers per worker
-    // thread: libfuse's workers live for the mount.
-    thread_local std::vector<char> scratch;
-    thread_local std::vector<BorrowedBytes> slices;
-    thread_local std::vector<struct iovec> iov;
-    struct Unpin {
-      ~Unpin() { slices.clear(); }
-    } unpin;
-    if (scratch.size() < size) scratch.resize(size);
-    slices.clear();
+    thread_local std::vector<char> buf;
+    if (buf.size() < size) buf.resize(size);
     size_t n = 0;
-    Status s = fs.view->ReadSlices(NodeOf(ino), static_cast<uint64_t>(offset), size, scratch.data(), &slices, &n);
+    Status s = fs.view->Read(NodeOf(ino), static_cast<uint64_t>(offset), size, buf.data(), &n);
     if (!s.ok()) {
       fuse_log(FUSE_LOG_ERR, "ckptfs: read of %s failed: %s\n", fs.view->PathOf(NodeOf(ino)).c_str(),
                s.message().c_str());
       return (void)fuse_reply_err(req, s.ToErrno());
     }
-    iov.clear();
-    for (const BorrowedBytes& slice : slices) iov.push_back(iovec{const_cast<char*>(slice.data), slice.length});
-    if (iov.empty()) fuse_reply_buf(req, nullptr, 0);
-    else fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));
+    fuse_reply_buf(req, buf.data(), n);
   });
 }
 

@@ -259,11 +259,7 @@ Status RemoteFile::CheckUnchanged() const {
   return Status::OK();
 }
 
-// Hands each piece of [offset, offset+length) to `take(block, from, to)` in order, once its
-// block is in the cache (fetched here, by readahead or by another reader). `take` runs only
-// while the object is known unchanged, and holds the block's buffer as long as it needs it.
-template <typename Take>
-Status RemoteFile::Collect(uint64_t offset, size_t length, Take take) const {
+Status RemoteFile::Read(uint64_t offset, size_t length, void* out) const {
   if (length == 0) return Status::OK();
   State& st = *state_;
   if (st.changed.load()) return st.change;
@@ -273,6 +269,7 @@ Status RemoteFile::Collect(uint64_t offset, size_t length, Take take) const {
   // Fetch what nobody has or is fetching, in as few requests as possible, then collect.
   Status fetched = st.FetchAbsent(first, last, kMaxRequestBytes);
   if (!fetched.ok()) return fetched;
+  char* dst = static_cast<char*>(out);
   for (uint64_t b = first; b <= last; ++b) {
     BlockCache::Block block;
     // A block another reader was fetching may fail or be evicted before we copy it: then
@@ -295,31 +292,10 @@ Status RemoteFile::Collect(uint64_t offset, size_t length, Take take) const {
     const uint64_t from = std::max(offset, block_start);
     const uint64_t to = std::min<uint64_t>(offset + length, block_start + block.length);
     if (to <= from || from - block_start + (to - from) > block.length) return ShorterThanIndexed(st.object.display);
-    take(block, from - block_start, to - from);
+    std::memcpy(dst + (from - offset), block.data() + (from - block_start), to - from);
     if (streaming && to == block_start + block.length) st.context->cache.Consumed(st.id, b);
   }
   return Status::OK();
-}
-
-Status RemoteFile::Read(uint64_t offset, size_t length, void* out) const {
-  char* dst = static_cast<char*>(out);
-  return Collect(offset, length, [&](const BlockCache::Block& block, uint64_t in_block, uint64_t bytes) {
-    std::memcpy(dst, block.data() + in_block, bytes);
-    dst += bytes;
-  });
-}
-
-Status RemoteFile::Borrow(uint64_t offset, size_t length, char*, std::vector<BorrowedBytes>* out) const {
-  // Each slice holds its block's buffer: a block evicted or marked consumed meanwhile keeps
-  // its bytes, and the buffer goes back to the pool only when the last slice is dropped.
-  return Collect(offset, length, [&](const BlockCache::Block& block, uint64_t in_block, uint64_t bytes) {
-    const char* data = block.data() + in_block;
-    if (!out->empty() && out->back().keep == block.buffer && out->back().data + out->back().length == data) {
-      out->back().length += bytes;
-    } else {
-      out->push_back(BorrowedBytes{data, bytes, block.buffer});
-    }
-  });
 }
 
 }  // namespace ckptfs

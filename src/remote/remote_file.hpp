@@ -10,7 +10,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <vector>
 
 #include "ckptfs/env.hpp"
 #include "ckptfs/remote.hpp"
@@ -58,8 +57,6 @@ class RemoteFile final : public SourceFile {
   const std::string& name() const override;
   const FileIdentity& identity() const override;
   Status Read(uint64_t offset, size_t length, void* out) const override;
-  // Lends the cache blocks themselves (no copy).
-  Status Borrow(uint64_t offset, size_t length, char* scratch, std::vector<BorrowedBytes>* out) const override;
   // Remote objects are checked on every answer, not by polling: kSourceChanged once an
   // answer has shown the object changed.
   Status CheckUnchanged() const override;
@@ -68,8 +65,6 @@ class RemoteFile final : public SourceFile {
 
  private:
   explicit RemoteFile(std::shared_ptr<State> state) : state_(std::move(state)) {}
-  template <typename Take>
-  Status Collect(uint64_t offset, size_t length, Take take) const;
   std::shared_ptr<State> state_;
 };
 
