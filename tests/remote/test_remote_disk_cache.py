@@ -1,12 +1,15 @@
 """The on-disk block cache (-o cache_dir) with a size bound (-o cache_dir_size), shared by two
 mounts of the same object on a real nginx: both serve exactly the bytes of the local mount
 while they fill and evict the one folder, the folder ends within the bound, and a later
-mount serves the blocks that stayed from disk and fetches the evicted ones again."""
+mount serves the blocks that stayed from disk and fetches the evicted ones again; a bound
+without a folder is refused."""
 
 import threading
 
 import pytest
 import torch
+
+from fusetools import mount_entry
 
 MiB = 1 << 20
 
@@ -87,3 +90,13 @@ def test_unbounded_cache_keeps_every_block(bounded_pt, nginx, mounts, tmp_path):
     root = mounts.mount(nginx.url("bounded.pt"), None, "-o", f"cache_dir={cache}")
     (root / "model.safetensors").read_bytes()
     assert folder_bytes(cache) >= bounded_pt.stat().st_size
+
+
+@pytest.mark.timeout(60)
+def test_a_bound_without_a_folder_is_one_line_and_no_mount(nginx, mounts):
+    mp = mounts.new_mountpoint()
+    res = mounts.start([mounts.binary, nginx.url("bounded.pt"), mp, "-o", "cache_dir_size=1GiB"], mp, timeout=20)
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cache_dir_size" in lines[0] and "cache_dir" in lines[0], res.stderr
+    assert mount_entry(mp) is None
