@@ -100,15 +100,17 @@ bool RemoveIfUnused(const Object& o) {
 }  // namespace
 
 DiskCacheBudget::DiskCacheBudget(std::string folder, uint64_t max_bytes)
-    : folder_(std::move(folder)), max_bytes_(max_bytes), check_every_(std::max<uint64_t>(max_bytes / 8, 1)) {}
+    : folder_(std::move(folder)), max_bytes_(max_bytes), check_every_(std::max<uint64_t>(max_bytes / 16, 1)) {}
+
+DiskCacheBudget::~DiskCacheBudget() {
+  // Writes since the last pass (smaller than check_every_ together) are measured too.
+  if (max_bytes_ != 0 && since_check_.load() != 0) EvictNow();
+}
 
 void DiskCacheBudget::Wrote(uint64_t bytes) {
   if (max_bytes_ == 0) return;
   if (since_check_.fetch_add(bytes) + bytes < check_every_) return;
-  std::unique_lock<std::mutex> lock(pass_mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return;  // another thread of this process is measuring
-  since_check_.store(0);
-  lock.unlock();
+  // Even when another thread's pass is under way: it may have measured before this write.
   EvictNow();
 }
 
@@ -121,6 +123,9 @@ uint64_t DiskCacheBudget::Measure(const std::string& folder) {
 
 uint64_t DiskCacheBudget::EvictNow() {
   std::lock_guard<std::mutex> in_process(pass_mu_);
+  // Writes finished before this point are on disk and measured below; later ones count
+  // towards the next pass, which their writer then runs.
+  since_check_.store(0);
   const int lock_fd = ::open((folder_ + "/evict.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lock_fd < 0) return Measure(folder_);
   struct CloseFd {

@@ -1,13 +1,14 @@
 // DiskCacheBudget: keeps a cache folder (cache_dir) within a size (cache_dir_size) by
 // evicting the least recently used blocks of any object in it, whichever process wrote
-// them. Each process counts what it writes and, every eighth of the bound, measures the
-// folder (the space its files take on disk) and, when over the bound, evicts down to three
-// quarters of it; one process at a time evicts (an flock on "evict.lock" in the folder,
-// which the others wait for). With N processes writing at once the folder may pass the
-// bound for a moment by what they write between two passes (a request, up to 16 MiB, or an
-// eighth of the bound); once they stop it is within the bound. Evicting a block clears its map entry and punches a hole in
-// the data file under the entry's lock (disk_cache.hpp says why that is safe for readers in
-// any process); an object left with no block and open nowhere loses its files.
+// them. Each process counts what it writes and, every sixteenth of the bound and when the
+// source closes, measures the folder (the space its files take on disk) and, when over the
+// bound, evicts down to three quarters of it. One process at a time evicts (an flock on
+// "evict.lock" in the folder, which the others wait for). While processes write, the folder
+// may pass the bound by what they wrote since their last pass (a request, up to 16 MiB);
+// once they stop, each has at most a sixteenth of the bound uncounted, so up to four
+// writers end within it. Evicting a block clears its map entry and punches a hole in the
+// data file under the entry's lock (disk_cache.hpp says why that is safe for readers in any
+// process); an object left with no block and open nowhere loses its files.
 // Thread-safety: all methods may be called concurrently.
 #ifndef CKPTFS_REMOTE_DISK_CACHE_BUDGET_HPP_
 #define CKPTFS_REMOTE_DISK_CACHE_BUDGET_HPP_
@@ -23,6 +24,9 @@ class DiskCacheBudget {
  public:
   // `max_bytes` 0: unbounded (Wrote never evicts).
   DiskCacheBudget(std::string folder, uint64_t max_bytes);
+  ~DiskCacheBudget();
+  DiskCacheBudget(const DiskCacheBudget&) = delete;
+  DiskCacheBudget& operator=(const DiskCacheBudget&) = delete;
 
   // Hears of `bytes` just written to the folder; may run an eviction pass in this thread.
   void Wrote(uint64_t bytes);
