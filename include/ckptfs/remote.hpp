@@ -19,12 +19,15 @@
 namespace ckptfs {
 
 // How remote objects are fetched and cached (the source options cache_size, cache_dir,
-// remote_timeout, remote_retries, readahead).
+// cache_dir_size, remote_timeout, remote_retries, readahead).
 struct RemoteOptions {
   // Bytes of fetched blocks kept in memory, shared by all files of the source.
   uint64_t cache_bytes = uint64_t{256} << 20;
   // A folder for fetched blocks on disk, keyed by URL, ETag and size; empty: none.
   std::string cache_dir;
+  // At most this many bytes of blocks in cache_dir, least recently used evicted first, among
+  // all processes sharing the folder; 0: unbounded.
+  uint64_t cache_dir_bytes = 0;
   // A request that moves no byte for this long (or cannot connect) is abandoned and retried.
   int timeout_seconds = 30;
   // Further tries of a request that failed transiently (timeouts, resets, 5xx, short or

@@ -223,6 +223,10 @@ const OptionSpec kTable[] = {
      "remote sources: also keep fetched blocks in folder DIR, keyed by URL and ETag, so a remount fetches "
      "nothing twice (default: none)",
      ParseCacheDir},
+    {"cache_dir_size", kValue, kSourceGroup, "SIZE",
+     "remote sources: keep at most SIZE of blocks in the cache_dir folder, shared by every mount and command "
+     "using it, least recently used evicted first (default: unbounded)",
+     ParseSizeInto<&OptionValues::source, &SourceOptions::remote, &RemoteOptions::cache_dir_bytes>},
     {"ca_file", kValue, kSourceGroup, "FILE",
      "https:// and s3:// sources: trust the CA certificates in FILE (default: $AWS_CA_BUNDLE for s3://, "
      "then $CURL_CA_BUNDLE, then the system's)",

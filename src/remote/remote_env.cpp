@@ -42,6 +42,9 @@ Status EnvForSource(const std::string& source, const RemoteOptions& options, std
     return Status::OK();
   }
   CKPTFS_RETURN_IF_ERROR(CheckSourceUrl(source));
+  // A bound on a folder that is not there would be silently ignored.
+  if (options.cache_dir_bytes != 0 && options.cache_dir.empty())
+    return Status::InvalidArgument("cache_dir_size", "bounds the cache_dir folder: give cache_dir too");
   const bool s3 = StartsWith(source, "s3://");
   RemoteOptions resolved = options;
   CKPTFS_RETURN_IF_ERROR(ResolveCaFile(s3, &resolved));

@@ -41,6 +41,7 @@ RemoteContext::RemoteContext(const RemoteOptions& o)
       buffers(std::make_shared<BufferPool>(kReadaheadRequestBytes,
                                            o.cache_bytes / kReadaheadRequestBytes + 2 * kReadaheadThreads)),
       cache(o.cache_bytes, kConsumedKeepBytes),
+      disk_budget(o.cache_dir.empty() ? nullptr : std::make_unique<DiskCacheBudget>(o.cache_dir, o.cache_dir_bytes)),
       pool(kReadaheadThreads) {}
 
 int64_t ParseHttpDate(const std::string& text) {
@@ -103,9 +104,8 @@ struct RemoteFile::State {
     Status s;
     if (changed.load()) {
       s = change;
-    } else if (disk && disk->Has(first, last)) {
-      s = disk->Read(offset, buffer->size(), buffer->data());
-      if (s.ok()) CountDiskCacheBytes(buffer->size());
+    } else if (disk && disk->TryRead(first, last, offset, buffer->size(), buffer->data())) {
+      CountDiskCacheBytes(buffer->size());
     } else {
       HttpRequest req;
       req.url = object.request_url;
@@ -242,7 +242,8 @@ Status RemoteFile::Open(std::shared_ptr<RemoteContext> context, RemoteObject obj
   state->id = context->next_object_id.fetch_add(1);
   if (!context->options.cache_dir.empty())
     CKPTFS_RETURN_IF_ERROR(DiskCache::Open(context->options.cache_dir, object.display, object.identity.version,
-                                           object.identity.size, kBlockBytes, &state->disk));
+                                           object.identity.size, kBlockBytes, context->disk_budget.get(),
+                                           &state->disk));
   state->context = std::move(context);
   state->object = std::move(object);
   out->reset(new RemoteFile(std::move(state)));

@@ -17,6 +17,7 @@
 #include "remote/block_cache.hpp"
 #include "remote/buffer_pool.hpp"
 #include "remote/disk_cache.hpp"
+#include "remote/disk_cache_budget.hpp"
 #include "remote/fetch_pool.hpp"
 #include "remote/http_client.hpp"
 
@@ -30,6 +31,7 @@ struct RemoteContext {
   HttpClient client;
   std::shared_ptr<BufferPool> buffers;  // before the cache: its blocks return buffers here
   BlockCache cache;
+  std::unique_ptr<DiskCacheBudget> disk_budget;  // when cache_dir is set (files hold the context, so it outlives their DiskCaches)
   std::atomic<uint64_t> next_object_id{1};
   FetchPool pool;
 };

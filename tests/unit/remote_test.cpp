@@ -6,6 +6,8 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -13,6 +15,7 @@
 #include "ckptfs/remote.hpp"
 #include "remote/block_cache.hpp"
 #include "remote/disk_cache.hpp"
+#include "remote/disk_cache_budget.hpp"
 #include "remote/remote_file.hpp"
 #include "remote/s3_listing.hpp"
 #include "remote/url.hpp"
@@ -163,29 +166,143 @@ BOOST_AUTO_TEST_CASE(buffer_pool_recycles_within_its_bound) {
   BOOST_TEST(pool->Get(5000)->capacity() == 5000u);
 }
 
-BOOST_AUTO_TEST_CASE(disk_cache_is_keyed_by_etag) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("ckptfs-remote-test-" + std::to_string(::getpid()));
+namespace {
+
+std::filesystem::path FreshFolder(const char* name) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("ckptfs-remote-test-" + std::to_string(::getpid()) + "-" + name);
   std::filesystem::remove_all(dir);
+  return dir;
+}
+
+// Block `b` of a test object: bytes that differ per object, block and position, never 0.
+std::string BlockBytes(char object, uint64_t b, size_t n) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(1 + (object * 31 + b * 7 + i) % 251);
+  return s;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(disk_cache_is_keyed_by_etag) {
+  const std::filesystem::path dir = FreshFolder("etag");
   const std::string data(300, 'x');
+  std::string back(200, '\0');
   {
     std::unique_ptr<DiskCache> cache;
-    BOOST_REQUIRE(DiskCache::Open(dir.string(), "http://h/o", "\"v1\"", 300, 100, &cache).ok());
-    BOOST_TEST(!cache->Has(0, 0));
+    BOOST_REQUIRE(DiskCache::Open(dir.string(), "http://h/o", "\"v1\"", 300, 100, nullptr, &cache).ok());
+    BOOST_TEST(!cache->TryRead(0, 0, 0, 100, back.data()));
     cache->Write(100, 200, data.data(), 1, 2);
-    BOOST_TEST(cache->Has(1, 2));
-    BOOST_TEST(!cache->Has(0, 2));
+    BOOST_TEST(cache->TryRead(1, 2, 100, 200, back.data()));
+    BOOST_TEST(!cache->TryRead(0, 2, 0, 300, back.data()));
   }
   {
     std::unique_ptr<DiskCache> again;
-    BOOST_REQUIRE(DiskCache::Open(dir.string(), "http://h/o", "\"v1\"", 300, 100, &again).ok());
-    BOOST_TEST(again->Has(1, 2));
-    std::string back(200, '\0');
-    BOOST_TEST(again->Read(100, 200, back.data()).ok());
+    BOOST_REQUIRE(DiskCache::Open(dir.string(), "http://h/o", "\"v1\"", 300, 100, nullptr, &again).ok());
+    back.assign(200, '\0');
+    BOOST_TEST(again->TryRead(1, 2, 100, 200, back.data()));
     BOOST_TEST(back == data.substr(0, 200));
     std::unique_ptr<DiskCache> changed;
-    BOOST_REQUIRE(DiskCache::Open(dir.string(), "http://h/o", "\"v2\"", 300, 100, &changed).ok());
-    BOOST_TEST(!changed->Has(1, 1));
+    BOOST_REQUIRE(DiskCache::Open(dir.string(), "http://h/o", "\"v2\"", 300, 100, nullptr, &changed).ok());
+    BOOST_TEST(!changed->TryRead(1, 1, 100, 100, back.data()));
   }
+  std::filesystem::remove_all(dir);
+}
+
+BOOST_AUTO_TEST_CASE(disk_cache_budget_evicts_least_recently_used_blocks) {
+  const std::filesystem::path dir = FreshFolder("lru");
+  constexpr uint64_t kBlock = 4096;  // the file system's unit, so each eviction frees a block
+  std::unique_ptr<DiskCache> a, b;
+  BOOST_REQUIRE(DiskCache::Open(dir.string(), "http://h/a", "\"1\"", 8 * kBlock, kBlock, nullptr, &a).ok());
+  BOOST_REQUIRE(DiskCache::Open(dir.string(), "http://h/b", "\"1\"", 8 * kBlock, kBlock, nullptr, &b).ok());
+  for (uint64_t i = 0; i < 8; ++i) a->Write(i * kBlock, kBlock, BlockBytes('a', i, kBlock).data(), i, i);
+  for (uint64_t i = 0; i < 8; ++i) b->Write(i * kBlock, kBlock, BlockBytes('b', i, kBlock).data(), i, i);
+  std::string back(4 * kBlock, '\0');
+  BOOST_REQUIRE(a->TryRead(0, 3, 0, 4 * kBlock, back.data()));  // a's first half: used last
+  const uint64_t before = DiskCacheBudget::Measure(dir.string());
+  BOOST_TEST(before >= 16 * kBlock);
+  // Over a bound of 14 blocks' worth: down to three quarters of it, oldest first.
+  DiskCacheBudget budget(dir.string(), before - 2 * kBlock);
+  const uint64_t after = budget.EvictNow();
+  BOOST_TEST(after <= (before - 2 * kBlock) * 3 / 4);
+  BOOST_TEST(after == DiskCacheBudget::Measure(dir.string()));
+  auto present = [&](DiskCache& c, char object, uint64_t i) {
+    std::string one(kBlock, '\0');
+    if (!c.TryRead(i, i, i * kBlock, kBlock, one.data())) return false;
+    BOOST_TEST((one == BlockBytes(object, i, kBlock)));
+    return true;
+  };
+  for (uint64_t i = 4; i < 8; ++i) BOOST_TEST(!present(*a, 'a', i));  // written first, never read
+  for (uint64_t i = 0; i < 4; ++i) BOOST_TEST(present(*a, 'a', i));   // read last
+  BOOST_TEST(present(*b, 'b', 7));                                     // written last
+  BOOST_TEST(!present(*b, 'b', 0));
+  // Unbounded: nothing goes.
+  DiskCacheBudget unbounded(dir.string(), 0);
+  BOOST_TEST(unbounded.EvictNow() == DiskCacheBudget::Measure(dir.string()));
+  BOOST_TEST(present(*b, 'b', 7));
+  std::filesystem::remove_all(dir);
+}
+
+BOOST_AUTO_TEST_CASE(disk_cache_budget_removes_emptied_objects_nobody_has_open) {
+  const std::filesystem::path dir = FreshFolder("remove");
+  constexpr uint64_t kBlock = 4096;
+  auto files = [&] {
+    size_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) n += e.path().extension() == ".data";
+    return n;
+  };
+  {
+    std::unique_ptr<DiskCache> gone;
+    BOOST_REQUIRE(DiskCache::Open(dir.string(), "http://h/gone", "\"1\"", 4 * kBlock, kBlock, nullptr, &gone).ok());
+    for (uint64_t i = 0; i < 4; ++i) gone->Write(i * kBlock, kBlock, BlockBytes('g', i, kBlock).data(), i, i);
+  }
+  std::unique_ptr<DiskCache> open;
+  BOOST_REQUIRE(DiskCache::Open(dir.string(), "http://h/open", "\"1\"", 4 * kBlock, kBlock, nullptr, &open).ok());
+  for (uint64_t i = 0; i < 4; ++i) open->Write(i * kBlock, kBlock, BlockBytes('o', i, kBlock).data(), i, i);
+  BOOST_TEST(files() == 2u);
+  DiskCacheBudget tiny(dir.string(), 1);  // evicts every block
+  tiny.EvictNow();
+  BOOST_TEST(files() == 1u);  // the open object keeps its (empty) files
+  std::string one(kBlock, '\0');
+  BOOST_TEST(!open->TryRead(0, 0, 0, kBlock, one.data()));
+  open->Write(0, kBlock, BlockBytes('o', 0, kBlock).data(), 0, 0);  // and can be filled again
+  BOOST_TEST(open->TryRead(0, 0, 0, kBlock, one.data()));
+  BOOST_TEST((one == BlockBytes('o', 0, kBlock)));
+  std::filesystem::remove_all(dir);
+}
+
+// Two opens of one object (as two mounts sharing the folder have) write and read while a
+// third evicts with a bound smaller than one block: a read either misses or returns the
+// block's bytes, never a hole or part of one.
+BOOST_AUTO_TEST_CASE(disk_cache_never_serves_an_evicted_block) {
+  const std::filesystem::path dir = FreshFolder("race");
+  constexpr uint64_t kBlock = 64 << 10, kBlocks = 16;
+  std::unique_ptr<DiskCache> one, two;
+  BOOST_REQUIRE(DiskCache::Open(dir.string(), "http://h/o", "\"1\"", kBlocks * kBlock, kBlock, nullptr, &one).ok());
+  BOOST_REQUIRE(DiskCache::Open(dir.string(), "http://h/o", "\"1\"", kBlocks * kBlock, kBlock, nullptr, &two).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> hits{0}, wrong{0};
+  auto user = [&](DiskCache* cache, uint64_t seed) {
+    std::string back(2 * kBlock, '\0');
+    for (uint64_t round = 0; !stop.load(); ++round) {
+      const uint64_t b = (round * 5 + seed) % (kBlocks - 1);
+      if (cache->TryRead(b, b + 1, b * kBlock, 2 * kBlock, back.data())) {
+        ++hits;
+        if (back != BlockBytes('o', b, kBlock) + BlockBytes('o', b + 1, kBlock)) ++wrong;
+      } else {
+        const std::string run = BlockBytes('o', b, kBlock) + BlockBytes('o', b + 1, kBlock);
+        cache->Write(b * kBlock, run.size(), run.data(), b, b + 1);
+      }
+    }
+  };
+  std::thread t1(user, one.get(), 0), t2(user, two.get(), 3);
+  DiskCacheBudget evictor(dir.string(), 1);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (std::chrono::steady_clock::now() < until) evictor.EvictNow();
+  stop.store(true);
+  t1.join();
+  t2.join();
+  BOOST_TEST(hits.load() > 0);
+  BOOST_TEST(wrong.load() == 0);
   std::filesystem::remove_all(dir);
 }

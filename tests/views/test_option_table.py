@@ -47,6 +47,7 @@ VALUES = {
     "max_tensors": ("1000", "0"),
     "cache_size": ("64MiB", "0"),
     "cache_dir": ("/tmp/ckptfs-remote-cache", "relative/cache"),
+    "cache_dir_size": ("1GiB", "0"),
     "ca_file": ("/etc/ssl/certs/ca-certificates.crt", "relative/ca.pem"),
     "readahead": ("8MiB", "fast"),
     "remote_timeout": ("5", "0"),
