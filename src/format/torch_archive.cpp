@@ -108,10 +108,10 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
     CKPTFS_RETURN_IF_ERROR(zip_.Open(files, window, max_entries, window_bytes));
   if (zip_.entries().empty()) return Bad("zip archive has no entries");
   // torch takes the archive folder from the first central-directory entry.
-  const std::string& first = zip_.entries().front().name;
+  const std::string_view first = zip_.entries().front().name;
   size_t slash = first.find('/');
-  if (slash == std::string::npos) return Bad("not a torch.save archive: '" + first + "' is not in a folder");
-  prefix_ = first.substr(0, slash + 1);
+  if (slash == std::string::npos) return Bad("not a torch.save archive: '" + std::string(first) + "' is not in a folder");
+  prefix_ = std::string(first.substr(0, slash + 1));
   if (!records.torchscript && zip_.Find(prefix_ + "constants.pkl"))
     return Status::NotSupported(path_, "TorchScript archive (torch.jit.save) read as a torch.save checkpoint");
   storage_dir_ = records.storage_dir;
@@ -126,7 +126,7 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
     if (value == "big") return Status::NotSupported(path_, "big-endian checkpoint (byteorder record says 'big')");
     if (value != "little") return Bad("byteorder record holds '" + value + "'; expected 'little' or 'big'");
   }
-  storages_.assign(zip_.entries().size(), std::nullopt);
+  data_offsets_.assign(zip_.entries().size(), 0);
   if (!pkl) return Status::OK();
   std::string pickle_bytes;
   if (pkl->uncompressed_size > limits.pickle_bytes)
@@ -201,8 +201,8 @@ Status TorchArchive::Resolve(const PyValue* pid, std::optional<DType> tensor_dty
                           : zip_.Find(record_name_);
   if (e) next_record_ = static_cast<size_t>(e - entries.data()) + 1;
   if (!e) return Bad("the pickle references storage '" + *key + "' but the archive has no record " + record_name_);
-  std::optional<StorageRecord>& slot = storages_[static_cast<size_t>(e - zip_.entries().data())];
-  if (!slot) {
+  uint64_t& data_offset = data_offsets_[static_cast<size_t>(e - zip_.entries().data())];
+  if (data_offset == 0) {
     const std::string& name = record_name_;
     if (e->method != ZipArchive::kMethodStored)
       return Status::NotSupported(path_, "record " + name + " is compressed (method " + std::to_string(e->method) +
@@ -210,16 +210,14 @@ Status TorchArchive::Resolve(const PyValue* pid, std::optional<DType> tensor_dty
     if (e->uncompressed_size != nbytes)
       return Bad("record " + name + " holds " + std::to_string(e->uncompressed_size) + " bytes but the pickle says " +
                  std::to_string(nbytes));
-    StorageRecord r;
-    r.nbytes = nbytes;
-    CKPTFS_RETURN_IF_ERROR(zip_.DataOffset(*e, &r.data_offset));
-    slot = r;
-  } else if (slot->nbytes != nbytes) {
+    CKPTFS_RETURN_IF_ERROR(zip_.DataOffset(*e, &data_offset));
+  } else if (e->uncompressed_size != nbytes) {
+    // The first reference matched the record's size: this one differs from it.
     return Bad("storage '" + *key + "' is referenced with two different sizes");
   }
   bytes->file = window_.file;
-  bytes->data_offset = slot->data_offset;
-  bytes->nbytes = slot->nbytes;
+  bytes->data_offset = data_offset;
+  bytes->nbytes = nbytes;
   bytes->key = parsed.key;
   // Storage ids name the file, the window and the record, so two archives in one file (or
   // a TorchScript archive's data/ and constants/ records) never share one.
@@ -333,10 +331,10 @@ Status TorchZipKind(const std::string& path, SourceFiles* files, std::string* ki
     *zip = ZipArchive();
     return Status::OK();
   }
-  const std::string& first = zip->entries().front().name;
+  const std::string_view first = zip->entries().front().name;
   const size_t slash = first.find('/');
   if (slash == std::string::npos) return Status::OK();
-  const std::string prefix = first.substr(0, slash + 1);
+  const std::string prefix(first.substr(0, slash + 1));
   if (zip->Find(prefix + "constants.pkl")) *kind = "torchscript";
   else if (zip->Find(prefix + "archive_format") && !zip->Find(prefix + "data.pkl")) *kind = "torch-export";
   return Status::OK();

@@ -141,11 +141,6 @@ class TorchArchive : public StorageResolver {
   Status Bad(const std::string& what) const { return Status::Corruption(path_, what); }
 
  private:
-  struct StorageRecord {
-    uint64_t data_offset = 0;
-    uint64_t nbytes = 0;
-  };
-
   std::string path_;
   const SourceFiles* files_ = nullptr;
   FileWindow window_;
@@ -153,8 +148,10 @@ class TorchArchive : public StorageResolver {
   std::string prefix_;  // "<archive>/"
   std::string storage_dir_;  // "data/", or "constants/" for a TorchScript constants.pkl
   std::shared_ptr<const Pickle> pickle_;  // none until Open parses (or finds) one
-  // Storage records found so far, by the index of their zip entry: a memo of lookups.
-  mutable std::vector<std::optional<StorageRecord>> storages_;
+  // Data offsets (in the file) of the storage records found so far, by the index of their
+  // zip entry, 0 until found (a record's data follows its local header, never at 0): a
+  // memo of lookups, 8 bytes per entry.
+  mutable std::vector<uint64_t> data_offsets_;
   mutable size_t next_record_ = 0;   // the entry index Storage tries first
   mutable std::string record_name_;  // scratch for "<archive>/data/<key>", reused to avoid allocations
 };
