@@ -89,15 +89,19 @@ void PickleCache::Insert(std::string bytes, std::shared_ptr<const Pickle> pickle
 
 Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits,
                           const ArchiveRecords& records, PickleCache* cache, std::string_view window_bytes,
-                          ZipArchive* opened) {
+                          ZipArchive* opened, PickleCallHook* hook) {
   path_ = files.Describe(window);
   files_ = &files;
   window_ = window;
   // An archive may be reopened on another window (a DCP reader's million chunks).
   pickle_.reset();
+  pickle_entry_ = nullptr;
+  streamed_ = released_ = false;
+  limits_ = limits;
   next_record_ = 0;
   // A torch archive holds one record per storage plus a few: the tensor limit bounds it.
   const uint64_t max_entries = limits.tensors + 1024;
+  max_entries_ = max_entries;
   const bool same_window = opened && opened->window().file == window.file &&
                            opened->window().base == window.base && opened->window().length == window.length;
   // A directory over this reader's entry limit is read again so that the limit's own
@@ -128,12 +132,58 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
   }
   data_offsets_.assign(zip_.entries().size(), 0);
   if (!pkl) return Status::OK();
+  pickle_entry_ = pkl;
+  pickle_name_ = prefix_ + records.pickle;
+  return ParseObject(cache, hook);
+}
+
+void TorchArchive::ReleaseDirectory() {
+  zip_ = ZipArchive();
+  data_offsets_ = std::vector<uint64_t>();
+  pickle_entry_ = nullptr;
+  released_ = true;
+}
+
+Status TorchArchive::ParseAgain() {
+  pickle_.reset();
+  if (released_) {
+    CKPTFS_RETURN_IF_ERROR(zip_.Open(*files_, window_, max_entries_));
+    data_offsets_.assign(zip_.entries().size(), 0);
+    next_record_ = 0;
+    pickle_entry_ = zip_.Find(pickle_name_);
+    if (!pickle_entry_) return Bad("not a torch.save archive: no " + pickle_name_);
+    released_ = false;
+  }
+  if (!pickle_entry_) return Status::OK();
+  return ParseObject(nullptr, nullptr);
+}
+
+Status TorchArchive::ParseObject(PickleCache* cache, PickleCallHook* hook) {
+  const ZipEntry* pkl = pickle_entry_;
   std::string pickle_bytes;
-  if (pkl->uncompressed_size > limits.pickle_bytes)
-    return Status::Refused(path_, prefix_ + records.pickle + " is " + std::to_string(pkl->uncompressed_size) +
-                                      " bytes, over the limit of " + std::to_string(limits.pickle_bytes) +
+  if (pkl->uncompressed_size > limits_.pickle_bytes)
+    return Status::Refused(path_, pickle_name_ + " is " + std::to_string(pkl->uncompressed_size) +
+                                      " bytes, over the limit of " + std::to_string(limits_.pickle_bytes) +
                                       LimitHint("max_pickle"));
-  CKPTFS_RETURN_IF_ERROR(zip_.ReadStored(*pkl, limits.pickle_bytes, &pickle_bytes));
+  if (hook) {
+    // Read a window at a time, as the parse goes.
+    if (pkl->method != ZipArchive::kMethodStored)
+      return zip_.ReadStored(*pkl, limits_.pickle_bytes, &pickle_bytes);  // its error
+    uint64_t data_offset = 0;
+    CKPTFS_RETURN_IF_ERROR(zip_.DataOffset(*pkl, &data_offset));
+    PickleSource source;
+    source.size = pkl->uncompressed_size;
+    source.read = [this, data_offset](uint64_t offset, size_t length, char* out) {
+      return files_->ReadExact(window_.file, data_offset + offset, length, out);
+    };
+    streamed_ = true;
+    auto parsed = std::make_shared<Pickle>();
+    CKPTFS_RETURN_IF_ERROR(
+        ParsePickleStreamed(source, path_ + ": " + pickle_name_, hook, parsed.get(), limits_.pickle_memory));
+    pickle_ = std::move(parsed);
+    return Status::OK();
+  }
+  CKPTFS_RETURN_IF_ERROR(zip_.ReadStored(*pkl, limits_.pickle_bytes, &pickle_bytes));
   pickle_ = cache ? cache->Find(pickle_bytes) : nullptr;
   if (!pickle_) {
     auto parsed = std::make_shared<Pickle>();
@@ -141,8 +191,8 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
     // (a million-tensor data.pkl is a few hundred MB). The cache keeps its own small key.
     std::string cache_key;
     if (cache && pickle_bytes.size() <= PickleCache::kMaxPickleBytes) cache_key = pickle_bytes;
-    CKPTFS_RETURN_IF_ERROR(ParseOwnedPickle(std::move(pickle_bytes), path_ + ": " + prefix_ + records.pickle,
-                                            parsed.get(), limits.pickle_memory));
+    CKPTFS_RETURN_IF_ERROR(ParseOwnedPickle(std::move(pickle_bytes), path_ + ": " + pickle_name_, parsed.get(),
+                                            limits_.pickle_memory));
     pickle_ = parsed;
     if (cache && !cache_key.empty()) cache->Insert(std::move(cache_key), std::move(parsed));
   }
@@ -183,6 +233,7 @@ Status ParseStoragePid(const PyValue* pid, std::optional<DType> tensor_dtype, co
 
 Status TorchArchive::Resolve(const PyValue* pid, std::optional<DType> tensor_dtype, DType* dtype,
                              std::string* storage_id, StorageBytes* bytes) const {
+  if (released_) return Bad("internal: a storage looked up after the zip directory was released");
   StoragePid parsed;
   CKPTFS_RETURN_IF_ERROR(ParseStoragePid(pid, tensor_dtype, path_, &parsed));
   if (parsed.view) return Status::NotSupported(path_, "storage view persistent id in a zip archive");
@@ -278,6 +329,17 @@ Status RebuildTensorAt(const PyValue* v, const StorageResolver& storages, int de
   const std::string& where = storages.path();
   auto Bad = [&](const std::string& what) { return Status::Corruption(where, what); };
   *is_tensor = false;
+  if (v->kind() == Kind::kTaken) {
+    // A rebuild call a streamed parse already made a tensor of.
+    const TensorEntry* taken = storages.Taken(v->taken());
+    if (!taken) return Status::OK();
+    t->dtype = taken->dtype;
+    t->shape = taken->shape;
+    t->boxes = taken->boxes;
+    t->storage_id = taken->storage_id;
+    *is_tensor = true;
+    return Status::OK();
+  }
   if (v->kind() != Kind::kObject || depth > kMaxTensorDepth || !v->callable() || v->callable()->kind() != Kind::kGlobal)
     return Status::OK();
   const PyValue* callable = v->callable();
