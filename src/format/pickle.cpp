@@ -548,6 +548,12 @@ class Machine {
     static PyValue dropped;
     return &dropped;
   }
+  // A value made before the innermost open MARK changed: it may now refer to values made
+  // since, so no open region may be rolled back. Values made since that MARK (a list
+  // built with APPENDS inside a call's arguments) are the region's own.
+  void NoteMutation(const PyValue* target) {
+    if (hook_ && (mark_regions_.empty() || !B::AllocatedSince(out_, target, mark_regions_.back().at))) ++mutations_;
+  }
   Region Here() const { return Region{B::Position(out_), memo_log_.size(), mutations_}; }
   Status Take(PyRef call, const Region* args_region);
 
@@ -584,7 +590,7 @@ class Machine {
   std::vector<Region> mark_regions_;  // with a hook: one per entry of marks_
   Region popped_region_;              // what the last PopMark took off mark_regions_
   std::vector<uint64_t> memo_log_;    // memo indices written since no region could be open
-  uint64_t mutations_ = 0;            // SETITEM(S), APPEND(S), ADDITEMS and BUILD so far
+  uint64_t mutations_ = 0;            // changes to values older than the innermost MARK (NoteMutation)
   // Set by a TUPLE from a MARK, kept by memo writes, cleared by every other opcode: the
   // tuple and the region of its MARK.
   PyRef region_tuple_ = nullptr;
@@ -660,21 +666,21 @@ Status Machine::Take(PyRef call, const Region* args_region) {
 }
 
 Status Machine::SetItems(std::span<const PyRef> kv) {
-  ++mutations_;
   if (kv.size() % 2 != 0) return Fail("odd number of items for SETITEMS");
   PyRef target = nullptr;
   CKPTFS_RETURN_IF_ERROR(Top(&target));
   Mutable(&target);
+  NoteMutation(target);
   if (target->kind() != K::kDict && target->kind() != K::kObject) return Fail("SETITEM on something that is not a dict");
   if (!B::SetItems(out_, target, kv)) return Fail("dict of over 2^32 items");
   return Status::OK();
 }
 
 Status Machine::Append(std::span<const PyRef> values) {
-  ++mutations_;
   PyRef target = nullptr;
   CKPTFS_RETURN_IF_ERROR(Top(&target));
   Mutable(&target);
+  NoteMutation(target);
   if (target->kind() != K::kList && target->kind() != K::kSet && target->kind() != K::kObject)
     return Fail("APPEND to something that is not a list");
   if (!B::Append(out_, target, values)) return Fail("list of over 2^32 items");
@@ -952,11 +958,11 @@ Status Machine::Step(uint8_t op, bool* stop) {
       return Call(a, b, nullptr);
     }
     case BUILD: {
-      ++mutations_;
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
       CKPTFS_RETURN_IF_ERROR(Top(&a));
       if (a->kind() == K::kTaken) return Fail("BUILD on a call the streamed parse took");
       Mutable(&a);
+      NoteMutation(a);
       if (a->kind() != K::kObject) {
         // BUILD on a plain container (a dict subclass reduced to dict) keeps the state aside.
         PyRef wrapper = Make(K::kObject);
