@@ -298,15 +298,15 @@ class Machine {
   }
   Status Truncated() { return RanOut("truncated pickle"); }
 
-  // What the parse holds so far: the arena (values, container slots, object fields), stack,
-  // marks, memo and interning tables. Opcodes are 1-9 bytes but a value with its slots is
+  // What the parse holds so far: the arenas (values, container slots, object fields), stack,
+  // marks, memo and interning tables (streamed: also the read window, regions and memo log). Opcodes are 1-9 bytes but a value with its slots is
   // 16-80, and DUP/GET repeat references, so without this bound a small hostile pickle
   // could ask for unbounded memory.
   uint64_t MemoryInUse() const {
     return out_->arena_bytes() +
            (stack_.capacity() + marks_.capacity() + memo_size_ + scratch_.capacity() + memo_log_.capacity()) *
                sizeof(PyRef) +
-           mark_regions_.capacity() * sizeof(Region) +
+           mark_regions_.capacity() * sizeof(Region) + window_.capacity() +
            sparse_memo_.size() * 64 + (tuples_.size() + sizes_.size()) * kInternedEntryBytes;
   }
   Status OverLimit() const {
