@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -22,12 +23,54 @@ struct PickleBuilder {
   using K = PyValue::Kind;
   static constexpr uint8_t kInterned = 1;  // shared by the interning tables: copy before changing
 
-  static PyRef NewValue(Pickle* p, K kind) {
-    PyRef v = new (p->Allocate(sizeof(PyValue))) PyValue();
+  // `keep`: in memory a streamed parse never rolls back (see Pickle::AllocateKept).
+  static void* Allocate(Pickle* p, size_t bytes, bool keep) { return keep ? p->AllocateKept(bytes) : p->Allocate(bytes); }
+  static PyRef NewValue(Pickle* p, K kind, bool keep = false) {
+    PyRef v = new (Allocate(p, sizeof(PyValue), keep)) PyValue();
     v->kind_ = kind;
-    if (kind == K::kObject) v->word_.object = new (p->Allocate(sizeof(PyObjectBody))) PyObjectBody();
+    if (kind == K::kObject) v->word_.object = new (Allocate(p, sizeof(PyObjectBody), keep)) PyObjectBody();
     ++p->values_;
     return v;
+  }
+  // A copy of scalar `v` in kept memory.
+  static PyRef KeepScalar(Pickle* p, const PyValue* v) {
+    PyRef copy = NewValue(p, v->kind_, true);
+    copy->word_ = v->word_;
+    return copy;
+  }
+  static PyRef NewTaken(Pickle* p, uint64_t index) {
+    PyRef v = NewValue(p, K::kTaken);
+    v->word_.i = static_cast<int64_t>(index);
+    return v;
+  }
+  // Streamed parses: the kept memory is apart from the values' (which can be rolled back).
+  static void Split(Pickle* p) { p->split_ = true; }
+  static bool IsSplit(const Pickle* p) { return p->split_; }
+  using ArenaPosition = Pickle::Arena::Position;
+  static ArenaPosition Position(const Pickle* p) { return p->values_arena_.position(); }
+  static bool AllocatedSince(const Pickle* p, const void* v, const ArenaPosition& from) {
+    return p->values_arena_.AllocatedSince(v, from);
+  }
+  static void RollBack(Pickle* p, const ArenaPosition& to) { p->values_arena_.RollBack(to); }
+  // A value of a split pickle as 32 bits: which arena, block, and 8-byte offset in it.
+  static constexpr uint32_t kNoHandle = 0xFFFFFFFF, kDroppedHandle = 0xFFFFFFFE;
+  static constexpr size_t kHandleBlocks = 16382, kHandleOffsetBits = 17;  // blocks are at most 1 MiB
+  static bool Handle(const Pickle* p, const PyValue* v, uint32_t* handle) {
+    size_t block = 0, offset8 = 0;
+    uint32_t arena = 0;
+    // The blocks values are being made in first: a memoized value is nearly always new.
+    if (p->values_arena_.Locate(v, &block, &offset8, true)) arena = 0;
+    else if (p->kept_arena_.Locate(v, &block, &offset8, true)) arena = 1;
+    else if (p->values_arena_.Locate(v, &block, &offset8)) arena = 0;
+    else if (p->kept_arena_.Locate(v, &block, &offset8)) arena = 1;
+    else return false;
+    if (block >= kHandleBlocks || offset8 >= (size_t{1} << kHandleOffsetBits)) return false;
+    *handle = arena << 31 | static_cast<uint32_t>(block) << kHandleOffsetBits | static_cast<uint32_t>(offset8);
+    return true;
+  }
+  static PyRef FromHandle(const Pickle* p, uint32_t handle) {
+    const Pickle::Arena& arena = handle >> 31 ? p->kept_arena_ : p->values_arena_;
+    return static_cast<PyRef>(arena.At((handle & 0x7FFFFFFF) >> kHandleOffsetBits, handle & ((1u << kHandleOffsetBits) - 1)));
   }
   static void SetInt(PyRef v, int64_t i) { v->word_.i = i; }
   static void SetFloat(PyRef v, double f) { v->word_.f = f; }
@@ -43,9 +86,11 @@ struct PickleBuilder {
 
   // A string value holding a copy of `text`; nullptr when `text` is 4 GiB or more (a
   // value's count is 32 bits).
+  // Strings are kept: a memo entry of one made for a taken call's arguments (torch's storage
+  // key) is read again by the next tensor of the storage.
   static PyRef NewText(Pickle* p, K kind, std::string_view text) {
     if (text.size() > UINT32_MAX) return nullptr;
-    PyRef v = NewValue(p, kind);
+    PyRef v = NewValue(p, kind, true);
     v->word_.text = KeepText(p, text).data();
     v->count_ = static_cast<uint32_t>(text.size());
     return v;
@@ -53,19 +98,19 @@ struct PickleBuilder {
   // A copy of `text` in the arena.
   static std::string_view KeepText(Pickle* p, std::string_view text) {
     if (text.empty()) return {};
-    char* copy = static_cast<char*>(p->Allocate(text.size()));
+    char* copy = static_cast<char*>(p->AllocateKept(text.size()));
     std::memcpy(copy, text.data(), text.size());
     return {copy, text.size()};
   }
   static PyRef NewGlobal(Pickle* p, std::string_view module, std::string_view name) {
-    PyRef v = NewValue(p, K::kGlobal);
-    v->word_.global = new (p->Allocate(sizeof(PyGlobalBody))) PyGlobalBody{KeepText(p, module), KeepText(p, name)};
+    PyRef v = NewValue(p, K::kGlobal, true);
+    v->word_.global = new (p->AllocateKept(sizeof(PyGlobalBody))) PyGlobalBody{KeepText(p, module), KeepText(p, name)};
     return v;
   }
-  static PyRef NewTuple(Pickle* p, std::span<const PyRef> items) {
+  static PyRef NewTuple(Pickle* p, std::span<const PyRef> items, bool keep = false) {
     if (items.size() > UINT32_MAX) return nullptr;
-    PyRef v = NewValue(p, K::kTuple);
-    v->word_.items = static_cast<PyRef*>(p->Allocate(items.size() * sizeof(PyRef)));
+    PyRef v = NewValue(p, K::kTuple, keep);
+    v->word_.items = static_cast<PyRef*>(Allocate(p, items.size() * sizeof(PyRef), keep));
     std::copy(items.begin(), items.end(), v->word_.items);
     v->count_ = static_cast<uint32_t>(items.size());
     return v;
@@ -88,6 +133,9 @@ struct PickleBuilder {
     if (want <= capacity) return true;
     T* fresh = static_cast<T*>(p->Allocate(std::bit_ceil(want) * sizeof(T)));
     if (count) std::copy(*slots, *slots + count, fresh);
+    // Nothing else points at an outgrown array: a streamed parse frees a large one (the
+    // million entries of a state dict outgrew 16 MB of them).
+    if (count && p->split_) p->values_arena_.FreeLarge(*slots);
     *slots = fresh;
     return true;
   }
@@ -207,17 +255,37 @@ bool RunsCode(std::string_view module, std::string_view name) {
 
 class Machine {
  public:
-  Machine(std::string_view bytes, std::string_view where, Pickle* out, uint64_t memory_limit)
-      : r_(bytes), where_(where), out_(out), dense_limit_(bytes.size()), memory_limit_(memory_limit) {}
+  Machine(std::string_view bytes, std::string_view where, Pickle* out, uint64_t memory_limit,
+          PickleCallHook* hook = nullptr)
+      : r_(bytes), total_(bytes.size()), where_(where), out_(out), dense_limit_(bytes.size()),
+        memory_limit_(memory_limit), hook_(hook) {
+    if (hook_) B::Split(out_);
+  }
+  // Reads the pickle from `source`, a window at a time.
+  Machine(const PickleSource& source, std::string_view where, Pickle* out, uint64_t memory_limit, PickleCallHook* hook)
+      : Machine(std::string_view(), where, out, memory_limit, hook) {
+    source_ = &source;
+    total_ = dense_limit_ = source.size;
+  }
 
   Status Run();
   // Bytes read so far: after Run, the pickle's length up to and including STOP.
-  size_t consumed() const { return r_.position(); }
+  size_t consumed() const { return Position(); }
   bool ran_out() const { return ran_out_; }
 
  private:
   using K = PyValue::Kind;
   using B = PickleBuilder;
+
+  // Where the reader is in the pickle, and what is left of it.
+  uint64_t Position() const { return window_start_ + r_.position(); }
+  uint64_t Remaining() const { return total_ - Position(); }
+  // With a source: makes sure the window holds the next opcode and all its operands, so
+  // that Step reads them (and views into them) from one window.
+  Status Prepare();
+  // Reads more of the source into the window until it holds `bytes` unread bytes (or the
+  // pickle ends), dropping what was read.
+  Status Fill(uint64_t bytes);
 
   Status Fail(std::string_view what) const {
     return Status::Corruption(where_, "pickle: " + std::string(what) + " at byte " + std::to_string(op_pos_));
@@ -230,12 +298,15 @@ class Machine {
   }
   Status Truncated() { return RanOut("truncated pickle"); }
 
-  // What the parse holds so far: the arena (values, container slots, object fields), stack,
-  // marks, memo and interning tables. Opcodes are 1-9 bytes but a value with its slots is
+  // What the parse holds so far: the arenas (values, container slots, object fields), stack,
+  // marks, memo and interning tables (streamed: also the read window, regions and memo log). Opcodes are 1-9 bytes but a value with its slots is
   // 16-80, and DUP/GET repeat references, so without this bound a small hostile pickle
   // could ask for unbounded memory.
   uint64_t MemoryInUse() const {
-    return out_->arena_bytes() + (stack_.capacity() + marks_.capacity() + memo_.capacity() + scratch_.capacity()) * sizeof(PyRef) +
+    return out_->arena_bytes() +
+           (stack_.capacity() + marks_.capacity() + memo_size_ + scratch_.capacity() + memo_log_.capacity()) *
+               sizeof(PyRef) +
+           mark_regions_.capacity() * sizeof(Region) + window_.capacity() +
            sparse_memo_.size() * 64 + (tuples_.size() + sizes_.size()) * kInternedEntryBytes;
   }
   Status OverLimit() const {
@@ -243,7 +314,7 @@ class Machine {
                                        " bytes of memory (at byte " + std::to_string(op_pos_) + ")" +
                                        LimitHint("max_pickle_memory"));
   }
-  PyRef Make(K kind) { return B::NewValue(out_, kind); }
+  PyRef Make(K kind, bool keep = false) { return B::NewValue(out_, kind, keep); }
   Status Pop(PyRef* out) {
     if (stack_.size() <= Floor()) return Fail("stack underflow");
     *out = stack_.back();
@@ -262,6 +333,10 @@ class Machine {
     if (marks_.empty()) return Fail("MARK expected");
     size_t mark = marks_.back();
     marks_.pop_back();
+    if (hook_) {
+      popped_region_ = mark_regions_.back();
+      mark_regions_.pop_back();
+    }
     scratch_.assign(stack_.begin() + static_cast<std::ptrdiff_t>(mark), stack_.end());
     stack_.resize(mark);
     return Status::OK();
@@ -274,7 +349,7 @@ class Machine {
   // are shared: a checkpoint repeats them for every tensor.
   Status PushShared(PyRef* slot, K kind, int64_t i) {
     if (!*slot) {
-      *slot = Make(kind);
+      *slot = Make(kind, true);
       B::SetInt(*slot, i);
     }
     return Push(*slot);
@@ -301,7 +376,15 @@ class Machine {
     const bool internable = Internable(items);
     if (internable)
       if (auto it = tuples_.find(items); it != tuples_.end()) return Push(*it);
-    PyRef t = B::NewTuple(out_, items);
+    // Interned tuples are shared by values made later: kept, their numbers copied to kept
+    // memory with them when the parse is streamed.
+    if (internable && B::IsSplit(out_)) {
+      scratch_items_.assign(items.begin(), items.end());
+      for (PyRef& item : scratch_items_)
+        if (Scalar(item)) item = B::KeepScalar(out_, item);
+      items = scratch_items_;
+    }
+    PyRef t = B::NewTuple(out_, items, internable);
     if (!t) return Fail("tuple of over 2^32 items");
     if (internable && tuples_.size() < kMaxInterned) {
       B::SetInterned(t);
@@ -356,6 +439,9 @@ class Machine {
     bool operator()(const PyValue* a, std::span<const PyRef> b) const { return Same(a->items(), b); }
   };
   static constexpr size_t kMaxInterned = size_t{1} << 22;
+  // A streamed parse reads its source this much at a time, and refills its window when less
+  // than kMinWindowBytes are left.
+  static constexpr uint64_t kWindowBytes = 1 << 20, kMinWindowBytes = 64;
   static constexpr uint64_t kInternedEntryBytes = 48;  // a hash node and its bucket slot
   // Copies `s` into the arena.
   Status PushStr(std::string_view s, K kind) {
@@ -369,7 +455,7 @@ class Machine {
     else if (width == 4) { uint32_t v = 0; ok = r_.U32(&v); *len = v; }
     else { ok = r_.U64(len); }
     if (!ok) return Truncated();
-    if (*len > r_.remaining()) return RanOut("length runs past the end of the pickle");
+    if (*len > Remaining()) return RanOut("length runs past the end of the pickle");
     return Status::OK();
   }
   Status PushCounted(size_t width, K kind) {
@@ -381,35 +467,102 @@ class Machine {
   }
   Status PushLong(std::string_view le_bytes);
   Status PushGlobal(std::string_view module, std::string_view name);
-  Status Call(PyRef callable, PyRef args, PyRef kwargs);
+  // Streamed parses (with a hook). A region: what the parse had made when a MARK was pushed.
+  // When a taken call's argument tuple was built from the MARK just before it (torch's
+  // rebuild calls always are), every value made since then is reachable only from that
+  // tuple and from memo entries written since: those entries are dropped, then the values.
+  struct Region {
+    B::ArenaPosition at;
+    size_t memo_log = 0;     // memo_log_'s size then
+    uint64_t mutations = 0;  // mutations_ then
+  };
+  // Makes the call object and pushes it; with a hook, what the hook makes of it. `keep`: in
+  // kept memory (an interned torch.Size). `args_region`: the arguments were made since
+  // that region's start and nothing else refers to them, so a taken call frees them.
+  Status Call(PyRef callable, PyRef args, PyRef kwargs, bool keep = false, const Region* args_region = nullptr);
   Status SetItems(std::span<const PyRef> kv);
   Status Append(std::span<const PyRef> values);
   // Picklers number memo slots 0, 1, 2, ...: a dense vector holds them. Each PUT costs at
   // least two bytes, so a legitimate index is below the pickle's size; others go to a map.
+  // The dense memo's slot `index` (below memo_size_): nullptr when never written.
+  PyRef LoadDense(uint64_t index) const {
+    const uint64_t page = index / kMemoPage, at = index % kMemoPage;
+    if (!hook_) return memo_pages_[page] ? memo_pages_[page][at] : nullptr;
+    if (!memo_handle_pages_[page]) return nullptr;
+    const uint32_t handle = memo_handle_pages_[page][at];
+    if (handle == B::kNoHandle) return nullptr;
+    if (handle == B::kDroppedHandle) return Dropped();
+    return B::FromHandle(out_, handle);
+  }
+  Status StoreDense(uint64_t index, PyRef v) {
+    const uint64_t page = index / kMemoPage, at = index % kMemoPage;
+    if (!hook_) {
+      if (!memo_pages_[page]) memo_pages_[page].reset(new PyRef[kMemoPage]());
+      memo_pages_[page][at] = v;
+      return Status::OK();
+    }
+    uint32_t handle = B::kDroppedHandle;
+    if (v != Dropped() && !B::Handle(out_, v, &handle)) return Fail("memo entry beyond what a streamed parse can name");
+    if (!memo_handle_pages_[page]) {
+      memo_handle_pages_[page].reset(new uint32_t[kMemoPage]);
+      std::fill_n(memo_handle_pages_[page].get(), kMemoPage, B::kNoHandle);
+    }
+    memo_handle_pages_[page][at] = handle;
+    return Status::OK();
+  }
+  PyRef LoadMemo(uint64_t index) const {
+    if (index < memo_size_) return LoadDense(index);
+    auto it = sparse_memo_.find(index);
+    return it == sparse_memo_.end() ? nullptr : it->second;
+  }
   Status Memoize(uint64_t index) {
     PyRef top = nullptr;
     CKPTFS_RETURN_IF_ERROR(Top(&top));
-    PyRef* slot;
-    if (index < dense_limit_ && index <= memo_.size() * 2 + 4096) {
-      if (index >= memo_.size()) memo_.resize(std::max<uint64_t>(index + 1, memo_.size() * 2), nullptr);
-      slot = &memo_[index];
+    if (index < dense_limit_ && index <= memo_size_ * 2 + 4096) {
+      if (index >= memo_size_) {
+        memo_size_ = std::max<uint64_t>(index + 1, memo_size_ * 2);
+        const size_t pages = (memo_size_ + kMemoPage - 1) / kMemoPage;
+        if (hook_) memo_handle_pages_.resize(pages);
+        else memo_pages_.resize(pages);
+      }
+      if (LoadDense(index) == nullptr) ++memo_count_;  // MEMOIZE numbers by the memo's size, as CPython does
+      CKPTFS_RETURN_IF_ERROR(StoreDense(index, top));
     } else {
-      slot = &sparse_memo_[index];
+      PyRef& slot = sparse_memo_[index];
+      if (slot == nullptr) ++memo_count_;
+      slot = top;
     }
-    if (*slot == nullptr) ++memo_count_;  // MEMOIZE numbers by the memo's size, as CPython does
-    *slot = top;
+    if (hook_) memo_log_.push_back(index);
     return Status::OK();
   }
   Status Get(uint64_t index) {
-    PyRef v = nullptr;
-    if (index < memo_.size()) v = memo_[index];
-    else if (auto it = sparse_memo_.find(index); it != sparse_memo_.end()) v = it->second;
+    PyRef v = LoadMemo(index);
     if (!v) return Fail("memo key " + std::to_string(index) + " was never stored");
+    if (v == Dropped()) return Fail("memo key " + std::to_string(index) + " holds arguments of a call the streamed parse took");
     return Push(v);
   }
   Status Step(uint8_t op, bool* stop);
 
+  // A memo entry dropped with a taken call's arguments: reading it fails the streamed parse.
+  static PyRef Dropped() {
+    static PyValue dropped;
+    return &dropped;
+  }
+  // A value made before the innermost open MARK changed: it may now refer to values made
+  // since, so no open region may be rolled back. Values made since that MARK (a list
+  // built with APPENDS inside a call's arguments) are the region's own.
+  void NoteMutation(const PyValue* target) {
+    if (hook_ && (mark_regions_.empty() || !B::AllocatedSince(out_, target, mark_regions_.back().at))) ++mutations_;
+  }
+  Region Here() const { return Region{B::Position(out_), memo_log_.size(), mutations_}; }
+  Status Take(PyRef call, const Region* args_region);
+
   ByteReader r_;
+  // With a source: the window of it that r_ reads, starting at byte window_start_.
+  const PickleSource* source_ = nullptr;
+  std::string window_;
+  uint64_t window_start_ = 0;
+  uint64_t total_ = 0;  // the pickle's size
   std::string_view where_;
   Pickle* out_;
   size_t op_pos_ = 0;
@@ -419,12 +572,29 @@ class Machine {
   PyRef none_ = nullptr, false_ = nullptr, true_ = nullptr, empty_tuple_ = nullptr;
   std::array<PyRef, 256> small_ints_{};
   uint64_t dense_limit_ = 0;
-  std::vector<PyRef> memo_;
+  // The dense memo: memo_size_ slots (grown by doubling, as the limit counts them) in pages
+  // allocated when first written. A vector doubling to 16 million slots held 200 MB while
+  // it copied, at the parse's peak. A streamed parse keeps 32-bit handles (B::Handle):
+  // torch memoizes ~10 values per tensor.
+  static constexpr uint64_t kMemoPage = 1 << 14;
+  uint64_t memo_size_ = 0;
+  std::vector<std::unique_ptr<PyRef[]>> memo_pages_;
+  std::vector<std::unique_ptr<uint32_t[]>> memo_handle_pages_;
   std::unordered_map<uint64_t, PyRef> sparse_memo_;
   uint64_t memo_count_ = 0;  // distinct memo keys stored: MEMOIZE's next index
   uint64_t memory_limit_;
   std::unordered_set<PyRef, ItemsHash, ItemsEqual> tuples_;
   std::unordered_map<PyRef, PyRef> sizes_;  // interned args tuple -> its torch.Size
+  std::vector<PyRef> scratch_items_;
+  PickleCallHook* hook_ = nullptr;
+  std::vector<Region> mark_regions_;  // with a hook: one per entry of marks_
+  Region popped_region_;              // what the last PopMark took off mark_regions_
+  std::vector<uint64_t> memo_log_;    // memo indices written since no region could be open
+  uint64_t mutations_ = 0;            // changes to values older than the innermost MARK (NoteMutation)
+  // Set by a TUPLE from a MARK, kept by memo writes, cleared by every other opcode: the
+  // tuple and the region of its MARK.
+  PyRef region_tuple_ = nullptr;
+  Region region_;
   bool ran_out_ = false;  // the last failure was the bytes ending before the pickle did
 };
 
@@ -454,7 +624,7 @@ Status Machine::PushGlobal(std::string_view module, std::string_view name) {
   return Push(B::NewGlobal(out_, module, name));
 }
 
-Status Machine::Call(PyRef callable, PyRef args, PyRef kwargs) {
+Status Machine::Call(PyRef callable, PyRef args, PyRef kwargs, bool keep, const Region* args_region) {
   if (callable->kind() == K::kGlobal && callable->name() == "getattr" &&
       (callable->s() == "builtins" || callable->s() == "__builtin__")) {
     // Only the Enum-member form, getattr(<class>, "<name>"), is data.
@@ -465,12 +635,34 @@ Status Machine::Call(PyRef callable, PyRef args, PyRef kwargs) {
                                          ".getattr on something other than a class attribute, which could run "
                                          "code when loaded; refusing it");
   }
-  PyRef obj = Make(K::kObject);
+  PyRef obj = Make(K::kObject, keep);
   PyObjectBody* body = B::Object(obj);
   body->callable = callable;
   body->args = args;
   if (kwargs) B::Extra(out_, obj)->kwargs = kwargs;
+  if (hook_ && !keep) return Take(obj, args_region);
   return Push(obj);
+}
+
+Status Machine::Take(PyRef call, const Region* args_region) {
+  bool take = false;
+  uint64_t index = 0;
+  CKPTFS_RETURN_IF_ERROR(hook_->OnCall(call, &take, &index));
+  if (!take) return Push(call);
+  // Nothing made since the region changed an older value (which could then refer to newer
+  // ones): the values made since are the arguments' alone, and memo entries.
+  if (args_region && args_region->mutations == mutations_) {
+    for (size_t k = args_region->memo_log; k < memo_log_.size(); ++k) {
+      const uint64_t index = memo_log_[k];
+      PyRef v = LoadMemo(index);
+      if (!v || v == Dropped() || !B::AllocatedSince(out_, v, args_region->at)) continue;
+      if (index < memo_size_) CKPTFS_RETURN_IF_ERROR(StoreDense(index, Dropped()));
+      else sparse_memo_[index] = Dropped();
+    }
+    memo_log_.resize(args_region->memo_log);
+    B::RollBack(out_, args_region->at);
+  }
+  return Push(B::NewTaken(out_, index));
 }
 
 Status Machine::SetItems(std::span<const PyRef> kv) {
@@ -478,6 +670,7 @@ Status Machine::SetItems(std::span<const PyRef> kv) {
   PyRef target = nullptr;
   CKPTFS_RETURN_IF_ERROR(Top(&target));
   Mutable(&target);
+  NoteMutation(target);
   if (target->kind() != K::kDict && target->kind() != K::kObject) return Fail("SETITEM on something that is not a dict");
   if (!B::SetItems(out_, target, kv)) return Fail("dict of over 2^32 items");
   return Status::OK();
@@ -487,6 +680,7 @@ Status Machine::Append(std::span<const PyRef> values) {
   PyRef target = nullptr;
   CKPTFS_RETURN_IF_ERROR(Top(&target));
   Mutable(&target);
+  NoteMutation(target);
   if (target->kind() != K::kList && target->kind() != K::kSet && target->kind() != K::kObject)
     return Fail("APPEND to something that is not a list");
   if (!B::Append(out_, target, values)) return Fail("list of over 2^32 items");
@@ -496,9 +690,11 @@ Status Machine::Append(std::span<const PyRef> values) {
 Status Machine::Run() {
   bool stop = false;
   while (!stop) {
-    op_pos_ = r_.position();
+    if (source_) CKPTFS_RETURN_IF_ERROR(Prepare());
+    op_pos_ = Position();
     uint8_t op;
     if (!r_.U8(&op)) return RanOut("pickle ends without STOP");
+    if (hook_ && marks_.empty() && !region_tuple_) memo_log_.clear();  // no region can be rolled back to
     CKPTFS_RETURN_IF_ERROR(Step(op, &stop));
     // One step adds at most a copy of the stack, which was under the limit before it.
     if (MemoryInUse() > memory_limit_) return OverLimit();
@@ -508,9 +704,65 @@ Status Machine::Run() {
   return Status::OK();
 }
 
+Status Machine::Fill(uint64_t bytes) {
+  const uint64_t want = std::min<uint64_t>(bytes, Remaining());
+  if (r_.remaining() >= want) return Status::OK();
+  const size_t read = r_.position();
+  const size_t kept = r_.remaining();
+  // Whole windows, not just what is missing: one read serves many opcodes.
+  const uint64_t add = std::min<uint64_t>(Remaining() - kept, std::max<uint64_t>(want - kept, kWindowBytes));
+  window_.erase(0, read);
+  window_.resize(kept + add);
+  window_start_ += read;
+  CKPTFS_RETURN_IF_ERROR(source_->read(window_start_ + kept, add, window_.data() + kept));
+  r_ = ByteReader(window_);
+  return Status::OK();
+}
+
+Status Machine::Prepare() {
+  // The longest fixed-size opcode is 9 bytes; counted ones need their length first.
+  if (r_.remaining() < kMinWindowBytes) CKPTFS_RETURN_IF_ERROR(Fill(kMinWindowBytes));
+  if (r_.remaining() == 0) return Status::OK();
+  const std::string_view ahead = std::string_view(window_).substr(r_.position());
+  const uint8_t op = static_cast<uint8_t>(ahead[0]);
+  // Newline-terminated operands: until that many newlines are in the window.
+  int lines = 0;
+  switch (op) {
+    case GLOBAL: case INST: lines = 2; break;
+    case INT: case LONG: case FLOAT: case STRING: case UNICODE: case PUT: case GET: case PERSID: lines = 1; break;
+    default: break;
+  }
+  if (lines > 0) {
+    for (;;) {
+      const std::string_view now = std::string_view(window_).substr(r_.position());
+      size_t at = 0;
+      int found = 0;
+      while (found < lines && (at = now.find('\n', at)) != std::string_view::npos) ++found, ++at;
+      if (found == lines || r_.remaining() == Remaining()) return Status::OK();
+      CKPTFS_RETURN_IF_ERROR(Fill(r_.remaining() + kWindowBytes));
+    }
+  }
+  size_t width = 0;
+  switch (op) {
+    case SHORT_BINUNICODE: case SHORT_BINSTRING: case SHORT_BINBYTES: case LONG1: width = 1; break;
+    case BINUNICODE: case BINSTRING: case BINBYTES: case LONG4: width = 4; break;
+    case BINUNICODE8: case BINBYTES8: case BYTEARRAY8: width = 8; break;
+    default: return Status::OK();
+  }
+  if (ahead.size() < 1 + width) return Status::OK();  // the pickle ends: Step says so
+  uint64_t len = 0;
+  for (size_t k = 0; k < width; ++k) len |= uint64_t{static_cast<uint8_t>(ahead[1 + k])} << (8 * k);
+  if (len > Remaining() - 1 - width) return Status::OK();  // runs past the end: Step says so
+  return Fill(1 + width + len);
+}
+
 Status Machine::Step(uint8_t op, bool* stop) {
   PyRef a = nullptr, b = nullptr, c = nullptr;
   std::string_view text;
+  // A TUPLE's region survives memo writes only (torch: TUPLE, BINPUT, REDUCE).
+  PyRef region_tuple = region_tuple_;
+  region_tuple_ = nullptr;
+  if (op == PUT || op == BINPUT || op == LONG_BINPUT || op == MEMOIZE) region_tuple_ = region_tuple;
   switch (op) {
     case PROTO: {
       uint8_t proto;
@@ -523,15 +775,22 @@ Status Machine::Step(uint8_t op, bool* stop) {
       if (!r_.U64(&len)) return Truncated();
       // ...but a frame longer than what is left is a lie CPython refuses ("pickle data was
       // truncated"); refuse it too.
-      if (len > r_.remaining()) return RanOut("frame of " + std::to_string(len) + " bytes runs past the end of the pickle");
+      if (len > Remaining()) return RanOut("frame of " + std::to_string(len) + " bytes runs past the end of the pickle");
       return Status::OK();
     }
     case STOP: *stop = true; return Status::OK();
-    case MARK: marks_.push_back(stack_.size()); return Status::OK();
+    case MARK:
+      marks_.push_back(stack_.size());
+      if (hook_) mark_regions_.push_back(Here());
+      return Status::OK();
     case POP:
       if (stack_.size() > Floor()) return Pop(&a);
       // POP right after MARK drops the mark (what CPython does).
-      if (!marks_.empty()) { marks_.pop_back(); return Status::OK(); }
+      if (!marks_.empty()) {
+        marks_.pop_back();
+        if (hook_) mark_regions_.pop_back();
+        return Status::OK();
+      }
       return Fail("stack underflow");
     case POP_MARK: return PopMark();
     case DUP: CKPTFS_RETURN_IF_ERROR(Top(&a)); return Push(a);
@@ -604,7 +863,14 @@ Status Machine::Step(uint8_t op, bool* stop) {
       stack_.resize(stack_.size() - n);
       return PushTuple(scratch_);
     }
-    case TUPLE: CKPTFS_RETURN_IF_ERROR(PopMark()); return PushTuple(scratch_);
+    case TUPLE:
+      CKPTFS_RETURN_IF_ERROR(PopMark());
+      CKPTFS_RETURN_IF_ERROR(PushTuple(scratch_));
+      if (hook_) {
+        region_tuple_ = stack_.back();
+        region_ = popped_region_;
+      }
+      return Status::OK();
     case EMPTY_LIST: return Push(Make(K::kList));
     case LIST: {
       CKPTFS_RETURN_IF_ERROR(PopMark());
@@ -654,14 +920,16 @@ Status Machine::Step(uint8_t op, bool* stop) {
       // first should a BUILD, SETITEMS or APPENDS ever target it.
       if (B::Interned(b) && a->IsGlobal("torch", "Size")) {
         if (auto it = sizes_.find(b); it != sizes_.end()) return Push(it->second);
-        CKPTFS_RETURN_IF_ERROR(Call(a, b, nullptr));
+        CKPTFS_RETURN_IF_ERROR(Call(a, b, nullptr, true));
         if (sizes_.size() < kMaxInterned) {
           B::SetInterned(stack_.back());
           sizes_.emplace(b, stack_.back());
         }
         return Status::OK();
       }
-      return Call(a, b, nullptr);
+      // The tuple popped is the one the last TUPLE made, and the callable was below its MARK:
+      // the region holds the arguments alone.
+      return Call(a, b, nullptr, false, hook_ && region_tuple && b == region_tuple ? &region_ : nullptr);
     case NEWOBJ:
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
       CKPTFS_RETURN_IF_ERROR(Pop(&a));
@@ -692,7 +960,9 @@ Status Machine::Step(uint8_t op, bool* stop) {
     case BUILD: {
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
       CKPTFS_RETURN_IF_ERROR(Top(&a));
+      if (a->kind() == K::kTaken) return Fail("BUILD on a call the streamed parse took");
       Mutable(&a);
+      NoteMutation(a);
       if (a->kind() != K::kObject) {
         // BUILD on a plain container (a dict subclass reduced to dict) keeps the state aside.
         PyRef wrapper = Make(K::kObject);
@@ -755,20 +1025,21 @@ std::string PyValue::CallableName() const {
   return std::string(c->s()) + "." + std::string(c->name());
 }
 
-void* Pickle::Allocate(size_t bytes) {
+void* Pickle::Arena::Allocate(size_t bytes) {
   bytes = (bytes + 7) & ~size_t{7};
   if (bytes > kMaxBlock / 4) {
     // A large array gets a block of its own; the current block keeps serving small ones.
-    blocks_.push_back(std::unique_ptr<std::byte[]>(new std::byte[bytes]));
-    arena_bytes_ += bytes;
-    return blocks_.back().get();
+    blocks_.push_back(Block{std::unique_ptr<std::byte[]>(new std::byte[bytes]), bytes, true});
+    bytes_ += bytes;
+    return blocks_.back().data.get();
   }
   if (bytes > left_in_block_) {
     const size_t size = std::max(next_block_, bytes);
-    blocks_.push_back(std::unique_ptr<std::byte[]>(new std::byte[size]));
-    cursor_ = blocks_.back().get();
+    blocks_.push_back(Block{std::unique_ptr<std::byte[]>(new std::byte[size]), size, false});
+    cursor_block_ = blocks_.size() - 1;
+    cursor_ = blocks_.back().data.get();
     left_in_block_ = size;
-    arena_bytes_ += size;
+    bytes_ += size;
     next_block_ = std::min(kMaxBlock, next_block_ * 2);
   }
   void* at = cursor_;
@@ -777,16 +1048,67 @@ void* Pickle::Allocate(size_t bytes) {
   return at;
 }
 
+bool Pickle::Arena::Locate(const void* p, size_t* block, size_t* offset8, bool recent_only) const {
+  const auto* at = static_cast<const std::byte*>(p);
+  auto In = [&](size_t k) {
+    const Block& b = blocks_[k];
+    if (!(std::less_equal<const std::byte*>()(b.data.get(), at) && std::less<const std::byte*>()(at, b.data.get() + b.size)))
+      return false;
+    *block = k;
+    *offset8 = static_cast<size_t>(at - b.data.get()) / 8;
+    return true;
+  };
+  // Nearly always a value just made: in the block small allocations come from.
+  if (cursor_block_ < blocks_.size() && In(cursor_block_)) return true;
+  if (recent_only) return false;
+  for (size_t k = blocks_.size(); k-- > 0;)
+    if (In(k)) return true;
+  return false;
+}
+
+bool Pickle::Arena::AllocatedSince(const void* p, const Position& from) const {
+  const auto* at = static_cast<const std::byte*>(p);
+  auto In = [&](const Block& b, const std::byte* begin) {
+    return std::less_equal<const std::byte*>()(begin, at) && std::less<const std::byte*>()(at, b.data.get() + b.size);
+  };
+  // What the block that served small allocations then had left, and every block made since.
+  if (from.cursor && from.cursor_block < blocks_.size() && In(blocks_[from.cursor_block], from.cursor)) return true;
+  for (size_t k = from.blocks; k < blocks_.size(); ++k)
+    if (In(blocks_[k], blocks_[k].data.get())) return true;
+  return false;
+}
+
+bool Pickle::Arena::FreeLarge(const void* p) {
+  // Large blocks are few (arrays over 256 KiB); the one sought is usually among the last.
+  for (size_t k = blocks_.size(); k-- > 0;) {
+    Block& b = blocks_[k];
+    if (b.data.get() != p) continue;
+    if (!b.own) return false;
+    bytes_ -= b.size;
+    b.data.reset();
+    b.size = 0;
+    return true;
+  }
+  return false;
+}
+
+void Pickle::Arena::RollBack(const Position& to) {
+  blocks_.resize(to.blocks);
+  cursor_block_ = to.cursor_block;
+  cursor_ = to.cursor;
+  left_in_block_ = to.left;
+  next_block_ = to.next_block;
+  bytes_ = to.bytes;
+}
+
 Pickle::Pickle(Pickle&& other) noexcept { *this = std::move(other); }
 
 Pickle& Pickle::operator=(Pickle&& other) noexcept {
   if (this != &other) {
     root = other.root;
-    blocks_ = std::move(other.blocks_);
-    cursor_ = other.cursor_;
-    left_in_block_ = other.left_in_block_;
-    next_block_ = other.next_block_;
-    arena_bytes_ = other.arena_bytes_;
+    values_arena_ = std::move(other.values_arena_);
+    kept_arena_ = std::move(other.kept_arena_);
+    split_ = other.split_;
     values_ = other.values_;
     other.Clear();
   }
@@ -795,15 +1117,22 @@ Pickle& Pickle::operator=(Pickle&& other) noexcept {
 
 void Pickle::Clear() {
   root = nullptr;
-  blocks_.clear();
-  cursor_ = nullptr;
-  left_in_block_ = arena_bytes_ = values_ = 0;
-  next_block_ = kFirstBlock;
+  values_arena_ = Arena();
+  kept_arena_ = Arena();
+  split_ = false;
+  values_ = 0;
 }
 
 Status ParseOwnedPickle(std::string bytes, std::string_view where, Pickle* result, uint64_t memory_limit,
                         PickleEnd* end) {
   return ParsePickle(bytes, where, result, memory_limit, end);
+}
+
+Status ParsePickleStreamed(const PickleSource& source, std::string_view where, PickleCallHook* hook, Pickle* result,
+                           uint64_t memory_limit) {
+  result->Clear();
+  Machine m(source, where, result, memory_limit, hook);
+  return m.Run();
 }
 
 Status ParsePickle(std::string_view bytes, std::string_view where, Pickle* result, uint64_t memory_limit,

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -69,6 +70,7 @@ class PyValue {
     kGlobal,      // module + name
     kObject,      // a call or instantiation that was not performed
     kPersistent,  // a persistent id (torch: storage references)
+    kTaken,       // a call a PickleCallHook took over during the parse: taken() is its index
   };
   Kind kind() const { return kind_; }
 
@@ -87,6 +89,8 @@ class PyValue {
     }
   }
   std::string_view name() const { return kind_ == Kind::kGlobal ? word_.global->name : std::string_view(); }
+  // kTaken: the index the hook gave the call it took.
+  uint64_t taken() const { return kind_ == Kind::kTaken ? static_cast<uint64_t>(word_.i) : 0; }
 
   // kTuple, kList, kSet; kObject: items appended to it.
   std::span<const PyRef> items() const {
@@ -174,20 +178,68 @@ class Pickle {
   Pickle& operator=(Pickle&& other) noexcept;
 
   void Clear();
-  // How many values the pickle made: walkers bound their work by it.
+  // How many values the pickle made (those a hook's take-over freed included): walkers
+  // bound their work by it.
   size_t value_count() const { return values_; }
-  // Bytes the arena holds (values, their items and fields, strings).
-  size_t arena_bytes() const { return arena_bytes_; }
+  // Bytes the arenas hold (values, their items and fields, strings).
+  size_t arena_bytes() const { return values_arena_.bytes() + kept_arena_.bytes(); }
 
  private:
   friend struct PickleBuilder;
-  // 8-aligned memory that lives as long as the pickle. Blocks double from 256 bytes to
-  // 1 MiB: a DCP chunk's data.pkl makes ~20 values, a million-chunk .metadata 9 million.
-  void* Allocate(size_t bytes);
-  static constexpr size_t kFirstBlock = 256, kMaxBlock = size_t{1} << 20;
-  std::vector<std::unique_ptr<std::byte[]>> blocks_;
-  std::byte* cursor_ = nullptr;
-  size_t left_in_block_ = 0, next_block_ = kFirstBlock, arena_bytes_ = 0, values_ = 0;
+  // 8-aligned bump-allocated memory. Blocks double from 256 bytes to 1 MiB: a DCP chunk's
+  // data.pkl makes ~20 values, a million-chunk .metadata 9 million.
+  class Arena {
+   public:
+    // Where the next allocation goes; RollBack frees everything allocated after it.
+    struct Position {
+      size_t blocks = 0, cursor_block = 0, left = 0, next_block = kFirstBlock, bytes = 0;
+      std::byte* cursor = nullptr;
+    };
+    void* Allocate(size_t bytes);
+    Position position() const { return {blocks_.size(), cursor_block_, left_in_block_, next_block_, bytes_, cursor_}; }
+    // Whether `p` was allocated after `from` (and is still allocated).
+    bool AllocatedSince(const void* p, const Position& from) const;
+    // `p` as (block, offset / 8), and back: 32-bit memo entries of a streamed parse. False
+    // when `p` is not in the arena.
+    // `recent_only`: look in the block small allocations now come from only.
+    bool Locate(const void* p, size_t* block, size_t* offset8, bool recent_only = false) const;
+    void* At(size_t block, size_t offset8) const { return blocks_[block].data.get() + offset8 * 8; }
+    void RollBack(const Position& to);
+    // Frees `p` when it is an allocation that got a block of its own (a large array); false
+    // otherwise.
+    bool FreeLarge(const void* p);
+    size_t bytes() const { return bytes_; }
+
+   private:
+    static constexpr size_t kFirstBlock = 256, kMaxBlock = size_t{1} << 20;
+    struct Block {
+      std::unique_ptr<std::byte[]> data;
+      size_t size = 0;
+      bool own = false;  // one large allocation's alone
+    };
+    std::vector<Block> blocks_;
+    size_t cursor_block_ = 0;  // the block small allocations come from (large ones get their own)
+    std::byte* cursor_ = nullptr;
+    size_t left_in_block_ = 0, next_block_ = kFirstBlock, bytes_ = 0;
+  };
+  void* Allocate(size_t bytes) { return values_arena_.Allocate(bytes); }
+  // Memory that values made later may share (strings, globals, interned tuples): kept apart
+  // when a hook streams the parse, so that rolling values_arena_ back never frees it.
+  void* AllocateKept(size_t bytes) { return split_ ? kept_arena_.Allocate(bytes) : values_arena_.Allocate(bytes); }
+  Arena values_arena_, kept_arena_;
+  bool split_ = false;
+  size_t values_ = 0;
+};
+
+// Streams a parse: sees every call (REDUCE, NEWOBJ...) as soon as the parse makes it, and may
+// take it over, replacing it by a kTaken value. A reader that turns each tensor rebuild call
+// into a catalog entry this way never holds the parsed tree of a million tensors: once a
+// call is taken, the values made for its arguments alone are freed.
+class PickleCallHook {
+ public:
+  virtual ~PickleCallHook() = default;
+  // Sets *take and, when set, *index (what kTaken::taken() reports). An error ends the parse.
+  virtual Status OnCall(const PyValue* call, bool* take, uint64_t* index) = 0;
 };
 
 // Parses one pickle from `bytes`. `where` names the file in error messages. Parsing fails
@@ -206,6 +258,18 @@ Status ParsePickle(std::string_view bytes, std::string_view where, Pickle* resul
 // values).
 Status ParseOwnedPickle(std::string bytes, std::string_view where, Pickle* result,
                         uint64_t memory_limit = ReadLimits{}.pickle_memory, PickleEnd* end = nullptr);
+// Where a streamed parse reads the pickle's bytes from, a window at a time (a million-tensor
+// data.pkl is ~100 MB, not held whole beside what the parse makes).
+struct PickleSource {
+  uint64_t size = 0;
+  std::function<Status(uint64_t offset, size_t length, char* out)> read;
+};
+// Parses the pickle in `source`, streamed through `hook`. A parse that a hook streams may
+// fail where a plain one would not (a memo entry of a taken call's arguments read again, an
+// object taken over then changed): a caller that gets an error parses again without the
+// hook, and reports that parse's outcome.
+Status ParsePickleStreamed(const PickleSource& source, std::string_view where, PickleCallHook* hook, Pickle* result,
+                           uint64_t memory_limit = ReadLimits{}.pickle_memory);
 
 
 }  // namespace ckptfs

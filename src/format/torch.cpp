@@ -24,11 +24,104 @@ using Kind = PyValue::Kind;
 // Real checkpoints nest a handful of levels; deeper means a cycle or an attack.
 constexpr int kMaxDepth = 256;
 
-// Flattens one torch pickle's object; its tensors resolve through `storages`.
+// Streams the parse of a torch.save archive's data.pkl: each tensor rebuild call becomes a
+// catalog entry as soon as the parse makes it (key and path still empty), in parse order,
+// and the call a kTaken value naming it. The flattening then gives the entries their keys
+// and puts them in the order of its walk (TorchZipReader). Resolves storages through the
+// archive, and the taken values to their entries.
+class TensorStream : public PickleCallHook, public StorageResolver {
+ public:
+  TensorStream(const TorchArchive& archive, Catalog* catalog, const ReadLimits& limits)
+      : archive_(archive), catalog_(catalog), first_(catalog->tensors.size()), limits_(limits) {}
+
+  Status OnCall(const PyValue* call, bool* take, uint64_t* index) override;
+  Status Resolve(const PyValue* pid, std::optional<DType> tensor_dtype, DType* dtype, std::string* storage_id,
+                 StorageBytes* bytes) const override {
+    return archive_.Resolve(pid, tensor_dtype, dtype, storage_id, bytes);
+  }
+  const std::string& path() const override { return archive_.path(); }
+  const TensorEntry* Taken(uint64_t index) const override {
+    return index < taken_ ? &catalog_->tensors[first_ + index] : nullptr;
+  }
+  // The catalog's entries before this archive's.
+  size_t first() const { return first_; }
+  size_t taken() const { return taken_; }
+
+ private:
+  const TorchArchive& archive_;
+  Catalog* catalog_;
+  size_t first_;
+  size_t taken_ = 0;
+  ReadLimits limits_;
+};
+
+// Whether the rebuild call `v` reads only values the rest of the pickle can no longer
+// change. A size or stride given as a list could be appended to after the call (through
+// the memo): such a call is resolved when the object is walked, as without streaming.
+bool RebuildInputsFixed(const PyValue* v, int depth) {
+  if (v->kind() != Kind::kObject || depth > 16 || !v->callable() || v->callable()->kind() != Kind::kGlobal) return true;
+  const PyValue* callable = v->callable();
+  if (IsGlobal(callable, "torch._utils._rebuild_parameter") ||
+      IsGlobal(callable, "torch._utils._rebuild_parameter_with_state")) {
+    const PyValue* data = Arg(v, 0);
+    return !data || RebuildInputsFixed(data, depth + 1);
+  }
+  if (IsGlobal(callable, "torch._tensor._rebuild_from_type_v2")) {
+    const PyValue* func = Arg(v, 0);
+    const PyValue* args = Arg(v, 2);
+    if (!func || !args) return true;
+    PyObjectBody body{const_cast<PyValue*>(func), const_cast<PyValue*>(args)};
+    const PyValue inner = PyValue::CallOf(&body);
+    return RebuildInputsFixed(&inner, depth + 1);
+  }
+  for (size_t i : {size_t{2}, size_t{3}}) {
+    const PyValue* dims = Arg(v, i);
+    if (dims && IsCall(dims, "torch.Size")) dims = Arg(dims, 0);
+    if (dims && dims->kind() == Kind::kList) return false;
+  }
+  return true;
+}
+
+Status TensorStream::OnCall(const PyValue* call, bool* take, uint64_t* index) {
+  *take = false;
+  // Only torch's own rebuild functions make tensors: skip everything else at once.
+  const PyValue* callable = call->callable();
+  if (!callable || callable->kind() != Kind::kGlobal || (callable->s() != "torch._utils" && callable->s() != "torch._tensor"))
+    return Status::OK();
+  if (!RebuildInputsFixed(call, 0)) return Status::OK();
+  // A parameter around a tensor already taken is that tensor.
+  if ((IsGlobal(callable, "torch._utils._rebuild_parameter") ||
+       IsGlobal(callable, "torch._utils._rebuild_parameter_with_state")) &&
+      Arg(call, 0) && Arg(call, 0)->kind() == Kind::kTaken) {
+    *take = true;
+    *index = Arg(call, 0)->taken();
+    return Status::OK();
+  }
+  TensorEntry t;
+  bool is_tensor = false;
+  CKPTFS_RETURN_IF_ERROR(RebuildTensor(call, *this, &t, &is_tensor));
+  if (!is_tensor) return Status::OK();
+  if (taken_ == 0) {
+    // About one tensor per stored record: reserved, the catalog is not copied as it grows
+    // (a million tensors' vector held its old and new copies, ~260 MB, at the parse's peak).
+    catalog_->tensors.reserve(first_ + std::min<size_t>(archive_.zip().entries().size(), limits_.tensors));
+  }
+  // The flattening reports the limit with the reader's message (a parse again without
+  // streaming); this only bounds what the parse makes.
+  if (first_ + taken_ >= limits_.tensors) return Status::Refused(archive_.path(), "too many tensors to stream");
+  catalog_->tensors.push_back(std::move(t));
+  *index = taken_++;
+  *take = true;
+  return Status::OK();
+}
+
+// Flattens one torch pickle's object; its tensors resolve through `storages`. With a
+// `stream`, the pickle was parsed through it: kTaken values are its entries.
 class TorchZipReader {
  public:
-  TorchZipReader(const StorageResolver& storages, Catalog* catalog, const ReadLimits& limits)
-      : storages_(storages), path_(storages.path()), catalog_(catalog), limits_(limits) {}
+  TorchZipReader(const StorageResolver& storages, Catalog* catalog, const ReadLimits& limits,
+                 const TensorStream* stream = nullptr)
+      : storages_(storages), path_(storages.path()), catalog_(catalog), limits_(limits), stream_(stream) {}
 
   Status Read(const PyValue* root, size_t value_count, json* metadata);
 
@@ -36,6 +129,10 @@ class TorchZipReader {
   Status Walk(const PyValue* v, std::vector<PathElement>* path, int depth, json* out, bool* keep);
   Status WalkOpaque(const PyValue* v, std::vector<PathElement>* path, int depth, json* out);
   Status AddTensor(TensorEntry t, const std::vector<PathElement>& path);
+  // A streamed entry met at `path`: its first place names it, any other gets a copy.
+  Status AddTaken(uint64_t index, const std::vector<PathElement>& path);
+  // Puts the streamed entries in the order the walk met them, dropping those it never met.
+  Status PutInWalkOrder();
   Status Bad(const std::string& what) const { return Status::Corruption(path_, what); }
   // Memo references make the object graph a DAG: a pickle of a few KB can reference one
   // list from two places at each of 200 levels, 2^200 paths. Every node visit is charged.
@@ -52,6 +149,11 @@ class TorchZipReader {
   Catalog* catalog_;
   ReadLimits limits_;
   uint64_t visit_budget_ = 0, visits_left_ = 0;
+  const TensorStream* stream_;
+  // With a stream: the catalog entries in walk order (indices into catalog_->tensors), and
+  // which streamed entries the walk has named.
+  std::vector<uint32_t> walk_order_;
+  std::vector<bool> named_;
 };
 
 }  // namespace
@@ -59,11 +161,17 @@ class TorchZipReader {
 Status TorchZipReader::Read(const PyValue* root, size_t value_count, json* metadata) {
   // A tree visits each value once; tied weights and shared configs add a little.
   visit_budget_ = visits_left_ = 4 * static_cast<uint64_t>(value_count) + 1'000'000;
-  const size_t first_tensor = catalog_->tensors.size();
+  const size_t first_tensor = stream_ ? stream_->first() : catalog_->tensors.size();
+  if (stream_) {
+    // Indices are 32-bit (a catalog of 2^32 tensors would not fit in memory anyway).
+    if (catalog_->tensors.size() >= UINT32_MAX) return Bad("too many tensors to stream");
+    named_.assign(stream_->taken(), false);
+  }
   std::vector<PathElement> path;
   bool keep = false;
   CKPTFS_RETURN_IF_ERROR(Walk(root, &path, 0, metadata, &keep));
   if (!keep) *metadata = json::object();
+  if (stream_) CKPTFS_RETURN_IF_ERROR(PutInWalkOrder());
   // Two tensors whose paths flatten to one key (e.g. {"a.b": x, "a": {"b": y}}) cannot
   // both be served. Found by sorting (hash of key, tensor) pairs and comparing keys only
   // within a run of equal hashes: a set of a million keys was ~50 MB at the parse's peak.
@@ -86,11 +194,81 @@ Status TorchZipReader::Read(const PyValue* root, size_t value_count, json* metad
 }
 
 Status TorchZipReader::AddTensor(TensorEntry t, const std::vector<PathElement>& path) {
-  if (catalog_->tensors.size() >= limits_.tensors)
+  const size_t count = stream_ ? stream_->first() + walk_order_.size() : catalog_->tensors.size();
+  if (count >= limits_.tensors)
     return Status::Refused(path_, "more than " + std::to_string(limits_.tensors) + " tensors" + LimitHint("max_tensors"));
   t.path = path;
   t.key = path.empty() ? "tensor" : FlattenKey(path);
+  if (stream_) {
+    if (catalog_->tensors.size() >= UINT32_MAX) return Bad("too many tensors to stream");
+    walk_order_.push_back(static_cast<uint32_t>(catalog_->tensors.size()));
+  }
   catalog_->tensors.push_back(std::move(t));
+  return Status::OK();
+}
+
+Status TorchZipReader::AddTaken(uint64_t index, const std::vector<PathElement>& path) {
+  if (index >= named_.size()) return Bad("internal: a streamed tensor out of range");
+  const size_t at = stream_->first() + static_cast<size_t>(index);
+  if (named_[index]) {
+    // Met again (memo references to one tensor): a copy of the entry, named here.
+    TensorEntry copy;
+    copy.dtype = catalog_->tensors[at].dtype;
+    copy.shape = catalog_->tensors[at].shape;
+    copy.boxes = catalog_->tensors[at].boxes;
+    copy.storage_id = catalog_->tensors[at].storage_id;
+    return AddTensor(std::move(copy), path);
+  }
+  if (stream_->first() + walk_order_.size() >= limits_.tensors)
+    return Status::Refused(path_, "more than " + std::to_string(limits_.tensors) + " tensors" + LimitHint("max_tensors"));
+  named_[index] = true;
+  TensorEntry& t = catalog_->tensors[at];
+  t.path = path;
+  t.key = path.empty() ? "tensor" : FlattenKey(path);
+  walk_order_.push_back(static_cast<uint32_t>(at));
+  return Status::OK();
+}
+
+Status TorchZipReader::PutInWalkOrder() {
+  std::vector<TensorEntry>& tensors = catalog_->tensors;
+  const size_t first = stream_->first();
+  const size_t n = tensors.size() - first;
+  const size_t met = walk_order_.size();
+  // source_of[k]: the entry (relative to `first`) that goes to place k: those the walk met
+  // in its order, then the others (dropped below).
+  std::vector<uint32_t> source_of(n);
+  std::vector<bool> placed(n, false);
+  for (size_t k = 0; k < walk_order_.size(); ++k) {
+    source_of[k] = walk_order_[k] - static_cast<uint32_t>(first);
+    placed[source_of[k]] = true;
+  }
+  size_t k = walk_order_.size();
+  for (size_t i = 0; i < n; ++i)
+    if (!placed[i]) source_of[k++] = static_cast<uint32_t>(i);
+  walk_order_ = std::vector<uint32_t>();
+  placed = std::vector<bool>();
+  // Applied in place, one cycle of the permutation at a time (moves, no copies).
+  constexpr uint32_t kDone = UINT32_MAX;
+  for (size_t start = 0; start < n; ++start) {
+    if (source_of[start] == kDone) continue;
+    if (source_of[start] == start) {
+      source_of[start] = kDone;
+      continue;
+    }
+    TensorEntry held = std::move(tensors[first + start]);
+    size_t to = start;
+    for (;;) {
+      const size_t from = source_of[to];
+      source_of[to] = kDone;
+      if (from == start) {
+        tensors[first + to] = std::move(held);
+        break;
+      }
+      tensors[first + to] = std::move(tensors[first + from]);
+      to = from;
+    }
+  }
+  tensors.erase(tensors.begin() + static_cast<std::ptrdiff_t>(first + met), tensors.end());
   return Status::OK();
 }
 
@@ -98,6 +276,10 @@ Status TorchZipReader::Walk(const PyValue* v, std::vector<PathElement>* path, in
   CKPTFS_RETURN_IF_ERROR(Visit());
   if (depth > kMaxDepth) return Bad("objects nested deeper than " + std::to_string(kMaxDepth) + " levels (a cycle?)");
   *keep = true;
+  if (v->kind() == Kind::kTaken && stream_) {
+    *keep = false;
+    return AddTaken(v->taken(), *path);
+  }
   TensorEntry t;
   bool is_tensor = false;
   CKPTFS_RETURN_IF_ERROR(RebuildTensor(v, storages_, &t, &is_tensor));
@@ -193,6 +375,12 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
       }
       return Status::OK();
     }
+    case Kind::kTaken: {
+      const TensorEntry* t = storages_.Taken(v->taken());
+      if (!t) return Bad("internal: a streamed tensor out of range");
+      *out = json{{"$tensor_not_served", {{"dtype", Info(t->dtype).torch_name}, {"shape", t->shape}}}};
+      return Status::OK();
+    }
     case Kind::kObject: break;
   }
   const std::string cls = v->CallableName();
@@ -253,7 +441,21 @@ namespace {
 Status ReadTorchZipIn(const FileWindow& window, Catalog* catalog, json* metadata, const ReadLimits& limits,
                       ZipArchive* opened) {
   TorchArchive archive;
-  CKPTFS_RETURN_IF_ERROR(archive.Open(*catalog->files, window, limits, ArchiveRecords{}, nullptr, {}, opened));
+  // Streamed first: the parsed tree of a million tensors (~330 bytes each) is never alive
+  // beside the catalog. Whatever fails streamed is read again without streaming, and that
+  // outcome is reported, so streaming changes no result, only the memory it takes.
+  TensorStream stream(archive, catalog, limits);
+  Status streamed = archive.Open(*catalog->files, window, limits, ArchiveRecords{}, nullptr, {}, opened, &stream);
+  if (streamed.ok()) {
+    // Every tensor the walk serves is resolved by now (any other lookup fails the streamed
+    // read, which is then read again).
+    archive.ReleaseDirectory();
+    TorchZipReader reader(stream, catalog, limits, &stream);
+    streamed = reader.Read(archive.root(), archive.value_count(), metadata);
+  }
+  if (streamed.ok() || !archive.streamed()) return streamed;
+  catalog->tensors.erase(catalog->tensors.begin() + static_cast<std::ptrdiff_t>(stream.first()), catalog->tensors.end());
+  CKPTFS_RETURN_IF_ERROR(archive.ParseAgain());
   // About one tensor per stored record: reserved, the catalog is not copied as it grows
   // (a million tensors' vector held its old and new copies, ~260 MB, at the parse's peak).
   catalog->tensors.reserve(catalog->tensors.size() +

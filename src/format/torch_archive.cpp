@@ -89,15 +89,19 @@ void PickleCache::Insert(std::string bytes, std::shared_ptr<const Pickle> pickle
 
 Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits,
                           const ArchiveRecords& records, PickleCache* cache, std::string_view window_bytes,
-                          ZipArchive* opened) {
+                          ZipArchive* opened, PickleCallHook* hook) {
   path_ = files.Describe(window);
   files_ = &files;
   window_ = window;
   // An archive may be reopened on another window (a DCP reader's million chunks).
   pickle_.reset();
+  pickle_entry_ = nullptr;
+  streamed_ = released_ = false;
+  limits_ = limits;
   next_record_ = 0;
   // A torch archive holds one record per storage plus a few: the tensor limit bounds it.
   const uint64_t max_entries = limits.tensors + 1024;
+  max_entries_ = max_entries;
   const bool same_window = opened && opened->window().file == window.file &&
                            opened->window().base == window.base && opened->window().length == window.length;
   // A directory over this reader's entry limit is read again so that the limit's own
@@ -108,10 +112,10 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
     CKPTFS_RETURN_IF_ERROR(zip_.Open(files, window, max_entries, window_bytes));
   if (zip_.entries().empty()) return Bad("zip archive has no entries");
   // torch takes the archive folder from the first central-directory entry.
-  const std::string& first = zip_.entries().front().name;
+  const std::string_view first = zip_.entries().front().name;
   size_t slash = first.find('/');
-  if (slash == std::string::npos) return Bad("not a torch.save archive: '" + first + "' is not in a folder");
-  prefix_ = first.substr(0, slash + 1);
+  if (slash == std::string::npos) return Bad("not a torch.save archive: '" + std::string(first) + "' is not in a folder");
+  prefix_ = std::string(first.substr(0, slash + 1));
   if (!records.torchscript && zip_.Find(prefix_ + "constants.pkl"))
     return Status::NotSupported(path_, "TorchScript archive (torch.jit.save) read as a torch.save checkpoint");
   storage_dir_ = records.storage_dir;
@@ -126,14 +130,60 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
     if (value == "big") return Status::NotSupported(path_, "big-endian checkpoint (byteorder record says 'big')");
     if (value != "little") return Bad("byteorder record holds '" + value + "'; expected 'little' or 'big'");
   }
-  storages_.assign(zip_.entries().size(), std::nullopt);
+  data_offsets_.assign(zip_.entries().size(), 0);
   if (!pkl) return Status::OK();
+  pickle_entry_ = pkl;
+  pickle_name_ = prefix_ + records.pickle;
+  return ParseObject(cache, hook);
+}
+
+void TorchArchive::ReleaseDirectory() {
+  zip_ = ZipArchive();
+  data_offsets_ = std::vector<uint64_t>();
+  pickle_entry_ = nullptr;
+  released_ = true;
+}
+
+Status TorchArchive::ParseAgain() {
+  pickle_.reset();
+  if (released_) {
+    CKPTFS_RETURN_IF_ERROR(zip_.Open(*files_, window_, max_entries_));
+    data_offsets_.assign(zip_.entries().size(), 0);
+    next_record_ = 0;
+    pickle_entry_ = zip_.Find(pickle_name_);
+    if (!pickle_entry_) return Bad("not a torch.save archive: no " + pickle_name_);
+    released_ = false;
+  }
+  if (!pickle_entry_) return Status::OK();
+  return ParseObject(nullptr, nullptr);
+}
+
+Status TorchArchive::ParseObject(PickleCache* cache, PickleCallHook* hook) {
+  const ZipEntry* pkl = pickle_entry_;
   std::string pickle_bytes;
-  if (pkl->uncompressed_size > limits.pickle_bytes)
-    return Status::Refused(path_, prefix_ + records.pickle + " is " + std::to_string(pkl->uncompressed_size) +
-                                      " bytes, over the limit of " + std::to_string(limits.pickle_bytes) +
+  if (pkl->uncompressed_size > limits_.pickle_bytes)
+    return Status::Refused(path_, pickle_name_ + " is " + std::to_string(pkl->uncompressed_size) +
+                                      " bytes, over the limit of " + std::to_string(limits_.pickle_bytes) +
                                       LimitHint("max_pickle"));
-  CKPTFS_RETURN_IF_ERROR(zip_.ReadStored(*pkl, limits.pickle_bytes, &pickle_bytes));
+  if (hook) {
+    // Read a window at a time, as the parse goes.
+    if (pkl->method != ZipArchive::kMethodStored)
+      return zip_.ReadStored(*pkl, limits_.pickle_bytes, &pickle_bytes);  // its error
+    uint64_t data_offset = 0;
+    CKPTFS_RETURN_IF_ERROR(zip_.DataOffset(*pkl, &data_offset));
+    PickleSource source;
+    source.size = pkl->uncompressed_size;
+    source.read = [this, data_offset](uint64_t offset, size_t length, char* out) {
+      return files_->ReadExact(window_.file, data_offset + offset, length, out);
+    };
+    streamed_ = true;
+    auto parsed = std::make_shared<Pickle>();
+    CKPTFS_RETURN_IF_ERROR(
+        ParsePickleStreamed(source, path_ + ": " + pickle_name_, hook, parsed.get(), limits_.pickle_memory));
+    pickle_ = std::move(parsed);
+    return Status::OK();
+  }
+  CKPTFS_RETURN_IF_ERROR(zip_.ReadStored(*pkl, limits_.pickle_bytes, &pickle_bytes));
   pickle_ = cache ? cache->Find(pickle_bytes) : nullptr;
   if (!pickle_) {
     auto parsed = std::make_shared<Pickle>();
@@ -141,8 +191,8 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
     // (a million-tensor data.pkl is a few hundred MB). The cache keeps its own small key.
     std::string cache_key;
     if (cache && pickle_bytes.size() <= PickleCache::kMaxPickleBytes) cache_key = pickle_bytes;
-    CKPTFS_RETURN_IF_ERROR(ParseOwnedPickle(std::move(pickle_bytes), path_ + ": " + prefix_ + records.pickle,
-                                            parsed.get(), limits.pickle_memory));
+    CKPTFS_RETURN_IF_ERROR(ParseOwnedPickle(std::move(pickle_bytes), path_ + ": " + pickle_name_, parsed.get(),
+                                            limits_.pickle_memory));
     pickle_ = parsed;
     if (cache && !cache_key.empty()) cache->Insert(std::move(cache_key), std::move(parsed));
   }
@@ -183,6 +233,7 @@ Status ParseStoragePid(const PyValue* pid, std::optional<DType> tensor_dtype, co
 
 Status TorchArchive::Resolve(const PyValue* pid, std::optional<DType> tensor_dtype, DType* dtype,
                              std::string* storage_id, StorageBytes* bytes) const {
+  if (released_) return Bad("internal: a storage looked up after the zip directory was released");
   StoragePid parsed;
   CKPTFS_RETURN_IF_ERROR(ParseStoragePid(pid, tensor_dtype, path_, &parsed));
   if (parsed.view) return Status::NotSupported(path_, "storage view persistent id in a zip archive");
@@ -201,8 +252,8 @@ Status TorchArchive::Resolve(const PyValue* pid, std::optional<DType> tensor_dty
                           : zip_.Find(record_name_);
   if (e) next_record_ = static_cast<size_t>(e - entries.data()) + 1;
   if (!e) return Bad("the pickle references storage '" + *key + "' but the archive has no record " + record_name_);
-  std::optional<StorageRecord>& slot = storages_[static_cast<size_t>(e - zip_.entries().data())];
-  if (!slot) {
+  uint64_t& data_offset = data_offsets_[static_cast<size_t>(e - zip_.entries().data())];
+  if (data_offset == 0) {
     const std::string& name = record_name_;
     if (e->method != ZipArchive::kMethodStored)
       return Status::NotSupported(path_, "record " + name + " is compressed (method " + std::to_string(e->method) +
@@ -210,16 +261,14 @@ Status TorchArchive::Resolve(const PyValue* pid, std::optional<DType> tensor_dty
     if (e->uncompressed_size != nbytes)
       return Bad("record " + name + " holds " + std::to_string(e->uncompressed_size) + " bytes but the pickle says " +
                  std::to_string(nbytes));
-    StorageRecord r;
-    r.nbytes = nbytes;
-    CKPTFS_RETURN_IF_ERROR(zip_.DataOffset(*e, &r.data_offset));
-    slot = r;
-  } else if (slot->nbytes != nbytes) {
+    CKPTFS_RETURN_IF_ERROR(zip_.DataOffset(*e, &data_offset));
+  } else if (e->uncompressed_size != nbytes) {
+    // The first reference matched the record's size: this one differs from it.
     return Bad("storage '" + *key + "' is referenced with two different sizes");
   }
   bytes->file = window_.file;
-  bytes->data_offset = slot->data_offset;
-  bytes->nbytes = slot->nbytes;
+  bytes->data_offset = data_offset;
+  bytes->nbytes = nbytes;
   bytes->key = parsed.key;
   // Storage ids name the file, the window and the record, so two archives in one file (or
   // a TorchScript archive's data/ and constants/ records) never share one.
@@ -280,6 +329,17 @@ Status RebuildTensorAt(const PyValue* v, const StorageResolver& storages, int de
   const std::string& where = storages.path();
   auto Bad = [&](const std::string& what) { return Status::Corruption(where, what); };
   *is_tensor = false;
+  if (v->kind() == Kind::kTaken) {
+    // A rebuild call a streamed parse already made a tensor of.
+    const TensorEntry* taken = storages.Taken(v->taken());
+    if (!taken) return Status::OK();
+    t->dtype = taken->dtype;
+    t->shape = taken->shape;
+    t->boxes = taken->boxes;
+    t->storage_id = taken->storage_id;
+    *is_tensor = true;
+    return Status::OK();
+  }
   if (v->kind() != Kind::kObject || depth > kMaxTensorDepth || !v->callable() || v->callable()->kind() != Kind::kGlobal)
     return Status::OK();
   const PyValue* callable = v->callable();
@@ -333,10 +393,10 @@ Status TorchZipKind(const std::string& path, SourceFiles* files, std::string* ki
     *zip = ZipArchive();
     return Status::OK();
   }
-  const std::string& first = zip->entries().front().name;
+  const std::string_view first = zip->entries().front().name;
   const size_t slash = first.find('/');
   if (slash == std::string::npos) return Status::OK();
-  const std::string prefix = first.substr(0, slash + 1);
+  const std::string prefix(first.substr(0, slash + 1));
   if (zip->Find(prefix + "constants.pkl")) *kind = "torchscript";
   else if (zip->Find(prefix + "archive_format") && !zip->Find(prefix + "data.pkl")) *kind = "torch-export";
   return Status::OK();

@@ -61,6 +61,9 @@ class StorageResolver {
                          std::string* storage_id, StorageBytes* bytes) const = 0;
   // How messages name the container.
   virtual const std::string& path() const = 0;
+  // The tensor a streamed parse's hook made of the call it took as kTaken value `index`;
+  // nullptr when the parse was not streamed.
+  virtual const TensorEntry* Taken(uint64_t /*index*/) const { return nullptr; }
 };
 
 // The fields of a ('storage', <storage class>, key, location, numel[, view]) persistent id.
@@ -111,9 +114,19 @@ class TorchArchive : public StorageResolver {
   // With a `cache`, an object pickle already parsed by another archive is not parsed again.
   // `window_bytes`: the window's bytes when the caller has read them (ZipArchive::Open).
   // `opened`: this window's directory, already read; taken over (moved from) when it is.
+  // `hook`: streams the parse of the object pickle (ParsePickleStreamed; no cache then).
   Status Open(const SourceFiles& files, FileWindow window, const ReadLimits& limits = ReadLimits{},
               const ArchiveRecords& records = ArchiveRecords{}, PickleCache* cache = nullptr,
-              std::string_view window_bytes = {}, ZipArchive* opened = nullptr);
+              std::string_view window_bytes = {}, ZipArchive* opened = nullptr, PickleCallHook* hook = nullptr);
+  // Whether Open got as far as parsing the object pickle with a hook (successfully or not).
+  bool streamed() const { return streamed_; }
+  // Parses the object pickle again, without a hook: after a streamed parse, or what was
+  // made of it, failed. This parse's outcome is the one to report.
+  Status ParseAgain();
+  // Frees the zip directory and storage lookups once a streamed parse has resolved every
+  // tensor (a million entries are ~70 MB): Resolve then fails, which a streamed reader
+  // answers by parsing again (ParseAgain reads the directory again).
+  void ReleaseDirectory();
 
   // The zip directory and "<archive>/" folder prefix, for readers of other records.
   const ZipArchive& zip() const { return zip_; }
@@ -141,11 +154,6 @@ class TorchArchive : public StorageResolver {
   Status Bad(const std::string& what) const { return Status::Corruption(path_, what); }
 
  private:
-  struct StorageRecord {
-    uint64_t data_offset = 0;
-    uint64_t nbytes = 0;
-  };
-
   std::string path_;
   const SourceFiles* files_ = nullptr;
   FileWindow window_;
@@ -153,8 +161,18 @@ class TorchArchive : public StorageResolver {
   std::string prefix_;  // "<archive>/"
   std::string storage_dir_;  // "data/", or "constants/" for a TorchScript constants.pkl
   std::shared_ptr<const Pickle> pickle_;  // none until Open parses (or finds) one
-  // Storage records found so far, by the index of their zip entry: a memo of lookups.
-  mutable std::vector<std::optional<StorageRecord>> storages_;
+  // What parsing the object pickle needs (ParseAgain).
+  Status ParseObject(PickleCache* cache, PickleCallHook* hook);
+  const ZipEntry* pickle_entry_ = nullptr;
+  std::string pickle_name_;
+  ReadLimits limits_;
+  bool streamed_ = false;
+  bool released_ = false;
+  uint64_t max_entries_ = 0;
+  // Data offsets (in the file) of the storage records found so far, by the index of their
+  // zip entry, 0 until found (a record's data follows its local header, never at 0): a
+  // memo of lookups, 8 bytes per entry.
+  mutable std::vector<uint64_t> data_offsets_;
   mutable size_t next_record_ = 0;   // the entry index Storage tries first
   mutable std::string record_name_;  // scratch for "<archive>/data/<key>", reused to avoid allocations
 };

@@ -203,7 +203,7 @@ Status ExportReader::Read(json* metadata) {
   json records_listed = json::array();
   for (const ZipEntry& e : archive_.zip().entries()) {
     if (e.name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string name = e.name.substr(prefix.size());
+    const std::string name(e.name.substr(prefix.size()));
     if (name.compare(0, kWeightsDir.size(), kWeightsDir) != 0 && name.compare(0, kConstantsDir.size(), kConstantsDir) != 0)
       records_listed.push_back(name);
     if (name.size() > kModelsDir.size() + 5 && name.compare(0, kModelsDir.size(), kModelsDir) == 0 &&

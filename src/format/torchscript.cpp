@@ -66,7 +66,7 @@ Status ReadTorchScript(const std::string& path, Catalog* catalog, json* metadata
   json code = json::array(), others = json::array();
   for (const ZipEntry& e : data.zip().entries()) {
     if (e.name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string name = e.name.substr(prefix.size());
+    const std::string name(e.name.substr(prefix.size()));
     if (name.compare(0, 5, "code/") == 0) code.push_back(name);
     else if (name.compare(0, 5, "data/") != 0 && name.compare(0, 10, "constants/") != 0) others.push_back(name);
   }

@@ -1,8 +1,11 @@
 #include "format/zip.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <utility>
+
+#include <xxhash.h>
 
 #include "format/byte_reader.hpp"
 #include "format/limit_hint.hpp"
@@ -33,6 +36,12 @@ constexpr uint64_t kHeaderWindow = 16 << 10;
 constexpr uint64_t kShortTail = 8 << 10;
 // Directories up to this many entries are searched without a name table.
 constexpr size_t kLinearFindEntries = 16;
+// Bytes of the central directory read at once.
+constexpr uint64_t kDirectoryWindow = 1 << 20;
+// Entry names are copied into blocks of this size.
+constexpr uint64_t kNameBlock = 64 << 10;
+
+size_t NameHash(std::string_view name) { return static_cast<size_t>(XXH3_64bits(name.data(), name.size())); }
 
 }  // namespace
 
@@ -78,6 +87,9 @@ Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t ma
   window_ = window;
   entries_.clear();
   by_name_.clear();
+  name_blocks_.clear();
+  name_cursor_ = nullptr;
+  name_left_ = 0;
   header_cache_.clear();
   header_cache_start_ = 0;
   tail_.clear();
@@ -162,23 +174,16 @@ Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t ma
     return Status::Refused(files.Describe(window_), "zip directory lists " + std::to_string(entry_count) +
                                                         " entries, over the limit of " + std::to_string(max_entries) +
                                                         LimitHint("max_tensors"));
-  if (cd_offset >= tail_start_) {
-    // In the tail already read (a small archive's whole directory): parse it in place.
-    CKPTFS_RETURN_IF_ERROR(ParseCentralDirectory(std::string_view(tail_).substr(cd_offset - tail_start_, cd_size), entry_count));
-  } else {
-    std::string cd(cd_size, '\0');
-    CKPTFS_RETURN_IF_ERROR(ReadAt(cd_offset, cd_size, cd.data()));
-    CKPTFS_RETURN_IF_ERROR(ParseCentralDirectory(cd, entry_count));
-  }
+  CKPTFS_RETURN_IF_ERROR(ParseCentralDirectory(cd_offset, cd_size, entry_count));
 
   // Records lie one after another before the central directory. Two entries that share bytes
   // (the trick of overlapping-entry zip bombs, or a forged offset) or an entry that runs into
   // the directory make the same bytes mean two things: refuse them (corpus cases
   // pt-entries-overlap, pt-entry-overlaps-central-dir). Each entry is taken as its local
   // header, name and data; the local extra field is not known yet, so this is a lower bound.
-  std::vector<size_t> order(entries_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+  std::vector<uint32_t> order(entries_.size());  // entry_count < 2^32: the directory is under 1 GiB
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint32_t>(i);
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
     return entries_[a].local_header_offset < entries_[b].local_header_offset;
   });
   for (size_t k = 0; k < order.size(); ++k) {
@@ -187,72 +192,132 @@ Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t ma
     // and a name is at most 65535 bytes.
     const uint64_t end = e.local_header_offset + kLocalHeaderSize + e.name.size() + e.compressed_size;
     if (k + 1 < order.size() && end > entries_[order[k + 1]].local_header_offset)
-      return Corrupt("entries '" + e.name + "' and '" + entries_[order[k + 1]].name + "' overlap");
-    if (end > cd_offset) return Corrupt("entry '" + e.name + "' overlaps the central directory");
+      return Corrupt("entries '" + std::string(e.name) + "' and '" + std::string(entries_[order[k + 1]].name) +
+                     "' overlap");
+    if (end > cd_offset) return Corrupt("entry '" + std::string(e.name) + "' overlaps the central directory");
   }
   return Status::OK();
 }
 
-Status ZipArchive::ParseCentralDirectory(std::string_view cd, uint64_t entry_count) {
+std::string_view ZipArchive::KeepName(std::string_view name, uint64_t directory_bytes) {
+  if (name.empty()) return {};
+  if (name.size() > name_left_) {
+    // Blocks of 64 KiB, or the whole directory's size when smaller (a DCP chunk's archive
+    // has ~300 bytes of names): names never exceed the directory that holds them.
+    const size_t size = std::max<size_t>(name.size(), std::min<uint64_t>(directory_bytes, kNameBlock));
+    name_blocks_.push_back(std::unique_ptr<char[]>(new char[size]));
+    name_cursor_ = name_blocks_.back().get();
+    name_left_ = size;
+  }
+  std::memcpy(name_cursor_, name.data(), name.size());
+  std::string_view kept(name_cursor_, name.size());
+  name_cursor_ += name.size();
+  name_left_ -= name.size();
+  return kept;
+}
+
+Status ZipArchive::ParseCentralDirectory(uint64_t cd_offset, uint64_t cd_size, uint64_t entry_count) {
   const uint64_t archive_size = window_.length;
-  ByteReader r(cd);
+  // The directory is read a window at a time: `window` holds archive bytes
+  // [window_start, window_start + window.size()), `pos` is the next entry's offset in it.
+  // A directory inside the tail already read (a small archive's) is parsed in place.
+  std::string window;
+  std::string_view bytes;
+  uint64_t window_start = cd_offset;
+  size_t pos = 0;
+  const uint64_t cd_end = cd_offset + cd_size;  // Open checked it lies before the EOCD
+  const bool in_tail = cd_offset >= tail_start_;
+  if (in_tail) bytes = std::string_view(tail_).substr(cd_offset - tail_start_, cd_size);
+  // Makes `need` bytes from `pos` available in `bytes`; false when the directory ends first.
+  auto Need = [&](size_t need) -> Status {
+    if (bytes.size() - pos >= need) return Status::OK();
+    const uint64_t at = window_start + pos;
+    if (in_tail || cd_end - at < need) return Status::OK();  // the caller's reader reports truncation
+    const uint64_t length = std::min<uint64_t>(cd_end - at, std::max<uint64_t>(need, kDirectoryWindow));
+    window.resize(length);
+    CKPTFS_RETURN_IF_ERROR(ReadAt(at, length, window.data()));
+    bytes = window;
+    window_start = at;
+    pos = 0;
+    return Status::OK();
+  };
   entries_.reserve(entry_count);
   for (uint64_t i = 0; i < entry_count; ++i) {
+    CKPTFS_RETURN_IF_ERROR(Need(kCentralHeaderSize));
+    ByteReader head(bytes.substr(std::min(pos, bytes.size())));
     uint32_t sig, crc, csize32, usize32, lho32, external_attr;
     uint16_t made_by, needed, flags, method, mtime, mdate, name_len, extra_len, comment_len;
     uint16_t disk_start, internal_attr;
-    if (!r.U32(&sig) || sig != kCentralHeaderSig)
+    if (!head.U32(&sig) || sig != kCentralHeaderSig)
       return Corrupt("central directory entry " + std::to_string(i) + " has a bad signature");
-    if (!(r.U16(&made_by) && r.U16(&needed) && r.U16(&flags) && r.U16(&method) && r.U16(&mtime) &&
-          r.U16(&mdate) && r.U32(&crc) && r.U32(&csize32) && r.U32(&usize32) && r.U16(&name_len) &&
-          r.U16(&extra_len) && r.U16(&comment_len) && r.U16(&disk_start) && r.U16(&internal_attr) &&
-          r.U32(&external_attr) && r.U32(&lho32)))
+    if (!(head.U16(&made_by) && head.U16(&needed) && head.U16(&flags) && head.U16(&method) && head.U16(&mtime) &&
+          head.U16(&mdate) && head.U32(&crc) && head.U32(&csize32) && head.U32(&usize32) && head.U16(&name_len) &&
+          head.U16(&extra_len) && head.U16(&comment_len) && head.U16(&disk_start) && head.U16(&internal_attr) &&
+          head.U32(&external_attr) && head.U32(&lho32)))
       return Corrupt("central directory entry " + std::to_string(i) + " is truncated");
+    const size_t entry_size = kCentralHeaderSize + size_t{name_len} + extra_len + comment_len;
+    CKPTFS_RETURN_IF_ERROR(Need(entry_size));
+    ByteReader r(bytes.substr(std::min(pos, bytes.size())));
     std::string_view name, extra;
-    if (!r.Bytes(name_len, &name) || !r.Bytes(extra_len, &extra) || !r.Skip(comment_len))
+    if (!r.Skip(kCentralHeaderSize) || !r.Bytes(name_len, &name) || !r.Bytes(extra_len, &extra) || !r.Skip(comment_len))
       return Corrupt("central directory entry " + std::to_string(i) + " is truncated");
+    pos += entry_size;
 
     ZipEntry e;
-    e.name.assign(name);
     e.flags = flags;
     e.method = method;
     e.compressed_size = csize32;
     e.uncompressed_size = usize32;
     e.local_header_offset = lho32;
+    auto Named = [&](const char* what) { return Corrupt("entry '" + std::string(name) + "' " + what); };
     // zip64 extra: only the fields whose 32-bit value is saturated, in this order.
     ByteReader xr(extra);
     while (xr.remaining() >= 4) {
       uint16_t id = 0, len = 0;
       std::string_view body;
       xr.U16(&id), xr.U16(&len);
-      if (!xr.Bytes(len, &body)) return Corrupt("entry '" + e.name + "' has a truncated extra field");
+      if (!xr.Bytes(len, &body)) return Named("has a truncated extra field");
       if (id != kZip64ExtraId) continue;
       ByteReader zr(body);
-      if (usize32 == 0xFFFFFFFF && !zr.U64(&e.uncompressed_size)) return Corrupt("entry '" + e.name + "' has a short zip64 field");
-      if (csize32 == 0xFFFFFFFF && !zr.U64(&e.compressed_size)) return Corrupt("entry '" + e.name + "' has a short zip64 field");
-      if (lho32 == 0xFFFFFFFF && !zr.U64(&e.local_header_offset)) return Corrupt("entry '" + e.name + "' has a short zip64 field");
+      if (usize32 == 0xFFFFFFFF && !zr.U64(&e.uncompressed_size)) return Named("has a short zip64 field");
+      if (csize32 == 0xFFFFFFFF && !zr.U64(&e.compressed_size)) return Named("has a short zip64 field");
+      if (lho32 == 0xFFFFFFFF && !zr.U64(&e.local_header_offset)) return Named("has a short zip64 field");
     }
-    if (flags & kFlagEncrypted) return Status::NotSupported(files_->Describe(window_), "entry '" + e.name + "' is encrypted");
+    if (flags & kFlagEncrypted)
+      return Status::NotSupported(files_->Describe(window_), "entry '" + std::string(name) + "' is encrypted");
     if (method == kMethodStored && e.compressed_size != e.uncompressed_size)
-      return Corrupt("stored entry '" + e.name + "' has different compressed and uncompressed sizes");
+      return Corrupt("stored entry '" + std::string(name) + "' has different compressed and uncompressed sizes");
     uint64_t end;
     if (!CheckedAdd(e.local_header_offset, kLocalHeaderSize, &end) || !CheckedAdd(end, e.compressed_size, &end) ||
         end > archive_size)
-      return Corrupt("entry '" + e.name + "' extends past the end of the file");
-    entries_.push_back(std::move(e));
+      return Named("extends past the end of the file");
+    e.name = KeepName(name, cd_size);
+    entries_.push_back(e);
   }
+  return BuildNameIndex();
+}
+
+Status ZipArchive::BuildNameIndex() {
   if (entries_.size() <= kLinearFindEntries) {
     // A small directory (a DCP chunk's archive: 6 entries, a million of them) is searched in
     // place: a hash table per archive cost more than the searches it saves.
     for (size_t i = 1; i < entries_.size(); ++i)
       for (size_t j = 0; j < i; ++j)
-        if (entries_[i].name == entries_[j].name) return Corrupt("duplicate entry name '" + entries_[i].name + "'");
+        if (entries_[i].name == entries_[j].name)
+          return Corrupt("duplicate entry name '" + std::string(entries_[i].name) + "'");
     return Status::OK();
   }
-  by_name_.reserve(entries_.size());  // a million records rehashed as they came took a quarter of a listing
+  by_name_.assign(std::bit_ceil(entries_.size() * 2), 0);
+  const size_t mask = by_name_.size() - 1;
   for (size_t i = 0; i < entries_.size(); ++i) {
-    if (!by_name_.emplace(entries_[i].name, i).second)
-      return Corrupt("duplicate entry name '" + entries_[i].name + "'");
+    for (size_t slot = NameHash(entries_[i].name) & mask;; slot = (slot + 1) & mask) {
+      if (by_name_[slot] == 0) {
+        by_name_[slot] = static_cast<uint32_t>(i + 1);
+        break;
+      }
+      if (entries_[by_name_[slot] - 1].name == entries_[i].name)
+        return Corrupt("duplicate entry name '" + std::string(entries_[i].name) + "'");
+    }
   }
   return Status::OK();
 }
@@ -263,8 +328,10 @@ const ZipEntry* ZipArchive::Find(std::string_view name) const {
       if (e.name == name) return &e;
     return nullptr;
   }
-  auto it = by_name_.find(name);
-  return it == by_name_.end() ? nullptr : &entries_[it->second];
+  const size_t mask = by_name_.size() - 1;
+  for (size_t slot = NameHash(name) & mask; by_name_[slot] != 0; slot = (slot + 1) & mask)
+    if (entries_[by_name_[slot] - 1].name == name) return &entries_[by_name_[slot] - 1];
+  return nullptr;
 }
 
 Status ZipArchive::DataOffset(const ZipEntry& entry, uint64_t* offset) const {
@@ -283,21 +350,21 @@ Status ZipArchive::DataOffset(const ZipEntry& entry, uint64_t* offset) const {
   r.U32(&sig);
   r.Skip(22);
   r.U16(&name_len), r.U16(&extra_len);
-  if (sig != kLocalHeaderSig) return Corrupt("local header of '" + entry.name + "' has a bad signature");
+  if (sig != kLocalHeaderSig) return Corrupt("local header of '" + std::string(entry.name) + "' has a bad signature");
   uint64_t data = entry.local_header_offset + kLocalHeaderSize + name_len + extra_len;
   uint64_t end;
   if (!CheckedAdd(data, entry.compressed_size, &end) || end > window_.length)
-    return Corrupt("data of '" + entry.name + "' extends past the end of the file");
+    return Corrupt("data of '" + std::string(entry.name) + "' extends past the end of the file");
   *offset = window_.base + data;
   return Status::OK();
 }
 
 Status ZipArchive::ReadStored(const ZipEntry& entry, uint64_t max_size, std::string* out) const {
   if (entry.method != kMethodStored)
-    return Status::NotSupported(files_->Describe(window_), "record '" + entry.name + "' is compressed (method " +
+    return Status::NotSupported(files_->Describe(window_), "record '" + std::string(entry.name) + "' is compressed (method " +
                                                          std::to_string(entry.method) + "); only stored records are supported");
   if (entry.uncompressed_size > max_size)
-    return Corrupt("record '" + entry.name + "' is implausibly large (" + std::to_string(entry.uncompressed_size) + " bytes)");
+    return Corrupt("record '" + std::string(entry.name) + "' is implausibly large (" + std::to_string(entry.uncompressed_size) + " bytes)");
   uint64_t offset;
   CKPTFS_RETURN_IF_ERROR(DataOffset(entry, &offset));
   out->resize(entry.uncompressed_size);

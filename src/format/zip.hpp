@@ -8,9 +8,9 @@
 #define CKPTFS_FORMAT_ZIP_HPP_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "ckptfs/source_files.hpp"
@@ -18,8 +18,10 @@
 
 namespace ckptfs {
 
+// 48 bytes: a torch.save of a million tensors has a million entries, all alive while its
+// pickle is parsed. The name is a view into the archive's name blocks.
 struct ZipEntry {
-  std::string name;
+  std::string_view name;
   uint16_t flags = 0;
   uint16_t method = 0;  // 0 = stored, 8 = deflate
   uint64_t compressed_size = 0;
@@ -30,6 +32,13 @@ struct ZipEntry {
 class ZipArchive {
  public:
   static constexpr uint16_t kMethodStored = 0;
+
+  ZipArchive() = default;
+  // Entries view names held by the archive: moving keeps them valid, copying would not.
+  ZipArchive(const ZipArchive&) = delete;
+  ZipArchive& operator=(const ZipArchive&) = delete;
+  ZipArchive(ZipArchive&&) noexcept = default;
+  ZipArchive& operator=(ZipArchive&&) noexcept = default;
 
   // Parses the end records and central directory of the archive in `window`, refusing
   // directories of more than `max_entries` entries. Nothing outside the window is read.
@@ -55,7 +64,12 @@ class ZipArchive {
   Status ReadStored(const ZipEntry& entry, uint64_t max_size, std::string* out) const;
 
  private:
-  Status ParseCentralDirectory(std::string_view cd, uint64_t entry_count);
+  // Parses `entry_count` entries of the directory at `cd_offset` (archive offset), `cd_size`
+  // bytes, reading it a window at a time (a million entries are ~70 MB of directory).
+  Status ParseCentralDirectory(uint64_t cd_offset, uint64_t cd_size, uint64_t entry_count);
+  // A copy of `name` in the name blocks, stable for the archive's life.
+  std::string_view KeepName(std::string_view name, uint64_t directory_bytes);
+  Status BuildNameIndex();
   // Reads `length` bytes at `offset` of the archive (not the file).
   Status ReadAt(uint64_t offset, size_t length, void* out) const;
   Status Corrupt(std::string_view what) const;
@@ -63,7 +77,13 @@ class ZipArchive {
   const SourceFiles* files_ = nullptr;
   FileWindow window_;
   std::vector<ZipEntry> entries_;
-  std::unordered_map<std::string_view, size_t> by_name_;
+  // Entry names, back to back in blocks that never move.
+  std::vector<std::unique_ptr<char[]>> name_blocks_;
+  char* name_cursor_ = nullptr;
+  size_t name_left_ = 0;
+  // Open addressing over name hashes: entry index + 1, 0 for an empty slot; a power of two
+  // at least twice the entry count (8 bytes per entry where a node map took ~50).
+  std::vector<uint32_t> by_name_;
   mutable std::string header_cache_;  // bytes of the window starting at header_cache_start_
   mutable uint64_t header_cache_start_ = 0;
   // The archive's last bytes, read by Open: reads inside them are served from memory.

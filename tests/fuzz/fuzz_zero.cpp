@@ -90,7 +90,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     ZipArchive zip;
     if (!files.Add(templ + "/" + name, &file).ok() || !zip.Open(files, files.whole(file)).ok()) std::abort();
     for (const ZipEntry& e : zip.entries()) {
-      Record r{e.name, {}};
+      Record r{std::string(e.name), {}};
       if (!zip.ReadStored(e, 64u << 20, &r.bytes).ok()) std::abort();
       if (e.name.size() >= 9 && e.name.compare(e.name.size() - 9, 9, "/data.pkl") == 0) rf.pickle = rf.records.size();
       rf.records.push_back(std::move(r));

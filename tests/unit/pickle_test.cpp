@@ -3,6 +3,9 @@
 #define BOOST_TEST_MODULE pickle_test
 #include <boost/test/unit_test.hpp>
 
+#include <cstring>
+#include <functional>
+
 #include "format/pickle.hpp"
 #include "test_util.hpp"
 
@@ -497,4 +500,132 @@ BOOST_AUTO_TEST_CASE(number_tuples_are_shared_by_value) {
   BOOST_TEST(items[2]->items()[0]->i() == -70000);
   BOOST_TEST(items[2]->items()[1]->f() == 2.5);
   BOOST_TEST(sizeof(PyValue) == 16u);
+}
+
+// ---- streamed parses ---------------------------------------------------------------------
+
+namespace {
+
+// Takes every call of `mod.f`, numbering them in parse order.
+class TakeCalls : public ckptfs::PickleCallHook {
+ public:
+  Status OnCall(const PyValue* call, bool* take, uint64_t* index) override {
+    *take = call->callable() && call->callable()->IsGlobal("mod", "f");
+    if (*take) *index = taken++;
+    return Status::OK();
+  }
+  uint64_t taken = 0;
+};
+
+ckptfs::PickleSource SourceOf(const std::string& bytes) {
+  ckptfs::PickleSource source;
+  source.size = bytes.size();
+  source.read = [&bytes](uint64_t offset, size_t length, char* out) {
+    if (offset > bytes.size() || length > bytes.size() - offset) return Status::Corruption("mem", "read past the end");
+    std::memcpy(out, bytes.data() + offset, length);
+    return Status::OK();
+  };
+  return source;
+}
+
+PickleBuilder& LongBinPut(PickleBuilder& p, uint32_t i) { return p.Op('r').Raw(LE32(i)); }
+PickleBuilder& LongBinGet(PickleBuilder& p, uint32_t i) { return p.Op('j').Raw(LE32(i)); }
+
+// [mod.f("key", n, [n]) for n in range(calls)], every value memoized as torch does, then
+// `tail` appended to the list.
+std::string ManyCalls(uint32_t calls, const std::function<void(PickleBuilder&)>& tail = {}) {
+  PickleBuilder p;
+  p.Proto(2).EmptyList().BinPut(0).Global("mod", "f").BinPut(1).Op('0');
+  uint32_t memo = 2;
+  for (uint32_t n = 0; n < calls; ++n) {
+    p.BinGet(1).Mark().BinUnicode("key");
+    LongBinPut(p, memo++).BinInt(static_cast<int32_t>(n)).EmptyList();
+    LongBinPut(p, memo++).Mark().BinInt(static_cast<int32_t>(n)).Op('e').Tuple();
+    LongBinPut(p, memo++).Reduce();
+    LongBinPut(p, memo++).Op('a');  // APPEND
+  }
+  if (tail) tail(p);
+  p.Stop();
+  return p.bytes();
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(streamed_parse_frees_the_arguments_of_taken_calls) {
+  const std::string bytes = ManyCalls(20000);
+  Pickle plain = MustParse(bytes);
+  Pickle streamed;
+  TakeCalls hook;
+  const ckptfs::PickleSource source = SourceOf(bytes);
+  Status s = ckptfs::ParsePickleStreamed(source, kWhere, &hook, &streamed);
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  BOOST_TEST(hook.taken == 20000u);
+  BOOST_REQUIRE(streamed.root->kind() == K::kList);
+  BOOST_REQUIRE_EQUAL(streamed.root->items().size(), 20000u);
+  for (size_t n = 0; n < 20000; ++n) {
+    BOOST_REQUIRE(streamed.root->items()[n]->kind() == K::kTaken);
+    BOOST_REQUIRE_EQUAL(streamed.root->items()[n]->taken(), n);
+  }
+  // The values made (one more per call: its kTaken), but the arguments (list, tuple,
+  // non-small ints) were freed as each call was taken: the list, its items and the kept
+  // strings remain.
+  BOOST_TEST(streamed.value_count() == plain.value_count() + 20000);
+  BOOST_TEST(streamed.arena_bytes() * 2 < plain.arena_bytes(),
+             streamed.arena_bytes() << " bytes streamed, " << plain.arena_bytes() << " plain");
+}
+
+BOOST_AUTO_TEST_CASE(streamed_parse_keeps_memoized_strings_and_refuses_dropped_entries) {
+  // A string memoized inside a taken call's arguments is read again (torch's storage key of
+  // a shared storage): it is kept. The call's argument tuple is dropped with it: reading it
+  // again fails the streamed parse (the caller then parses without streaming).
+  TakeCalls hook;
+  const std::string kept = ManyCalls(3, [](PickleBuilder& p) { LongBinGet(p, 2 + 4 * 2).Op('a'); });
+  Pickle streamed;
+  const ckptfs::PickleSource kept_source = SourceOf(kept);
+  Status s = ckptfs::ParsePickleStreamed(kept_source, kWhere, &hook, &streamed);
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  BOOST_REQUIRE_EQUAL(streamed.root->items().size(), 4u);
+  BOOST_TEST((streamed.root->items()[3]->kind() == K::kStr));
+  BOOST_TEST(streamed.root->items()[3]->s() == "key");
+
+  const std::string dropped = ManyCalls(3, [](PickleBuilder& p) { LongBinGet(p, 2 + 4 * 1 + 2).Op('a'); });
+  BOOST_TEST(MustParse(dropped).root->items().size() == 4u);  // fine without streaming
+  const ckptfs::PickleSource dropped_source = SourceOf(dropped);
+  s = ckptfs::ParsePickleStreamed(dropped_source, kWhere, &hook, &streamed);
+  BOOST_TEST(!s.ok());
+  BOOST_TEST(Contains(s.message(), "holds arguments of a call the streamed parse took"), s.message());
+
+  // BUILD on a taken call would set state on a value that is no longer the call.
+  const std::string built = ManyCalls(1, [](PickleBuilder& p) { LongBinGet(p, 5).BinGet(1).Op('b'); });
+  const ckptfs::PickleSource built_source = SourceOf(built);
+  s = ckptfs::ParsePickleStreamed(built_source, kWhere, &hook, &streamed);
+  BOOST_TEST(!s.ok());
+  BOOST_TEST(Contains(s.message(), "BUILD on a call the streamed parse took"), s.message());
+}
+
+BOOST_AUTO_TEST_CASE(streamed_parse_reads_operands_across_windows) {
+  // The source is read 1 MiB at a time: a 3 MiB string, then line operands and counted
+  // strings that straddle window edges, give the values a whole-buffer parse gives.
+  PickleBuilder p;
+  p.Proto(2).Mark().BinUnicode(std::string(3 << 20, 's'));
+  for (int k = 0; k < 60000; ++k) p.Op('c').Raw("mod" + std::to_string(k) + "\nname\n").BinUnicode("v").Op('0').Op('0');
+  p.Raw("I123456\n").Raw("F2.5\n").Tuple().Stop();
+  const std::string bytes = p.bytes();
+  BOOST_REQUIRE_GT(bytes.size(), 4u << 20);
+  TakeCalls hook;
+  Pickle streamed;
+  const ckptfs::PickleSource source = SourceOf(bytes);
+  Status s = ckptfs::ParsePickleStreamed(source, kWhere, &hook, &streamed);
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  BOOST_REQUIRE(streamed.root->kind() == K::kTuple);
+  BOOST_REQUIRE_EQUAL(streamed.root->items().size(), 3u);
+  BOOST_TEST(streamed.root->items()[0]->s() == std::string(3 << 20, 's'));
+  BOOST_TEST(streamed.root->items()[1]->i() == 123456);
+  BOOST_TEST(streamed.root->items()[2]->f() == 2.5);
+  // Cut inside the long string: the parse reports that it ran out.
+  const std::string cut = bytes.substr(0, 2 << 20);
+  const ckptfs::PickleSource cut_source = SourceOf(cut);
+  s = ckptfs::ParsePickleStreamed(cut_source, kWhere, &hook, &streamed);
+  BOOST_TEST(!s.ok());
+  BOOST_TEST(Contains(s.message(), "runs past the end of the pickle"), s.message());
 }

@@ -510,3 +510,100 @@ BOOST_AUTO_TEST_CASE(errors_inside_a_window_name_its_byte_range) {
   const std::string where = path + " [bytes 1.." + std::to_string(1 + broken.size()) + ")";
   CheckError(s, where, Status::Code::kCorruption, "no end-of-central-directory record");
 }
+
+// ---- streamed parses ------------------------------------------------------------------------
+// data.pkl is parsed streamed: tensors become catalog entries as the parse makes them, and
+// the walk puts them in its order. Pickles that break what streaming assumes are read again
+// without it; either way the catalog is the one a plain parse gives.
+
+namespace {
+
+// A tensor as torch pickles one, every value memoized from index `memo` on (the call's
+// result at memo + 6): `size` as a tuple, or as a list when `size_list`.
+void MemoTensor(PickleBuilder* p, std::string_view key, uint32_t numel, const std::vector<uint32_t>& size,
+                const std::vector<uint32_t>& stride, uint8_t memo, bool size_list = false) {
+  p->Global("torch._utils", "_rebuild_tensor_v2").Mark();
+  p->Mark().BinUnicode("storage").BinPut(memo).Global("torch", "FloatStorage").BinUnicode(key).BinPut(memo + 1);
+  p->BinUnicode("cpu").BinInt(static_cast<int32_t>(numel)).Tuple().BinPut(memo + 2).BinPersId().BinInt(0);
+  p->Mark();
+  for (uint32_t d : size) p->BinInt(static_cast<int32_t>(d));
+  if (size_list) p->Op('l');  // LIST
+  else p->Tuple();
+  p->BinPut(memo + 3).Mark();
+  for (uint32_t d : stride) p->BinInt(static_cast<int32_t>(d));
+  p->Tuple().BinPut(memo + 4).NewFalse().Global("collections", "OrderedDict").EmptyTuple().Reduce();
+  p->Tuple().BinPut(memo + 5).Reduce().BinPut(memo + 6);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(streamed_tensors_take_the_walk_order_and_unreached_ones_are_dropped) {
+  // t2 and t3 are made first and popped; {"a": t1, "b": t2, "c": t1} (t1 twice through the
+  // memo); t3 is never reached.
+  PickleBuilder p;
+  p.Proto(2);
+  MemoTensor(&p, "1", 2, {2}, {1}, 10);
+  p.Op('0');
+  MemoTensor(&p, "2", 1, {1}, {1}, 20);
+  p.Op('0');
+  p.EmptyDict().Mark().BinUnicode("a");
+  MemoTensor(&p, "0", 1, {1}, {1}, 30);
+  p.BinUnicode("b").BinGet(16).BinUnicode("c").BinGet(36).SetItems().Stop();
+  Built b(TorchZip(p.bytes(), {{"0", "abcd"}, {"1", "efghijkl"}, {"2", "mnop"}}));
+  BOOST_REQUIRE_MESSAGE(b.status.ok(), b.status.message());
+  const auto& ts = b.catalog->tensors;
+  BOOST_REQUIRE_EQUAL(ts.size(), 3u);
+  BOOST_TEST(ts[0].key == "a");
+  BOOST_TEST(ts[1].key == "b");
+  BOOST_TEST(ts[2].key == "c");
+  BOOST_TEST(ts[1].shape == std::vector<uint64_t>({2}), boost::test_tools::per_element());
+  BOOST_TEST(ts[0].storage_id == ts[2].storage_id);
+  BOOST_TEST(ts[0].storage_id != ts[1].storage_id);
+  BOOST_TEST((std::vector<ckptfs::PathElement>(ts[2].path) == std::vector<ckptfs::PathElement>{std::string("c")}));
+  std::string got(8, '\0');
+  BOOST_REQUIRE(b.catalog->files->ReadExact(0, ckptfs::ExtentsOf(ts[1])[0].offset, 8, got.data()).ok());
+  BOOST_TEST(got == "efghijkl");
+}
+
+BOOST_AUTO_TEST_CASE(pickle_reading_a_dropped_memo_entry_is_read_again_without_streaming) {
+  // {"w": t, "pid": <t's persistent-id tuple, read again from the memo>}: streaming dropped
+  // that tuple with the call's arguments, so the archive is parsed again whole.
+  PickleBuilder p;
+  p.Proto(2).EmptyDict().Mark().BinUnicode("w");
+  MemoTensor(&p, "0", 1, {1}, {1}, 10);
+  p.BinUnicode("pid").BinGet(12).SetItems().Stop();
+  Built b(TorchZip(p.bytes(), {{"0", "abcd"}}));
+  BOOST_REQUIRE_MESSAGE(b.status.ok(), b.status.message());
+  BOOST_REQUIRE_EQUAL(b.catalog->tensors.size(), 1u);
+  BOOST_TEST(b.catalog->tensors[0].key == "w");
+  BOOST_TEST(b.catalog->metadata["pid"] ==
+             nlohmann::json::parse(R"(["storage", {"$global": "torch.FloatStorage"}, "0", "cpu", 1])"));
+}
+
+BOOST_AUTO_TEST_CASE(size_list_appended_to_after_the_call_gives_the_final_shape) {
+  // The size is a list that the pickle appends to after the rebuild call: a plain parse
+  // reads the final list ([3, 2]), and so must the streamed read.
+  PickleBuilder p;
+  p.Proto(2).EmptyDict().Mark().BinUnicode("w");
+  MemoTensor(&p, "0", 6, {3}, {2, 1}, 10, /*size_list=*/true);
+  p.SetItems().BinGet(13).BinInt1(2).Op('a').Op('0').Stop();
+  Built b(TorchZip(p.bytes(), {{"0", PatternBytes(24, 3)}}));
+  BOOST_REQUIRE_MESSAGE(b.status.ok(), b.status.message());
+  BOOST_REQUIRE_EQUAL(b.catalog->tensors.size(), 1u);
+  BOOST_TEST(b.catalog->tensors[0].shape == std::vector<uint64_t>({3, 2}), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(errors_found_while_streaming_are_those_of_a_plain_read) {
+  // A tensor past its storage that the walk never reaches: the streamed read resolves it
+  // and fails, the plain read never looks at it and succeeds.
+  PickleBuilder p;
+  p.Proto(2);
+  MemoTensor(&p, "1", 1, {9}, {1}, 10);
+  p.Op('0').EmptyDict().Mark().BinUnicode("a");
+  MemoTensor(&p, "0", 1, {1}, {1}, 30);
+  p.SetItems().Stop();
+  Built b(TorchZip(p.bytes(), {{"0", "abcd"}, {"1", "efgh"}}));
+  BOOST_REQUIRE_MESSAGE(b.status.ok(), b.status.message());
+  BOOST_REQUIRE_EQUAL(b.catalog->tensors.size(), 1u);
+  BOOST_TEST(b.catalog->tensors[0].key == "a");
+}

@@ -306,6 +306,65 @@ BOOST_AUTO_TEST_CASE(duplicate_names) {
   CheckCorruption(o, "duplicate entry name 'x/a'");
 }
 
+BOOST_AUTO_TEST_CASE(duplicate_names_in_a_hashed_directory) {
+  // Past 16 entries names are found through a hash table, which must see duplicates too.
+  ZipBuilder b;
+  for (int i = 0; i < 40; ++i) b.Add(ZipEntrySpec("x/data/" + std::to_string(i), "1"));
+  b.Add(ZipEntrySpec("x/data/17", "2"));
+  Opened o(b.Build());
+  CheckCorruption(o, "duplicate entry name 'x/data/17'");
+}
+
+BOOST_AUTO_TEST_CASE(directory_larger_than_a_read_window_is_read_whole) {
+  // The central directory is read 1 MiB at a time: 30,000 entries (~1.8 MiB of directory)
+  // have entries straddling window edges, and one 60,000-byte name needs a window of its own.
+  ZipBuilder b;
+  const int kEntries = 30000;
+  const std::string long_name = "big/" + std::string(60000, 'n');
+  for (int i = 0; i < kEntries; ++i) {
+    b.Add(ZipEntrySpec("big/data/" + std::to_string(i), i % 7 == 0 ? "abc" : ""));
+    if (i == kEntries / 2) b.Add(ZipEntrySpec(long_name, "long"));
+  }
+  ZipLayout lay;
+  const std::string bytes = b.Build(true, "", &lay);
+  BOOST_REQUIRE_GT(lay.cd_size, 1u << 20);
+  Opened o(bytes);
+  BOOST_REQUIRE_MESSAGE(o.status.ok(), o.status.message());
+  // Moved, the archive's entries keep viewing valid names.
+  ZipArchive zip = std::move(o.zip);
+  const auto& entries = zip.entries();
+  BOOST_REQUIRE_EQUAL(entries.size(), static_cast<size_t>(kEntries + 1));
+  size_t k = 0;
+  for (int i = 0; i < kEntries; ++i, ++k) {
+    if (i == kEntries / 2 + 1) {
+      BOOST_TEST(entries[k].name == long_name);
+      BOOST_TEST(zip.Find(long_name) == &entries[k]);
+      ++k;
+    }
+    const std::string name = "big/data/" + std::to_string(i);
+    BOOST_REQUIRE(entries[k].name == name);
+    BOOST_REQUIRE(zip.Find(name) == &entries[k]);
+    BOOST_REQUIRE_EQUAL(entries[k].uncompressed_size, i % 7 == 0 ? 3u : 0u);
+    BOOST_REQUIRE_EQUAL(entries[k].local_header_offset, lay.local_header_offsets[k]);
+  }
+  BOOST_TEST(zip.Find("big/data/30000") == nullptr);
+  BOOST_TEST(zip.Find("big/data/") == nullptr);
+  BOOST_TEST(zip.Find("") == nullptr);
+}
+
+BOOST_AUTO_TEST_CASE(directory_truncated_inside_a_later_window) {
+  // The entry count promises more entries than the directory's bytes hold: the shortfall
+  // is found in the last window read, not at the start.
+  ZipBuilder b;
+  for (int i = 0; i < 30000; ++i) b.Add(ZipEntrySpec("big/data/" + std::to_string(i), ""));
+  ZipLayout lay;
+  std::string bytes = b.Build(true, "", &lay);
+  // Claim one entry fewer bytes of directory than there are: the last entry is cut.
+  PatchLE(&bytes, lay.zip64_end_offset + 40, lay.cd_size - 10, 8);
+  Opened o(bytes);
+  CheckCorruption(o, "central directory entry 29999 is truncated");
+}
+
 BOOST_AUTO_TEST_CASE(truncated_extra_field_and_short_zip64_block) {
   ZipBuilder b;
   // An extra block header claiming 200 bytes of body, with 4 present.
