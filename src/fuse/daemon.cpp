@@ -260,7 +260,6 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
     std::fprintf(stderr, "ckptfs: %s\n", s.message().c_str());
     return 1;
   }
-  for (View::NodeId id = 0; id < fs.view->node_count(); ++id) fs.total_bytes += fs.view->node(id).size;
   // Parsing left freed memory in the heap (a million-tensor pickle's values, the catalog
   // reader's and the View builder's scratch): hand it back, or the daemon keeps that peak
   // as its resident size for the life of the mount.

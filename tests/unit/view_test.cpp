@@ -143,7 +143,7 @@ std::vector<View::NodeId> FileNodes(const View& view) {
 
 std::vector<std::string> ChildNames(const View& view, View::NodeId dir) {
   std::vector<std::string> names;
-  for (View::NodeId c : view.node(dir).children) names.push_back(view.node(c).name);
+  for (size_t k = 0; k < view.ChildCount(dir); ++k) names.push_back(view.NameOf(view.ChildAt(dir, k)));
   return names;
 }
 
