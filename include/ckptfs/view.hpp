@@ -79,6 +79,9 @@ class View {
   // Cheaper parts of node(id), for listings.
   bool IsDir(NodeId id) const { return id < entries_.size() && entries_[id].is_dir; }
   std::string NameOf(NodeId id) const;
+  // The same, into a caller's buffer (replacing its content): a listing of a million files
+  // makes no string each.
+  void NameOf(NodeId id, std::string* name) const;
   NodeId ParentOf(NodeId id) const { return id < entries_.size() ? entries_[id].parent : tensors_dir_; }
   // The children of directory `dir`, sorted by name: ChildAt(dir, k) for k < ChildCount(dir).
   size_t ChildCount(NodeId dir) const;

@@ -152,7 +152,7 @@ void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_f
         st.st_mode = S_IFDIR;
       } else {
         const View::NodeId c = fs.view->ChildAt(dir, k - 2);
-        name = fs.view->NameOf(c);
+        fs.view->NameOf(c, &name);
         st.st_ino = InodeOf(c);
         st.st_mode = fs.view->IsDir(c) ? S_IFDIR : S_IFREG;
       }

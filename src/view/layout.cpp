@@ -84,13 +84,15 @@ void ViewBuilder::AddModelFile(View::NodeId root, std::string name, const std::v
   // Item sizes are few (1 to 16 bytes): one stable pass per size, largest first, instead of
   // a comparison sort of a million indices.
   auto served_itemsize = [&](size_t i) { return Info(ServedAs(tensors[i].served_dtype()).dtype).itemsize; };
+  std::vector<uint8_t> itemsizes(members.size());  // each looked up once, not once a pass
+  for (size_t k = 0; k < members.size(); ++k) itemsizes[k] = static_cast<uint8_t>(std::min<uint64_t>(served_itemsize(members[k]), 255));
   View::ModelFile file;
   file.name = name;
   std::vector<uint32_t>& order = file.members;
   order.reserve(members.size());
   for (uint64_t size = 16; size >= 1; size /= 2)
-    for (uint32_t i : members)
-      if (served_itemsize(i) == size) order.push_back(i);
+    for (size_t k = 0; k < members.size(); ++k)
+      if (itemsizes[k] == size) order.push_back(members[k]);
   if (order.size() != members.size()) {  // an item size that is no power of two up to 16
     order = members;
     std::stable_sort(order.begin(), order.end(),

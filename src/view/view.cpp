@@ -104,6 +104,12 @@ std::string View::NameOf(NodeId id) const {
   return entries_[id].name;
 }
 
+void View::NameOf(NodeId id, std::string* name) const {
+  name->clear();
+  if (id >= entries_.size()) AppendTensorFileName(name, catalog_->tensors[id - first_tensor_file_].key);
+  else name->assign(entries_[id].name);
+}
+
 size_t View::ChildCount(NodeId dir) const {
   if (dir == tensors_dir_) return tensor_file_order_.size();
   return dir < entries_.size() ? entries_[dir].children.size() : 0;
