@@ -22,7 +22,8 @@ namespace {
 
 // "CKPTFS catalog", then the format version: bump it whenever what is written changes.
 constexpr char kMagic[16] = {'C', 'K', 'P', 'T', 'F', 'S', ' ', 'c', 'a', 't', 'a', 'l', 'o', 'g', '\n', '\0'};
-constexpr uint32_t kVersion = 1;
+// 2: a tensor's path as KeyPath's packed bytes (one string), not element by element.
+constexpr uint32_t kVersion = 2;
 // Boxes have the rank of their tensor; a rank above this is a damaged entry.
 constexpr uint64_t kMaxRank = 64;
 
@@ -64,11 +65,15 @@ class Reader {
     return true;
   }
   bool Str(std::string* s) {
-    uint64_t n;
     std::string_view view;
-    if (!r_.U64(&n) || n > r_.remaining() || !r_.Bytes(n, &view)) return false;
+    if (!View(&view)) return false;
     s->assign(view);
     return true;
+  }
+  // A string as Str reads it, left in the entry's bytes.
+  bool View(std::string_view* view) {
+    uint64_t n;
+    return r_.U64(&n) && n <= r_.remaining() && r_.Bytes(n, view);
   }
   template <typename Values>
   bool Dims(uint64_t rank, Values* dims) {
@@ -133,16 +138,7 @@ bool ReadIdentity(Reader* r, FileIdentity* id) {
 
 void WriteTensor(Writer* w, const TensorEntry& t) {
   w->Str(t.key);
-  w->U64(t.path.size());
-  t.path.ForEach(
-      [&](std::string_view s) {
-        w->U8(0);
-        w->Str(s);
-      },
-      [&](int64_t i) {
-        w->U8(1);
-        w->U64(static_cast<uint64_t>(i));
-      });
+  w->Str(t.path.packed());
   w->U8(static_cast<uint8_t>(t.dtype));
   w->U64(t.shape.size());
   w->Dims(t.shape);
@@ -160,23 +156,8 @@ void WriteTensor(Writer* w, const TensorEntry& t) {
 
 bool ReadTensor(Reader* r, uint32_t file_count, TensorEntry* t) {
   uint64_t n;
-  if (!r->Str(&t->key) || !r->Count(9, &n)) return false;
-  t->path = KeyPath();
-  for (uint64_t k = 0; k < n; ++k) {
-    uint8_t tag;
-    if (!r->U8(&tag)) return false;
-    if (tag == 0) {
-      std::string s;
-      if (!r->Str(&s)) return false;
-      t->path.push_back(std::move(s));
-    } else if (tag == 1) {
-      int64_t i;
-      if (!r->I64(&i)) return false;
-      t->path.push_back(i);
-    } else {
-      return false;
-    }
-  }
+  std::string_view packed_path;
+  if (!r->Str(&t->key) || !r->View(&packed_path) || !KeyPath::FromPacked(packed_path, &t->path)) return false;
   uint8_t dtype;
   uint64_t rank;
   if (!r->U8(&dtype) || dtype > static_cast<uint8_t>(DType::kC32) || !r->U64(&rank) || !r->Dims(rank, &t->shape))

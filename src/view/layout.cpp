@@ -2,6 +2,7 @@
 //   model.safetensors, tensors/<escaped key>.safetensors, manifest.json, metadata.json,
 //   and the sibling files of a model folder, passed through unchanged.
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <map>
 #include <set>
@@ -185,23 +186,51 @@ Status ViewBuilder::SortTensorFiles() {
     AppendTensorFileName(&names, tensors[i].key);
     ends[i] = names.size();
   }
-  // Sorted by (name, index) pairs held side by side: comparing through the catalog costs a
-  // cache miss per comparison. A merge sort: on such a folder (names that differ only in
-  // their numbers, "layers.1", "layers.10") std::sort spent its time in its heap-sort
-  // fallback.
-  std::vector<std::pair<std::string_view, uint32_t>> keyed(tensors.size());
+  // Sorted by (prefix, name, index) held side by side: comparing through the catalog costs
+  // a cache miss per comparison. The prefix is 8 bytes of the name, big-endian, taken after
+  // the part every name shares ("layers." of "layers.0.weight", "layers.1.weight", ...), so
+  // most comparisons are one integer compare and not a memcmp of the shared part. A merge
+  // sort: on such a folder (names that differ only in their numbers, "layers.1",
+  // "layers.10") std::sort spent its time in its heap-sort fallback.
+  struct Keyed {
+    uint64_t prefix;
+    std::string_view name;
+    uint32_t index;
+  };
+  std::vector<Keyed> keyed(tensors.size());
+  size_t shared = std::numeric_limits<size_t>::max();
   for (size_t i = 0; i < tensors.size(); ++i) {
     const uint64_t begin = i == 0 ? 0 : ends[i - 1];
-    keyed[i] = {std::string_view(names).substr(begin, ends[i] - begin), static_cast<uint32_t>(i)};
+    keyed[i].name = std::string_view(names).substr(begin, ends[i] - begin);
+    keyed[i].index = static_cast<uint32_t>(i);
+    if (i > 0) {
+      const std::string_view a = keyed[0].name, b = keyed[i].name;
+      size_t n = 0;
+      const size_t limit = std::min({shared, a.size(), b.size()});
+      while (n < limit && a[n] == b[n]) ++n;
+      shared = n;
+    }
   }
+  if (shared == std::numeric_limits<size_t>::max()) shared = 0;
   std::vector<uint64_t>().swap(ends);
-  std::stable_sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (Keyed& k : keyed) {
+    uint64_t prefix = 0;
+    for (size_t b = 0; b < 8; ++b)
+      prefix = (prefix << 8) | (shared + b < k.name.size() ? static_cast<unsigned char>(k.name[shared + b]) : 0);
+    k.prefix = prefix;
+  }
+  // Equal prefixes: the rest decides (a name that ends inside the prefix has zero bytes
+  // there, and is the smaller when the other has zeros too only if it is shorter).
+  std::stable_sort(keyed.begin(), keyed.end(), [shared](const Keyed& a, const Keyed& b) {
+    if (a.prefix != b.prefix) return a.prefix < b.prefix;
+    return a.name.substr(shared) < b.name.substr(shared);
+  });
   for (size_t i = 1; i < keyed.size(); ++i)
-    if (keyed[i].first == keyed[i - 1].first)
+    if (keyed[i].name == keyed[i - 1].name)
       return Status::NotSupported(catalog_.source,
-                                  "two tensor keys map to the file name '" + std::string(keyed[i].first) + "'");
+                                  "two tensor keys map to the file name '" + std::string(keyed[i].name) + "'");
   view_->tensor_file_order_.resize(keyed.size());
-  for (size_t i = 0; i < keyed.size(); ++i) view_->tensor_file_order_[i] = keyed[i].second;
+  for (size_t i = 0; i < keyed.size(); ++i) view_->tensor_file_order_[i] = keyed[i].index;
   return Status::OK();
 }
 

@@ -113,7 +113,7 @@ def test_a_changed_source_is_read_afresh(checkpoint, tmp_path, run_ckptfs):
     assert len(entries(cache)) == 1
 
 
-@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "empty", "not an entry"])
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "empty", "not an entry", "older version"])
 def test_a_damaged_entry_is_ignored_with_one_line(checkpoint, tmp_path, run_ckptfs, damage):
     cache = tmp_path / "cache"
     reference, _ = listing(run_ckptfs, checkpoint)
@@ -126,6 +126,8 @@ def test_a_damaged_entry_is_ignored_with_one_line(checkpoint, tmp_path, run_ckpt
         data = data[: len(data) // 2]
     elif damage == "empty":
         data = bytearray()
+    elif damage == "older version":  # the layout before paths were stored packed
+        data[16:20] = (1).to_bytes(4, "little")
     else:
         data = bytearray(b"PK\x03\x04" + bytes(200))
     entry.write_bytes(bytes(data))
