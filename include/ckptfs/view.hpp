@@ -52,6 +52,8 @@ struct Segment {
   uint64_t source_offset = 0;  // kExtent: where the bytes start in the source file
 };
 
+class FileChecks;  // view/gather.hpp
+
 class View {
  public:
   using NodeId = uint32_t;
@@ -154,8 +156,11 @@ class View {
   // Piece `p` of model file `f`'s header, as bytes.
   void MakeHeaderPiece(const ModelFile& f, size_t p, std::string* out) const;
   // Bytes [offset, offset+length) of tensor `t` as stored (row-major, before conversion):
-  // byte ranges of its files when StoredAsExtents, else gathered.
-  Status ReadStored(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
+  // byte ranges of its files when StoredAsExtents, else gathered. `checks` (may be null):
+  // the caller's record of source files already checked unchanged during this read, so a
+  // read over many small tensors checks each file once, not once per tensor.
+  Status ReadStored(const TensorEntry& t, uint64_t offset, size_t length, char* out,
+                    FileChecks* checks = nullptr) const;
   // The same, assembled element by element from its boxes (view/gather.hpp).
   Status ReadGather(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
   Status ReadConverted(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;

@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include "ckptfs/view.hpp"
+#include "view/gather.hpp"
 #include "view/safetensors_header.hpp"
 
 namespace ckptfs {
@@ -109,12 +110,17 @@ Status View::ReadModelFile(NodeId id, uint64_t offset, uint64_t end, char* out) 
       std::upper_bound(f.members.begin(), f.members.end(), pos, [&](uint64_t o, uint32_t i) { return o < model_begin_[i]; }) -
       f.members.begin());
   if (k > 0) --k;
+  FileChecks checks(*catalog_->files);  // each source file checked once for the whole read
   for (; pos < end && k < f.members.size(); ++k) {
     const uint32_t i = f.members[k];
-    const uint64_t begin = model_begin_[i], size = tensors[i].served_nbytes();
+    const TensorEntry& t = tensors[i];
+    const uint64_t begin = model_begin_[i], size = t.served_nbytes();
     if (begin + size <= pos) continue;
     const uint64_t hi = std::min(end, begin + size);
-    CKPTFS_RETURN_IF_ERROR(ReadTensorData(i, pos - begin, hi - pos, out + (pos - offset)));
+    if (RouteOf(t) == ReadRoute::kExtents)
+      CKPTFS_RETURN_IF_ERROR(ReadStored(t, pos - begin, hi - pos, out + (pos - offset), &checks));
+    else
+      CKPTFS_RETURN_IF_ERROR(ReadTensorData(i, pos - begin, hi - pos, out + (pos - offset)));
     pos = hi;
   }
   return Status::OK();

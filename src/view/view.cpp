@@ -237,12 +237,13 @@ Status View::ReadTensorFile(NodeId id, uint64_t offset, size_t length, char* out
   return Status::OK();
 }
 
-Status View::ReadStored(const TensorEntry& t, uint64_t offset, size_t length, char* out) const {
+Status View::ReadStored(const TensorEntry& t, uint64_t offset, size_t length, char* out, FileChecks* shared) const {
   if (!StoredAsExtents(t)) return ReadGather(t, offset, length, out);
   // Each box is one run of the row-major bytes: read the part of each that the range meets.
   const std::vector<uint64_t> dims = TiledDims(t);
   const uint64_t itemsize = Info(t.dtype).itemsize, end = offset + length;
-  FileChecks checks(*catalog_->files);
+  std::optional<FileChecks> own;
+  FileChecks& checks = shared ? *shared : own.emplace(*catalog_->files);
   for (const Box& box : t.boxes) {
     const uint64_t begin = RowMajorPosition(box.offset, dims) * itemsize;
     const uint64_t lo = std::max(begin, offset), hi = std::min(begin + box.numel() * itemsize, end);
