@@ -207,10 +207,12 @@ struct FuseArgs {
 static Status OpenCatalogAndView(const std::string& source, const OptionValues& values, Filesystem* fs) {
   std::shared_ptr<const Catalog> catalog;
   CKPTFS_RETURN_IF_ERROR(OpenCatalog(source, values.source, &catalog));
-  CKPTFS_RETURN_IF_ERROR(View::Build(std::move(catalog), values.view, &fs->view));
   // Parsing left freed memory in the heap (a million-tensor pickle's values, the catalog
-  // reader's and the View builder's scratch): hand it back, or the daemon keeps that peak
-  // as its resident size for the life of the mount.
+  // reader's scratch): hand it back before the View's build allocates its own scratch on
+  // top (the names it sorts), or the two add up in the mount's peak; and again after, or
+  // the daemon keeps that peak as its resident size for the life of the mount.
+  malloc_trim(0);
+  CKPTFS_RETURN_IF_ERROR(View::Build(std::move(catalog), values.view, &fs->view));
   malloc_trim(0);
   return Status::OK();
 }
