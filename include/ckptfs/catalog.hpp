@@ -86,6 +86,11 @@ class KeyPath {
 
   bool operator==(const KeyPath& o) const { return packed_ == o.packed_; }
 
+  // The packed form, for stores that keep paths as bytes (the catalog cache), and back:
+  // FromPacked checks that `packed` is a well-formed sequence of elements (false if not).
+  std::string_view packed() const { return packed_; }
+  static bool FromPacked(std::string_view packed, KeyPath* out);
+
  private:
   // Each element: a varint h, then for a string (h even) h/2 bytes, for an int (h == 1) a
   // zigzag varint.

@@ -39,6 +39,13 @@ inline Status OpenCatalog(const std::string& source, std::shared_ptr<const Catal
   return OpenCatalog(source, SourceOptions{}, out);
 }
 
+// Whether OpenCatalog(source, options) would find the catalog in the catalog cache: an
+// intact entry of the current version, for these options, whose files are unchanged and
+// whose tensor keys are distinct. Checks the entry's checksum and the files' identities only
+// (a small part of reading it) and prints nothing. A mount that gets true mounts first and
+// opens the catalog in its daemon.
+bool CatalogCacheHit(const std::string& source, const SourceOptions& options);
+
 }  // namespace ckptfs
 
 #endif  // CKPTFS_SOURCE_HPP_

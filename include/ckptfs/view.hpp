@@ -1,17 +1,21 @@
 // View: the virtual tree ckptfs presents for a Catalog, and reads of its files.
 //
-// Built once from a Catalog, immutable afterwards. Each file is an ordered list of
-// segments (literal bytes synthesized at build time, byte ranges of source files, or a
-// tensor gathered from its boxes into row-major order or converted), so sizes are exact
-// before any read and any (offset, length) read maps to source ranges by binary search.
+// Built once from a Catalog, immutable afterwards. Sizes are exact before any read: small
+// files are ordered lists of segments (literal bytes, byte ranges of source files); the
+// files with a part per tensor (model files, manifest.json, tensors/<name>) keep offset
+// tables and make each tensor's part again on read, so any (offset, length) read maps to
+// tensors and source ranges by binary search. The model files' headers and manifest.json
+// are laid out on first need (a mount that is only listed never pays for them).
 // A View trusts its catalog's layouts: they must have passed ValidateLayout (OpenCatalog
 // checks every tensor).
-// Thread-safety: all const methods may be called concurrently.
+// Thread-safety: all const methods may be called concurrently (the layouts made on first
+// need are made once, under std::call_once).
 #ifndef CKPTFS_VIEW_HPP_
 #define CKPTFS_VIEW_HPP_
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -35,49 +39,62 @@ struct ViewOptions {
 Status ApplyViewOptions(std::shared_ptr<const Catalog> catalog, const ViewOptions& options,
                         std::shared_ptr<const Catalog>* out);
 
-// A piece of a virtual file.
+// A piece of a small virtual file (metadata.json, the shard index, a sibling file, a
+// checksummed manifest.json). Model files, manifest.json and per-tensor files have none:
+// their bytes are made from the catalog on read (View::ReadModelFile, ReadManifest,
+// ReadTensorFile); a segment each per tensor was ~64 MB of a million-tensor View.
 struct Segment {
-  // kManifestEntry: one tensor's entry in manifest.json, made again on each read rather
-  // than kept: kept, a million tensors' entries held ~250 MB of a mount. (Per-tensor files
-  // have no segments: View::ReadTensorFile.)
-  enum class Kind : uint8_t { kLiteral, kExtent, kGather, kConvert, kManifestEntry };
+  enum class Kind : uint8_t { kLiteral, kExtent };
   Kind kind = Kind::kLiteral;
-  // kLiteral: literal index; kExtent: source file; the others: tensor index
-  uint32_t ref = 0;
+  uint32_t ref = 0;     // kLiteral: literal index; kExtent: source file
   uint64_t start = 0;   // offset of this segment in the virtual file
   uint64_t length = 0;
   uint64_t source_offset = 0;  // kExtent: where the bytes start in the source file
 };
+
+class FileChecks;  // view/gather.hpp
 
 class View {
  public:
   using NodeId = uint32_t;
   static constexpr NodeId kRoot = 0;
 
+  // A node as the tree shows it, made on request: the per-tensor files of tensors/ are not
+  // held as nodes (a node and a name string each were ~130 MB of a million-tensor View) but
+  // made from their catalog entries.
   struct Node {
     std::string name;
     NodeId parent = kRoot;
     bool is_dir = false;
-    std::vector<NodeId> children;  // directories: sorted by name
     uint64_t size = 0;             // files
     int64_t mtime_ns = 0;
-    uint32_t first_segment = 0, segment_count = 0;
     int64_t tensor = -1;           // files: the tensor a per-tensor file holds, or -1
   };
 
   static Status Build(std::shared_ptr<const Catalog> catalog, const ViewOptions& options,
                       std::unique_ptr<View>* out);
+  ~View();
 
   const Catalog& catalog() const { return *catalog_; }
-  size_t node_count() const { return nodes_.size(); }
-  const Node& node(NodeId id) const { return nodes_[id]; }
+  size_t node_count() const { return entries_.size() + catalog_->tensors.size(); }
+  Node node(NodeId id) const;
+  // Cheaper parts of node(id), for listings.
+  bool IsDir(NodeId id) const { return id < entries_.size() && entries_[id].is_dir; }
+  std::string NameOf(NodeId id) const;
+  // The same, into a caller's buffer (replacing its content): a listing of a million files
+  // makes no string each.
+  void NameOf(NodeId id, std::string* name) const;
+  NodeId ParentOf(NodeId id) const { return id < entries_.size() ? entries_[id].parent : tensors_dir_; }
+  // The children of directory `dir`, sorted by name: ChildAt(dir, k) for k < ChildCount(dir).
+  size_t ChildCount(NodeId dir) const;
+  NodeId ChildAt(NodeId dir, size_t k) const;
   std::optional<NodeId> Child(NodeId dir, std::string_view name) const;
   // "a/b/c" relative to the root ("" is the root).
   std::optional<NodeId> Lookup(std::string_view path) const;
   std::string PathOf(NodeId id) const;
   // The virtual file that holds tensor `index` on its own ("tensors/<name>").
-  NodeId TensorFile(size_t index) const { return tensor_files_[index]; }
-  std::string TensorFilePath(size_t index) const { return PathOf(tensor_files_[index]); }
+  NodeId TensorFile(size_t index) const { return first_tensor_file_ + static_cast<NodeId>(index); }
+  std::string TensorFilePath(size_t index) const { return PathOf(TensorFile(index)); }
 
   // Reads up to `length` bytes at `offset` of file `id` into `out`; *nread is short only
   // at the end of the file.
@@ -90,37 +107,90 @@ class View {
   // gathered), without any safetensors header. The range must lie within served_nbytes().
   Status ReadTensorData(size_t tensor_index, uint64_t offset, size_t length, char* out) const;
 
-  // Where a tensor's bytes sit in the model file(s): the file's index in model order, and
-  // the byte range [begin, end) in it.
-  struct ModelPlace {
-    uint32_t file = 0;
-    uint64_t begin = 0, end = 0;
-  };
-
  private:
   friend class ViewBuilder;
-  View() = default;
+  // What a held node's bytes are.
+  enum class Content : uint8_t { kSegments, kModelFile, kManifest };
+  // Every node but the per-tensor files (ids from first_tensor_file_ on).
+  struct Entry {
+    std::string name;
+    NodeId parent = kRoot;
+    bool is_dir = false;
+    Content content = Content::kSegments;
+    std::vector<NodeId> children;  // directories but tensors/: sorted by name
+    uint64_t size = 0;             // kSegments files (the others: their layouts)
+    int64_t mtime_ns = 0;
+    uint32_t first_segment = 0, segment_count = 0;  // kSegments
+    uint32_t model_file = 0;                        // kModelFile: index into model_files_
+  };
+  // A stretch of a model file's header: the entries of members [first_member, next piece's
+  // first) in data order, made again on each read from the catalog (the header text of a
+  // million tensors is ~70 MB).
+  struct HeaderPiece {
+    uint32_t first_member = 0;
+    uint64_t start = 0;  // offset in the file
+  };
+  // One safetensors model file (model.safetensors or a shard). Its header and the places of
+  // its tensors are laid out on first need (LayOutModelFiles), under model_once_.
+  struct ModelFile {
+    std::string name;
+    NodeId node = kRoot;
+    std::vector<uint32_t> members;     // tensor indices in data order (descending item size)
+    std::vector<HeaderPiece> pieces;   // laid out
+    uint64_t header_size = 0, size = 0;  // laid out
+  };
+
+  View();
+  void LayOutModelFiles() const;
+  void EnsureModelFiles() const;
+  void LayOutManifest() const;
+  void EnsureManifest() const;
+  uint64_t TensorFileSize(size_t index) const;
+  int64_t TensorMTime(size_t index) const;
   // Read of a per-tensor file (tensors/<name>): its header, made again, then the tensor's
   // data as served.
   Status ReadTensorFile(NodeId id, uint64_t offset, size_t length, char* out, size_t* nread) const;
+  Status ReadSegments(NodeId id, uint64_t offset, uint64_t end, char* out) const;
+  Status ReadModelFile(NodeId id, uint64_t offset, uint64_t end, char* out) const;
+  Status ReadManifest(NodeId id, uint64_t offset, uint64_t end, char* out) const;
+  // Piece `p` of model file `f`'s header, as bytes.
+  void MakeHeaderPiece(const ModelFile& f, size_t p, std::string* out) const;
   // Bytes [offset, offset+length) of tensor `t` as stored (row-major, before conversion):
-  // byte ranges of its files when StoredAsExtents, else gathered.
-  Status ReadStored(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
+  // byte ranges of its files when StoredAsExtents, else gathered. `checks` (may be null):
+  // the caller's record of source files already checked unchanged during this read, so a
+  // read over many small tensors checks each file once, not once per tensor.
+  Status ReadStored(const TensorEntry& t, uint64_t offset, size_t length, char* out,
+                    FileChecks* checks = nullptr) const;
   // The same, assembled element by element from its boxes (view/gather.hpp).
   Status ReadGather(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
   Status ReadConverted(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
-  // Appends tensor `index`'s entry in manifest.json, with the separator that precedes it.
-  void AppendManifestEntry(size_t index, std::string* text) const;
-
+  // Appends tensor `index`'s entry in manifest.json, with the separator that precedes it;
+  // `xxh3_hex` (may be null): its file's checksum. Needs the model files laid out.
+  void AppendManifestEntry(size_t index, const char* xxh3_hex, std::string* text) const;
 
   std::shared_ptr<const Catalog> catalog_;
-  std::vector<Node> nodes_;
+  std::vector<Entry> entries_;
   std::vector<Segment> segments_;
   std::vector<std::string> literals_;
-  std::vector<NodeId> tensor_files_;  // tensor index -> its per-tensor file
-  std::vector<std::string> model_files_;  // the model file names, in order
-  std::vector<ModelPlace> model_places_;  // tensor index -> where it sits in a model file
-  std::vector<bool> shares_storage_;      // tensor index -> its storage is shared (tied)
+  NodeId tensors_dir_ = kRoot;
+  NodeId first_tensor_file_ = 0;
+  std::vector<uint32_t> tensor_file_order_;  // tensor indices in file-name order
+  int64_t newest_mtime_ = 0;
+
+  // Model files. model_file_of_ is empty when there is one model file.
+  std::vector<uint32_t> model_file_of_;      // tensor index -> its model file
+  mutable std::vector<ModelFile> model_files_;
+  mutable std::vector<uint64_t> model_begin_;  // tensor index -> where its bytes start in its model file
+  mutable std::once_flag model_once_;
+
+  // manifest.json without checksums: a head literal, one entry per tensor made again on
+  // each read (kept, a million entries were ~250 MB), a tail literal; laid out on first need.
+  NodeId manifest_ = kRoot;
+  std::string manifest_head_, manifest_tail_;
+  mutable std::vector<uint64_t> manifest_entry_end_;  // tensor index -> end of its entry in the file
+  mutable std::vector<bool> shares_storage_;          // tensor index -> its storage is shared (tied)
+  mutable uint64_t manifest_size_ = 0;
+  mutable std::once_flag manifest_once_;
 };
 
 // How tensor `t` is written in safetensors: dtype string and shape (complex types

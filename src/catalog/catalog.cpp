@@ -76,6 +76,35 @@ void KeyPath::push_back(const PathElement& element) {
   }
 }
 
+bool KeyPath::FromPacked(std::string_view packed, KeyPath* out) {
+  // Every varint and string must end inside `packed`: walked with bounds here, so that the
+  // unchecked decoding of ForEach and the iterators stays inside the string.
+  size_t at = 0;
+  auto varint = [&](uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (at >= packed.size()) return false;
+      const uint8_t b = static_cast<uint8_t>(packed[at++]);
+      *v |= uint64_t{b & 0x7Fu} << shift;
+      if (!(b & 0x80)) return true;
+    }
+    return false;
+  };
+  while (at < packed.size()) {
+    uint64_t h;
+    if (!varint(&h)) return false;
+    if (h & 1) {
+      uint64_t z;
+      if (h != 1 || !varint(&z)) return false;
+    } else {
+      if ((h >> 1) > packed.size() - at) return false;
+      at += h >> 1;
+    }
+  }
+  out->packed_.assign(packed);
+  return true;
+}
+
 size_t KeyPath::size() const {
   size_t n = 0;
   ForEach([&](std::string_view) { ++n; }, [&](int64_t) { ++n; });

@@ -230,7 +230,7 @@ bool IsShardName(const std::string& name) {
 unsigned PartOf(const View& view, View::NodeId id) {
   View::NodeId top = id;
   while (view.node(top).parent != View::kRoot) top = view.node(top).parent;
-  const std::string& name = view.node(top).name;
+  const std::string name = view.node(top).name;
   if (view.node(top).is_dir && name == "tensors") return kExportTensors;
   if (view.node(top).is_dir) return kExportFiles;
   if (name == "model.safetensors" || name == "model.safetensors.index.json") return kExportModel;

@@ -22,7 +22,8 @@ namespace {
 
 // "CKPTFS catalog", then the format version: bump it whenever what is written changes.
 constexpr char kMagic[16] = {'C', 'K', 'P', 'T', 'F', 'S', ' ', 'c', 'a', 't', 'a', 'l', 'o', 'g', '\n', '\0'};
-constexpr uint32_t kVersion = 1;
+// 2: a tensor's path as KeyPath's packed bytes (one string), not element by element.
+constexpr uint32_t kVersion = 2;
 // Boxes have the rank of their tensor; a rank above this is a damaged entry.
 constexpr uint64_t kMaxRank = 64;
 
@@ -64,11 +65,15 @@ class Reader {
     return true;
   }
   bool Str(std::string* s) {
-    uint64_t n;
     std::string_view view;
-    if (!r_.U64(&n) || n > r_.remaining() || !r_.Bytes(n, &view)) return false;
+    if (!View(&view)) return false;
     s->assign(view);
     return true;
+  }
+  // A string as Str reads it, left in the entry's bytes.
+  bool View(std::string_view* view) {
+    uint64_t n;
+    return r_.U64(&n) && n <= r_.remaining() && r_.Bytes(n, view);
   }
   template <typename Values>
   bool Dims(uint64_t rank, Values* dims) {
@@ -86,6 +91,26 @@ class Reader {
  private:
   ByteReader r_;
 };
+
+// Whether no two tensors have the same key: found by sorting the keys' hashes and comparing
+// keys only within runs of equal hashes (a set of a million keys cost ~100 MB).
+bool KeysDistinct(const Catalog& catalog) {
+  std::vector<std::pair<uint64_t, uint32_t>> hashes(catalog.tensors.size());
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    const std::string& key = catalog.tensors[i].key;
+    hashes[i] = {XXH3_64bits(key.data(), key.size()), static_cast<uint32_t>(i)};
+  }
+  std::sort(hashes.begin(), hashes.end());
+  for (size_t k = 0; k < hashes.size();) {
+    size_t end = k + 1;
+    while (end < hashes.size() && hashes[end].first == hashes[k].first) ++end;
+    for (size_t a = k; a < end; ++a)
+      for (size_t b = a + 1; b < end; ++b)
+        if (catalog.tensors[hashes[a].second].key == catalog.tensors[hashes[b].second].key) return false;
+    k = end;
+  }
+  return true;
+}
 
 // What, besides the source's bytes, decides the catalog a reader builds.
 void WriteOptions(Writer* w, const SourceOptions& options) {
@@ -133,16 +158,7 @@ bool ReadIdentity(Reader* r, FileIdentity* id) {
 
 void WriteTensor(Writer* w, const TensorEntry& t) {
   w->Str(t.key);
-  w->U64(t.path.size());
-  t.path.ForEach(
-      [&](std::string_view s) {
-        w->U8(0);
-        w->Str(s);
-      },
-      [&](int64_t i) {
-        w->U8(1);
-        w->U64(static_cast<uint64_t>(i));
-      });
+  w->Str(t.path.packed());
   w->U8(static_cast<uint8_t>(t.dtype));
   w->U64(t.shape.size());
   w->Dims(t.shape);
@@ -160,23 +176,8 @@ void WriteTensor(Writer* w, const TensorEntry& t) {
 
 bool ReadTensor(Reader* r, uint32_t file_count, TensorEntry* t) {
   uint64_t n;
-  if (!r->Str(&t->key) || !r->Count(9, &n)) return false;
-  t->path = KeyPath();
-  for (uint64_t k = 0; k < n; ++k) {
-    uint8_t tag;
-    if (!r->U8(&tag)) return false;
-    if (tag == 0) {
-      std::string s;
-      if (!r->Str(&s)) return false;
-      t->path.push_back(std::move(s));
-    } else if (tag == 1) {
-      int64_t i;
-      if (!r->I64(&i)) return false;
-      t->path.push_back(i);
-    } else {
-      return false;
-    }
-  }
+  std::string_view packed_path;
+  if (!r->Str(&t->key) || !r->View(&packed_path) || !KeyPath::FromPacked(packed_path, &t->path)) return false;
   uint8_t dtype;
   uint64_t rank;
   if (!r->U8(&dtype) || dtype > static_cast<uint8_t>(DType::kC32) || !r->U64(&rank) || !r->Dims(rank, &t->shape))
@@ -192,13 +193,11 @@ bool ReadTensor(Reader* r, uint32_t file_count, TensorEntry* t) {
   return true;
 }
 
-// Parses an entry's body (after magic and version, before the checksum). False: damaged.
-// *stale: well formed but not for this source, these options or these files.
-// `release(n)`: the first n bytes of `body` are read and may be dropped from memory.
-template <typename Release>
-bool ReadEntry(std::string_view body, const std::string& source, const std::string& options_bytes, Catalog* catalog,
-               bool* stale, std::string* why, Release release) {
-  Reader r(body);
+// Reads an entry's head: what it was written for and the identities of its files, which
+// it checks (into catalog->files, opened afresh), then the distinct-keys flag. False:
+// damaged. *stale: well formed but not for this source, these options or these files.
+bool ReadEntryHead(Reader& r, const std::string& source, const std::string& options_bytes, Catalog* catalog,
+                   bool* stale, std::string* why, bool* keys_distinct) {
   std::string recorded_source, recorded_options;
   if (!r.Str(&recorded_source) || !r.Str(&recorded_options)) return false;
   if (recorded_source != AbsolutePath(source) || recorded_options != options_bytes) {
@@ -220,6 +219,23 @@ bool ReadEntry(std::string_view body, const std::string& source, const std::stri
       return true;
     }
   }
+  uint8_t distinct;
+  if (!r.U8(&distinct) || distinct > 1) return false;
+  *keys_distinct = distinct == 1;
+  return true;
+}
+
+// Parses an entry's body (after magic and version, before the checksum). False: damaged.
+// *stale: well formed but not for this source, these options or these files.
+// `release(n)`: the first n bytes of `body` are read and may be dropped from memory.
+template <typename Release>
+bool ReadEntry(std::string_view body, const std::string& source, const std::string& options_bytes, Catalog* catalog,
+               bool* stale, std::string* why, Release release) {
+  Reader r(body);
+  bool keys_distinct = false;
+  if (!ReadEntryHead(r, source, options_bytes, catalog, stale, why, &keys_distinct)) return false;
+  if (*stale) return true;
+  uint64_t n = catalog->files->count();
   const uint32_t file_count = static_cast<uint32_t>(n);
   if (!r.Count(4, &n)) return false;
   catalog->sibling_files.resize(n);
@@ -248,6 +264,105 @@ std::string CatalogCacheFolder(const SourceOptions& options) {
   return JoinPath(JoinPath(JoinPath(home, ".cache"), "ckptfs"), "catalogs");
 }
 
+namespace {
+
+// An entry mapped read-only, its checksum checked. Pages already read can be dropped.
+class MappedEntry {
+ public:
+  ~MappedEntry() {
+    if (base_) ::munmap(base_, size_);
+  }
+  // False with *note empty: no entry; with *note set: one that cannot be used.
+  bool Open(const std::string& path, std::string* note) {
+    // The entry is mapped, and the pages already checked or parsed are dropped as the
+    // reading goes on: held whole, a million tensors' entry (~150 MB) added its size to the
+    // peak memory of the mount that loads it. (Read into a string through
+    // istreambuf_iterator, a byte at a time, it took longer than parsing the source's pickle.)
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;  // no entry yet
+    struct stat st;
+    void* mapped = MAP_FAILED;
+    const bool stated = ::fstat(fd, &st) == 0;
+    if (stated && st.st_size > 0)
+      mapped = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (!stated || (st.st_size > 0 && mapped == MAP_FAILED)) {
+      *note = "cannot read the catalog cache entry " + path + "; reading the source";
+      return false;
+    }
+    if (mapped != MAP_FAILED) {
+      base_ = mapped;
+      size_ = static_cast<size_t>(st.st_size);
+    }
+    const std::string_view bytes = this->bytes();
+    uint64_t checksum = 0;
+    uint32_t version = 0;
+    if (bytes.size() >= kHeader + 8) {
+      std::memcpy(&version, bytes.data() + sizeof kMagic, 4);
+      for (size_t i = 0; i < 8; ++i)
+        checksum |= uint64_t{static_cast<uint8_t>(bytes[bytes.size() - 8 + i])} << (8 * i);
+    }
+    bool intact = bytes.size() >= kHeader + 8 && std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0 && version == kVersion;
+    if (intact) {
+      // In pieces, each dropped once hashed (parsing maps it in again from the page cache).
+      XXH3_state_t* state = XXH3_createState();
+      intact = state != nullptr && XXH3_64bits_reset(state) == XXH_OK;
+      constexpr size_t kPiece = size_t{8} << 20;
+      for (size_t at = 0; intact && at < bytes.size() - 8; at += kPiece) {
+        const size_t n = std::min(kPiece, bytes.size() - 8 - at);
+        XXH3_64bits_update(state, bytes.data() + at, n);
+        DropBefore(at + n);
+      }
+      intact = intact && XXH3_64bits_digest(state) == checksum;
+      XXH3_freeState(state);
+      dropped_ = 0;
+    }
+    if (!intact) {
+      *note = "ignoring the catalog cache entry " + path + ": damaged or of another version; reading the source";
+      return false;
+    }
+    return true;
+  }
+  std::string_view bytes() const { return std::string_view(static_cast<const char*>(base_), size_); }
+  // The fields between the header and the checksum.
+  std::string_view body() const { return bytes().substr(kHeader, size_ - 8 - kHeader); }
+  // Bytes [0, offset) of the entry are read and may leave memory.
+  void DropBefore(size_t offset) {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    const size_t end = offset / page * page;
+    if (end <= dropped_) return;
+    ::madvise(static_cast<char*>(base_) + dropped_, end - dropped_, MADV_DONTNEED);
+    dropped_ = end;
+  }
+  static constexpr size_t kHeader = sizeof kMagic + 4;
+
+ private:
+  void* base_ = nullptr;
+  size_t size_ = 0;
+  size_t dropped_ = 0;
+};
+
+}  // namespace
+
+bool CachedCatalogUsable(const std::string& source, const SourceOptions& options) {
+  const std::string folder = CatalogCacheFolder(options);
+  if (folder.empty()) return false;
+  const std::string options_bytes = OptionsBytes(options);
+  MappedEntry entry;
+  std::string note;
+  if (!entry.Open(EntryPath(folder, source, options_bytes), &note)) return false;
+  Catalog head;
+  head.files = std::make_shared<SourceFiles>(options.env ? options.env : Env::Local());
+  bool stale = false, keys_distinct = false;
+  std::string why;
+  Reader r(entry.body());
+  try {
+    return ReadEntryHead(r, source, options_bytes, &head, &stale, &why, &keys_distinct) && !stale && keys_distinct;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 void LoadCachedCatalog(const std::string& source, const SourceOptions& options, std::shared_ptr<Catalog>* out,
                        std::string* note) {
   out->reset();
@@ -256,66 +371,8 @@ void LoadCachedCatalog(const std::string& source, const SourceOptions& options, 
   if (folder.empty()) return;
   const std::string options_bytes = OptionsBytes(options);
   const std::string path = EntryPath(folder, source, options_bytes);
-  // The entry is mapped, and the pages already checked or parsed are dropped as the reading
-  // goes on: held whole, a million tensors' entry (~150 MB) added its size to the peak
-  // memory of the mount that loads it. (Read into a string through istreambuf_iterator, a
-  // byte at a time, it took longer than parsing the source's pickle.)
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;  // no entry yet
-  struct stat st;
-  void* mapped = MAP_FAILED;
-  const bool stated = ::fstat(fd, &st) == 0;
-  if (stated && st.st_size > 0)
-    mapped = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (!stated || (st.st_size > 0 && mapped == MAP_FAILED)) {
-    *note = "cannot read the catalog cache entry " + path + "; reading the source";
-    return;
-  }
-  if (mapped == MAP_FAILED) mapped = nullptr;  // an empty entry: damaged, found so below
-  struct Unmap {
-    void* base;
-    size_t size;
-    ~Unmap() {
-      if (base) ::munmap(base, size);
-    }
-  } unmap{mapped, static_cast<size_t>(st.st_size)};
-  const std::string_view bytes(static_cast<const char*>(mapped), static_cast<size_t>(st.st_size));
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  size_t dropped = 0;  // bytes [0, dropped) of the mapping are dropped
-  auto drop_before = [&](size_t offset) {
-    const size_t end = offset / page * page;
-    if (end <= dropped) return;
-    ::madvise(static_cast<char*>(mapped) + dropped, end - dropped, MADV_DONTNEED);
-    dropped = end;
-  };
-  const size_t header = sizeof kMagic + 4;
-  uint64_t checksum = 0;
-  uint32_t version = 0;
-  if (bytes.size() >= header + 8) {
-    std::memcpy(&version, bytes.data() + sizeof kMagic, 4);
-    for (size_t i = 0; i < 8; ++i)
-      checksum |= uint64_t{static_cast<uint8_t>(bytes[bytes.size() - 8 + i])} << (8 * i);
-  }
-  bool intact = bytes.size() >= header + 8 && std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0 && version == kVersion;
-  if (intact) {
-    // In pieces, each dropped once hashed (parsing maps it in again from the page cache).
-    XXH3_state_t* state = XXH3_createState();
-    intact = state != nullptr && XXH3_64bits_reset(state) == XXH_OK;
-    constexpr size_t kPiece = size_t{8} << 20;
-    for (size_t at = 0; intact && at < bytes.size() - 8; at += kPiece) {
-      const size_t n = std::min(kPiece, bytes.size() - 8 - at);
-      XXH3_64bits_update(state, bytes.data() + at, n);
-      drop_before(at + n);
-    }
-    intact = intact && XXH3_64bits_digest(state) == checksum;
-    XXH3_freeState(state);
-    dropped = 0;
-  }
-  if (!intact) {
-    *note = "ignoring the catalog cache entry " + path + ": damaged or of another version; reading the source";
-    return;
-  }
+  MappedEntry entry;
+  if (!entry.Open(path, note)) return;
   auto catalog = std::make_shared<Catalog>();
   catalog->source = source;
   catalog->files = std::make_shared<SourceFiles>(options.env ? options.env : Env::Local());
@@ -323,8 +380,8 @@ void LoadCachedCatalog(const std::string& source, const SourceOptions& options, 
   std::string why;
   bool ok = false;
   try {
-    ok = ReadEntry(bytes.substr(header, bytes.size() - 8 - header), source, options_bytes, catalog.get(), &stale, &why,
-                   [&](size_t n) { drop_before(header + n); });
+    ok = ReadEntry(entry.body(), source, options_bytes, catalog.get(), &stale, &why,
+                   [&](size_t n) { entry.DropBefore(MappedEntry::kHeader + n); });
   } catch (const std::exception&) {  // nlohmann::json on a damaged CBOR document
     ok = false;
   }
@@ -353,6 +410,7 @@ Status StoreCachedCatalog(const std::string& source, const SourceOptions& option
     w.Str(files.path(i));
     WriteIdentity(&w, files.identity(i));
   }
+  w.U8(KeysDistinct(catalog) ? 1 : 0);
   w.U64(catalog.sibling_files.size());
   for (uint32_t f : catalog.sibling_files) w.U32(f);
   std::vector<uint8_t> metadata;

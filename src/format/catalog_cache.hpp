@@ -33,6 +33,12 @@ std::string CatalogCacheFolder(const SourceOptions& options);
 void LoadCachedCatalog(const std::string& source, const SourceOptions& options, std::shared_ptr<Catalog>* out,
                        std::string* note);
 
+// Whether `source` opened with `options` would read its catalog from the cache: an intact
+// entry of the current version whose files, opened afresh, are unchanged, and whose tensor
+// keys are distinct (a View of it cannot fail for two keys naming one file). Reads the
+// entry's checksum and head only; says nothing on stderr (OpenCatalog does, when it reads).
+bool CachedCatalogUsable(const std::string& source, const SourceOptions& options);
+
 // Writes `catalog` (read from `source` with `options`) into the cache.
 Status StoreCachedCatalog(const std::string& source, const SourceOptions& options, const Catalog& catalog);
 

@@ -29,6 +29,13 @@ bool IsWeightIndexName(std::string_view path) {
 
 }  // namespace
 
+bool CatalogCacheHit(const std::string& source, const SourceOptions& options) {
+  // As OpenCatalog decides below: only local files are cached (the entry's recorded files
+  // are opened through the local Env, so a folder or a remote source never matches).
+  if (options.env || options.catalog_cache.empty()) return false;
+  return CachedCatalogUsable(source, options);
+}
+
 Status OpenCatalog(const std::string& source, const SourceOptions& options, std::shared_ptr<const Catalog>* out) {
   auto catalog = std::make_shared<Catalog>();
   catalog->source = source;

@@ -28,7 +28,7 @@ bool Valid(const Filesystem& fs, fuse_ino_t ino) {
 }
 
 struct stat AttrOf(const Filesystem& fs, View::NodeId id) {
-  const View::Node& n = fs.view->node(id);
+  const View::Node n = fs.view->node(id);
   struct stat st {};
   st.st_ino = InodeOf(id);
   st.st_uid = fs.uid;
@@ -36,7 +36,8 @@ struct stat AttrOf(const Filesystem& fs, View::NodeId id) {
   if (n.is_dir) {
     st.st_mode = S_IFDIR | 0555;
     st.st_nlink = 2;
-    for (View::NodeId c : n.children) st.st_nlink += fs.view->node(c).is_dir ? 1 : 0;
+    const size_t children = fs.view->ChildCount(id);
+    for (size_t k = 0; k < children; ++k) st.st_nlink += fs.view->IsDir(fs.view->ChildAt(id, k)) ? 1 : 0;
   } else {
     st.st_mode = S_IFREG | 0444;
     st.st_nlink = 1;
@@ -121,7 +122,7 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Guard(req, [&] {
     Filesystem& fs = Fs(req);
     if (!Valid(fs, ino)) return (void)fuse_reply_err(req, ENOENT);
-    if (!fs.view->node(NodeOf(ino)).is_dir) return (void)fuse_reply_err(req, ENOTDIR);
+    if (!fs.view->IsDir(NodeOf(ino))) return (void)fuse_reply_err(req, ENOTDIR);
     fi->cache_readdir = 1;
     fi->keep_cache = 1;
     fuse_reply_open(req, fi);
@@ -132,28 +133,30 @@ void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_f
   Guard(req, [&] {
     Filesystem& fs = Fs(req);
     if (!Valid(fs, ino)) return (void)fuse_reply_err(req, ENOENT);
-    const View::Node& dir = fs.view->node(NodeOf(ino));
+    const View::NodeId dir = NodeOf(ino);
+    if (!fs.view->IsDir(dir)) return (void)fuse_reply_err(req, ENOTDIR);
+    const size_t children = fs.view->ChildCount(dir);
     // Entry k: 0 ".", 1 "..", k >= 2 the (sorted) children; the offset passed back is k + 1.
     std::vector<char> buf(size);
     size_t used = 0;
-    for (size_t k = static_cast<size_t>(offset); k < dir.children.size() + 2; ++k) {
+    std::string name;
+    for (size_t k = static_cast<size_t>(offset); k < children + 2; ++k) {
       struct stat st {};
-      const char* name;
       if (k == 0) {
         name = ".";
         st.st_ino = ino;
         st.st_mode = S_IFDIR;
       } else if (k == 1) {
         name = "..";
-        st.st_ino = InodeOf(dir.parent);
+        st.st_ino = InodeOf(fs.view->ParentOf(dir));
         st.st_mode = S_IFDIR;
       } else {
-        View::NodeId c = dir.children[k - 2];
-        name = fs.view->node(c).name.c_str();
+        const View::NodeId c = fs.view->ChildAt(dir, k - 2);
+        fs.view->NameOf(c, &name);
         st.st_ino = InodeOf(c);
-        st.st_mode = fs.view->node(c).is_dir ? S_IFDIR : S_IFREG;
+        st.st_mode = fs.view->IsDir(c) ? S_IFDIR : S_IFREG;
       }
-      size_t need = fuse_add_direntry(req, buf.data() + used, size - used, name, &st, static_cast<off_t>(k + 1));
+      size_t need = fuse_add_direntry(req, buf.data() + used, size - used, name.c_str(), &st, static_cast<off_t>(k + 1));
       if (need > size - used) break;
       used += need;
     }
@@ -166,7 +169,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     Filesystem& fs = Fs(req);
     RaiseReadaheadAfterInit(fs);
     if (!Valid(fs, ino)) return (void)fuse_reply_err(req, ENOENT);
-    if (fs.view->node(NodeOf(ino)).is_dir) return (void)fuse_reply_err(req, EISDIR);
+    if (fs.view->IsDir(NodeOf(ino))) return (void)fuse_reply_err(req, EISDIR);
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return (void)fuse_reply_err(req, EROFS);
     // Contents never change under an open file: keep the page cache across opens. No
     // direct_io, so shared and private mmap both work.
@@ -204,6 +207,12 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_file
 void OpStatfs(fuse_req_t req, fuse_ino_t) {
   Guard(req, [&] {
     Filesystem& fs = Fs(req);
+    // Summed on the first statfs: it sizes every file, which lays out the model files'
+    // headers and manifest.json (a mount that is never asked does not pay for them).
+    std::call_once(fs.total_bytes_once, [&] {
+      for (View::NodeId id = 0; id < fs.view->node_count(); ++id)
+        if (!fs.view->IsDir(id)) fs.total_bytes += fs.view->node(id).size;
+    });
     const uint64_t bytes = fs.total_bytes;
     struct statvfs sv {};
     sv.f_bsize = kBlockSize;
@@ -233,7 +242,7 @@ Status CachedXxh3(Filesystem& fs, View::NodeId id, uint64_t* hash) {
 
 // The xattr value of `name` for node `id`: *found is false when it has none.
 Status XattrValue(Filesystem& fs, View::NodeId id, std::string_view name, std::string* value, bool* found) {
-  const View::Node& n = fs.view->node(id);
+  const View::Node n = fs.view->node(id);
   *found = n.tensor >= 0;
   if (!*found) return Status::OK();
   if (name == kXattrXxh3) {

@@ -28,7 +28,8 @@ struct Filesystem {
   std::unique_ptr<View> view;
   uid_t uid = 0;
   gid_t gid = 0;
-  uint64_t total_bytes = 0;  // sum of file sizes, for statfs
+  uint64_t total_bytes = 0;  // sum of file sizes, for statfs, summed on the first
+  std::once_flag total_bytes_once;
   // user.ckptfs.xxh3 values, computed on first request and kept for the mount's life.
   std::mutex hash_mutex;
   std::unordered_map<View::NodeId, uint64_t> hashes;

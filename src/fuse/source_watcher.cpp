@@ -84,7 +84,7 @@ void SourceWatcher::InvalidateAll() {
   // No push may land after the pages are dropped.
   if (fs_->push_ahead) fs_->push_ahead->Disable();
   for (View::NodeId id = 0; id < fs_->view->node_count(); ++id) {
-    if (fs_->view->node(id).is_dir) continue;
+    if (fs_->view->IsDir(id)) continue;
     // Offset 0, length 0: all cached pages of the inode.
     fuse_lowlevel_notify_inval_inode(session_, InodeOf(id), 0, 0);
   }

@@ -14,12 +14,19 @@ std::string TensorFileName(std::string_view key, bool* shortened) {
 
 void AppendTensorFileName(std::string* out, std::string_view key, bool* shortened) {
   const size_t start = out->size();
-  for (char c : key) {
+  // Runs without a character to escape are appended whole: a byte at a time, making the
+  // names of a million tensors was a tenth of a remount's View build.
+  size_t done = 0;
+  for (size_t i = 0; i < key.size(); ++i) {
+    const char c = key[i];
+    if (c != '%' && c != '/' && c != '\0') continue;
+    out->append(key.data() + done, i - done);
     if (c == '%') *out += "%25";
     else if (c == '/') *out += "%2F";
-    else if (c == '\0') *out += "%00";  // file names end at NUL
-    else out->push_back(c);
+    else *out += "%00";  // file names end at NUL
+    done = i + 1;
   }
+  out->append(key.data() + done, key.size() - done);
   const size_t escaped_size = out->size() - start;
   const bool too_long = escaped_size + kTensorFileSuffix.size() > kMaxFileName;
   if (shortened) *shortened = too_long;

@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "catalog/tiling.hpp"
+#include "ckptfs/names.hpp"
 #include "view/convert.hpp"
 #include "view/gather.hpp"
 #include "view/safetensors_header.hpp"
@@ -48,12 +49,98 @@ Status ReadElementwise(uint64_t offset, size_t length, uint64_t elem_size, char*
 
 }  // namespace
 
+View::View() = default;
+View::~View() = default;
+
+int64_t View::TensorMTime(size_t index) const {
+  const TensorEntry& t = catalog_->tensors[index];
+  int64_t m = 0;
+  for (const Box& box : t.boxes) m = std::max(m, catalog_->files->identity(box.file).mtime_ns);
+  return m == 0 ? newest_mtime_ : m;
+}
+
+uint64_t View::TensorFileSize(size_t index) const {
+  thread_local std::string header;  // measured and dropped
+  header.clear();
+  const TensorEntry& t = catalog_->tensors[index];
+  AppendTensorFileHeader(t, &header);
+  return header.size() + t.served_nbytes();
+}
+
+View::Node View::node(NodeId id) const {
+  Node n;
+  if (id >= entries_.size()) {
+    const size_t index = id - first_tensor_file_;
+    n.name = TensorFileName(catalog_->tensors[index].key);
+    n.parent = tensors_dir_;
+    n.size = TensorFileSize(index);
+    n.mtime_ns = TensorMTime(index);
+    n.tensor = static_cast<int64_t>(index);
+    return n;
+  }
+  const Entry& e = entries_[id];
+  n.name = e.name;
+  n.parent = e.parent;
+  n.is_dir = e.is_dir;
+  n.mtime_ns = e.mtime_ns;
+  switch (e.content) {
+    case Content::kSegments:
+      n.size = e.size;
+      break;
+    case Content::kModelFile:
+      EnsureModelFiles();
+      n.size = model_files_[e.model_file].size;
+      break;
+    case Content::kManifest:
+      EnsureManifest();
+      n.size = manifest_size_;
+      break;
+  }
+  return n;
+}
+
+std::string View::NameOf(NodeId id) const {
+  if (id >= entries_.size()) return TensorFileName(catalog_->tensors[id - first_tensor_file_].key);
+  return entries_[id].name;
+}
+
+void View::NameOf(NodeId id, std::string* name) const {
+  name->clear();
+  if (id >= entries_.size()) AppendTensorFileName(name, catalog_->tensors[id - first_tensor_file_].key);
+  else name->assign(entries_[id].name);
+}
+
+size_t View::ChildCount(NodeId dir) const {
+  if (dir == tensors_dir_) return tensor_file_order_.size();
+  return dir < entries_.size() ? entries_[dir].children.size() : 0;
+}
+
+View::NodeId View::ChildAt(NodeId dir, size_t k) const {
+  if (dir == tensors_dir_) return first_tensor_file_ + tensor_file_order_[k];
+  return entries_[dir].children[k];
+}
+
 std::optional<View::NodeId> View::Child(NodeId dir, std::string_view name) const {
-  const Node& d = nodes_[dir];
-  if (!d.is_dir) return std::nullopt;
-  auto it = std::lower_bound(d.children.begin(), d.children.end(), name,
-                             [&](NodeId id, std::string_view n) { return nodes_[id].name < n; });
-  if (it == d.children.end() || nodes_[*it].name != name) return std::nullopt;
+  if (!IsDir(dir)) return std::nullopt;
+  if (dir == tensors_dir_) {
+    // Binary search of the file-name order, each probe's name made again from its key.
+    const auto& tensors = catalog_->tensors;
+    thread_local std::string probe;
+    auto it = std::lower_bound(tensor_file_order_.begin(), tensor_file_order_.end(), name, [&](uint32_t i, std::string_view n) {
+      probe.clear();
+      AppendTensorFileName(&probe, tensors[i].key);
+      return probe < n;
+    });
+    if (it == tensor_file_order_.end()) return std::nullopt;
+    probe.clear();
+    AppendTensorFileName(&probe, tensors[*it].key);
+    if (probe != name) return std::nullopt;
+    return first_tensor_file_ + *it;
+  }
+  const std::vector<NodeId>& children = entries_[dir].children;
+  auto it = std::lower_bound(children.begin(), children.end(), name,
+                             [&](NodeId id, std::string_view n) { return entries_[id].name < n; });
+  if (it == children.end() || entries_[*it].name != name) return std::nullopt;
   return *it;
 }
 
@@ -74,19 +161,36 @@ std::optional<View::NodeId> View::Lookup(std::string_view path) const {
 std::string View::PathOf(NodeId id) const {
   std::string path;
   while (id != kRoot) {
-    path = nodes_[id].name + (path.empty() ? "" : "/" + path);
-    id = nodes_[id].parent;
+    path = NameOf(id) + (path.empty() ? "" : "/" + path);
+    id = ParentOf(id);
   }
   return path;
 }
 
 Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* nread) const {
   *nread = 0;
-  const Node& n = nodes_[id];
-  if (n.is_dir) return Status::InvalidArgument(PathOf(id), "is a directory");
-  if (offset >= n.size || length == 0) return Status::OK();
-  if (n.tensor >= 0) return ReadTensorFile(id, offset, length, out, nread);
-  const uint64_t end = std::min<uint64_t>(n.size, offset + std::min<uint64_t>(length, n.size - offset));
+  if (IsDir(id)) return Status::InvalidArgument(PathOf(id), "is a directory");
+  if (id >= entries_.size()) return ReadTensorFile(id, offset, length, out, nread);
+  const uint64_t size = node(id).size;
+  if (offset >= size || length == 0) return Status::OK();
+  const uint64_t end = offset + std::min<uint64_t>(length, size - offset);
+  switch (entries_[id].content) {
+    case Content::kSegments:
+      CKPTFS_RETURN_IF_ERROR(ReadSegments(id, offset, end, out));
+      break;
+    case Content::kModelFile:
+      CKPTFS_RETURN_IF_ERROR(ReadModelFile(id, offset, end, out));
+      break;
+    case Content::kManifest:
+      CKPTFS_RETURN_IF_ERROR(ReadManifest(id, offset, end, out));
+      break;
+  }
+  *nread = end - offset;
+  return Status::OK();
+}
+
+Status View::ReadSegments(NodeId id, uint64_t offset, uint64_t end, char* out) const {
+  const Entry& n = entries_[id];
   const Segment* first = segments_.data() + n.first_segment;
   const Segment* last = first + n.segment_count;
   const Segment* seg = std::upper_bound(first, last, offset, [](uint64_t off, const Segment& s) { return off < s.start; }) - 1;
@@ -100,43 +204,30 @@ Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* 
       case Segment::Kind::kLiteral:
         std::memcpy(dst, literals_[seg->ref].data() + in_seg, piece);
         break;
-      case Segment::Kind::kManifestEntry: {
-        std::string entry;
-        AppendManifestEntry(seg->ref, &entry);
-        if (entry.size() != seg->length) return Status::Corruption(PathOf(id), "manifest entry changed size");
-        std::memcpy(dst, entry.data() + in_seg, piece);
-        break;
-      }
       case Segment::Kind::kExtent:
         CKPTFS_RETURN_IF_ERROR(checks.Check(seg->ref));
         CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(seg->ref, seg->source_offset + in_seg, piece, dst));
         break;
-      case Segment::Kind::kGather:
-        CKPTFS_RETURN_IF_ERROR(ReadGather(catalog_->tensors[seg->ref], in_seg, piece, dst));
-        break;
-      case Segment::Kind::kConvert:
-        CKPTFS_RETURN_IF_ERROR(ReadConverted(catalog_->tensors[seg->ref], in_seg, piece, dst));
-        break;
     }
     pos += piece;
   }
-  *nread = pos - offset;
+  if (pos != end) return Status::Corruption(PathOf(id), "virtual file ended early");
   return Status::OK();
 }
 
 Status View::ReadTensorFile(NodeId id, uint64_t offset, size_t length, char* out, size_t* nread) const {
-  const Node& n = nodes_[id];
-  const size_t index = static_cast<size_t>(n.tensor);
+  const size_t index = id - first_tensor_file_;
   const TensorEntry& t = catalog_->tensors[index];
+  thread_local std::string header;
+  header.clear();
+  AppendTensorFileHeader(t, &header);
   const uint64_t data_size = t.served_nbytes();
-  const uint64_t header_size = n.size - data_size;
-  const uint64_t end = std::min<uint64_t>(n.size, offset + std::min<uint64_t>(length, n.size - offset));
+  const uint64_t header_size = header.size();
+  const uint64_t size = header_size + data_size;
+  if (offset >= size || length == 0) return Status::OK();
+  const uint64_t end = offset + std::min<uint64_t>(length, size - offset);
   uint64_t pos = offset;
   if (pos < header_size) {
-    std::string header;
-    AppendTensorFileHeader(t, &header);
-    // The size was fixed at build time from the same catalog entry.
-    if (header.size() != header_size) return Status::Corruption(PathOf(id), "tensor file header changed size");
     const uint64_t piece = std::min(header_size, end) - pos;
     std::memcpy(out, header.data() + pos, piece);
     pos += piece;
@@ -146,12 +237,13 @@ Status View::ReadTensorFile(NodeId id, uint64_t offset, size_t length, char* out
   return Status::OK();
 }
 
-Status View::ReadStored(const TensorEntry& t, uint64_t offset, size_t length, char* out) const {
+Status View::ReadStored(const TensorEntry& t, uint64_t offset, size_t length, char* out, FileChecks* shared) const {
   if (!StoredAsExtents(t)) return ReadGather(t, offset, length, out);
   // Each box is one run of the row-major bytes: read the part of each that the range meets.
   const std::vector<uint64_t> dims = TiledDims(t);
   const uint64_t itemsize = Info(t.dtype).itemsize, end = offset + length;
-  FileChecks checks(*catalog_->files);
+  std::optional<FileChecks> own;
+  FileChecks& checks = shared ? *shared : own.emplace(*catalog_->files);
   for (const Box& box : t.boxes) {
     const uint64_t begin = RowMajorPosition(box.offset, dims) * itemsize;
     const uint64_t lo = std::max(begin, offset), hi = std::min(begin + box.numel() * itemsize, end);
@@ -183,7 +275,8 @@ Status View::Xxh3(NodeId id, uint64_t* hash) const {
   XXH3_64bits_reset(state);
   std::vector<char> buf(size_t{1} << 20);
   Status s;
-  for (uint64_t off = 0; off < nodes_[id].size;) {
+  const uint64_t size = node(id).size;
+  for (uint64_t off = 0; off < size;) {
     size_t n = 0;
     s = Read(id, off, buf.size(), buf.data(), &n);
     if (!s.ok()) break;

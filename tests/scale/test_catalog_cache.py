@@ -12,6 +12,7 @@ import ctypes.util
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ckptfs_testlib import ckptfs_bin, run_ckptfs  # noqa: E402,F401
+from fusetools import mount_entry  # noqa: E402
 
 
 def save_checkpoint(path: Path, scale: float = 1.0) -> dict:
@@ -113,7 +115,7 @@ def test_a_changed_source_is_read_afresh(checkpoint, tmp_path, run_ckptfs):
     assert len(entries(cache)) == 1
 
 
-@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "empty", "not an entry"])
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "empty", "not an entry", "older version"])
 def test_a_damaged_entry_is_ignored_with_one_line(checkpoint, tmp_path, run_ckptfs, damage):
     cache = tmp_path / "cache"
     reference, _ = listing(run_ckptfs, checkpoint)
@@ -126,6 +128,8 @@ def test_a_damaged_entry_is_ignored_with_one_line(checkpoint, tmp_path, run_ckpt
         data = data[: len(data) // 2]
     elif damage == "empty":
         data = bytearray()
+    elif damage == "older version":  # the layout before paths were stored packed
+        data[16:20] = (1).to_bytes(4, "little")
     else:
         data = bytearray(b"PK\x03\x04" + bytes(200))
     entry.write_bytes(bytes(data))
@@ -150,3 +154,93 @@ def test_mount_reads_through_the_cache(checkpoint, tmp_path, mounts, run_ckptfs)
         names = listed
         mounts.unmount(mnt)
     assert len(entries(cache)) == 1
+
+
+# ---- a mount through a hit opens the catalog in its daemon, after mounting ------------------
+
+def rewrite_entry(entry: Path, edit) -> None:
+    """Applies EDIT to the entry's fields and makes its checksum right again."""
+    body = edit(entry.read_bytes()[:-8])
+    entry.write_bytes(body + xxh3_64(body).to_bytes(8, "little"))
+
+
+def gone_within(mountpoint: Path, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if mount_entry(mountpoint) is None:
+            return True
+        time.sleep(0.05)
+    return mount_entry(mountpoint) is None
+
+
+def test_a_mount_through_a_hit_serves_the_entry(checkpoint, tmp_path, mounts, run_ckptfs):
+    """The second mount finds the entry usable (checksum, files, distinct keys), mounts, and
+    opens the catalog in its daemon: what it serves is the entry's (an edited key shows)."""
+    cache = tmp_path / "cache"
+    listing(run_ckptfs, checkpoint, "--catalog-cache", cache)
+    [entry] = entries(cache)
+    rewrite_entry(entry, lambda b: b.replace(b"model.embed.weight", b"model.EMBED.weight"))
+    expected = run_ckptfs("cat", "--catalog-cache", cache, checkpoint, "model.safetensors").stdout
+    assert b"model.EMBED.weight" in expected
+    mnt = mounts.mount(checkpoint, None, "-o", f"catalog_cache={cache}")
+    assert "model.EMBED.weight.safetensors" in os.listdir(mnt / "tensors")
+    assert (mnt / "model.safetensors").read_bytes() == expected
+    manifest = json.loads((mnt / "manifest.json").read_text())
+    assert {t["key"] for t in manifest["tensors"]} == {e["key"] for e in listing(run_ckptfs, checkpoint,
+                                                                                  "--catalog-cache", cache)[0]}
+
+
+def test_a_hit_whose_content_is_damaged_is_read_from_the_source_by_the_daemon(checkpoint, tmp_path, mounts,
+                                                                              run_ckptfs):
+    """Head intact, a tensor's packed path malformed (checksum made right): the mount checks
+    only the head and mounts; its daemon finds the damage, reads the source instead, and
+    serves exactly what a mount without the cache serves."""
+    cache = tmp_path / "cache"
+    listing(run_ckptfs, checkpoint, "--catalog-cache", cache)
+    [entry] = entries(cache)
+    key = b"model.embed.weight"
+
+    def damage_path(body: bytes) -> bytes:
+        at = body.index(key) + len(key)  # the key, then the path: u64 length, packed bytes
+        length = int.from_bytes(body[at:at + 8], "little")
+        assert 0 < length < 100
+        # The path's first element claims more bytes than the path holds.
+        return body[:at + 8] + bytes([0x7E]) + body[at + 9:]
+
+    rewrite_entry(entry, damage_path)
+    expected = run_ckptfs("cat", checkpoint, "model.safetensors").stdout
+    mnt = mounts.mount(checkpoint, None, "-o", f"catalog_cache={cache}")
+    assert (mnt / "model.safetensors").read_bytes() == expected
+    assert sorted(os.listdir(mnt / "tensors")) == sorted(
+        t["file"].split("/", 1)[1] for t in listing(run_ckptfs, checkpoint)[0])
+
+
+def test_a_source_that_cannot_be_served_fails_the_mount_with_the_cache_on(tmp_path, mounts):
+    """Two keys flatten to one: the reader refuses the source, so there is no entry, and each
+    mount with the cache on fails before mounting, with one line and exit 1."""
+    source = tmp_path / "clash.pt"
+    torch.save({"a.b": torch.zeros(2), "a": {"b": torch.ones(2)}}, source)
+    cache = tmp_path / "cache"
+    for _ in range(2):
+        mnt = mounts.new_mountpoint()
+        res = mounts.start([mounts.binary, source, mnt, "-o", f"catalog_cache={cache}"], mnt)
+        assert res.returncode == 1, res.describe()
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "two tensors flatten to the same key 'a.b'" in lines[0], res.describe()
+        assert mount_entry(mnt) is None
+        assert entries(cache) == []
+
+
+def test_a_tampered_hit_that_cannot_be_served_leaves_no_mount(tmp_path, mounts, run_ckptfs):
+    """An entry edited so that two keys are equal while it still says they are distinct: the
+    mount goes ahead, its daemon cannot build the tree, says so, and unmounts."""
+    source = tmp_path / "pair.pt"
+    torch.save({"model.aaaa": torch.zeros(2), "model.bbbb": torch.ones(2)}, source)
+    cache = tmp_path / "cache"
+    listing(run_ckptfs, source, "--catalog-cache", cache)
+    [entry] = entries(cache)
+    rewrite_entry(entry, lambda b: b.replace(b"model.bbbb", b"model.aaaa"))
+    mnt = mounts.new_mountpoint()
+    res = mounts.start([mounts.binary, source, mnt, "-o", f"catalog_cache={cache}"], mnt)
+    assert res.returncode == 0, res.describe()
+    assert gone_within(mnt, 30), "the mount stayed with no tree behind it"

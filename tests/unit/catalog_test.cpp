@@ -100,3 +100,26 @@ BOOST_AUTO_TEST_CASE(small_vector_stays_inline_and_converts_between_sizes) {
   moved.push_back(moved[0]);
   BOOST_TEST((moved == std::vector<uint64_t>{9, 9, 9, 9, 9}));
 }
+
+BOOST_AUTO_TEST_CASE(key_path_packed_bytes_round_trip_and_malformed_ones_are_refused) {
+  const KeyPath path = {std::string("model"), int64_t{-5}, std::string(""), int64_t{1} << 40, std::string(300, 'x')};
+  KeyPath back;
+  BOOST_REQUIRE(KeyPath::FromPacked(path.packed(), &back));
+  BOOST_TEST((back == path));
+  BOOST_TEST(std::vector<PathElement>(back) == std::vector<PathElement>(path));
+  BOOST_REQUIRE(KeyPath::FromPacked("", &back));
+  BOOST_TEST(back.empty());
+  // Every proper prefix that cuts an element is refused; the full bytes are not.
+  const std::string packed(path.packed());
+  size_t accepted = 0;
+  for (size_t n = 0; n < packed.size(); ++n) accepted += KeyPath::FromPacked(packed.substr(0, n), &back) ? 1 : 0;
+  BOOST_TEST(accepted == 5u);  // the empty prefix and the four ends of whole elements
+  const std::string malformed[] = {
+      std::string("\x0A" "abc", 4),           // a string of 5 bytes with 3 left
+      std::string("\x03\x02", 2),             // an int element with a header other than 1
+      std::string("\x01", 1),                 // an int element without its value
+      std::string("\x80\x80", 2),             // a varint that never ends
+      std::string(11, '\xFF') + "\x01",       // a varint of more than 64 bits
+  };
+  for (const std::string& bytes : malformed) BOOST_TEST(!KeyPath::FromPacked(bytes, &back));
+}

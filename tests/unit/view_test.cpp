@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <atomic>
 #include <random>
+#include <thread>
 
 #include "ckptfs/names.hpp"
 #include "ckptfs/view.hpp"
@@ -143,7 +145,7 @@ std::vector<View::NodeId> FileNodes(const View& view) {
 
 std::vector<std::string> ChildNames(const View& view, View::NodeId dir) {
   std::vector<std::string> names;
-  for (View::NodeId c : view.node(dir).children) names.push_back(view.node(c).name);
+  for (size_t k = 0; k < view.ChildCount(dir); ++k) names.push_back(view.NameOf(view.ChildAt(dir, k)));
   return names;
 }
 
@@ -616,5 +618,106 @@ BOOST_AUTO_TEST_CASE(manifest_flags_exactly_the_shortened_names) {
       BOOST_TEST(m["tensors"][i].value("file_name_shortened", false) == shortened[i]);
       BOOST_TEST(m["tensors"][i]["key"] == catalog->tensors[i].key);
     }
+  }
+}
+
+// ---- files made from the catalog on first need, under concurrency ---------------------------
+
+namespace {
+
+// `count` tensors of mixed item sizes over one source file, keys in an order that is not
+// their file names' order ("t.10" before "t.9").
+std::shared_ptr<HandBuilt> ManySmallTensors(size_t count) {
+  std::string bytes;
+  for (size_t i = 0; i < count * 16; ++i) bytes.push_back(static_cast<char>(i * 131 + 7));
+  auto built = std::make_shared<HandBuilt>(bytes);
+  const DType dtypes[] = {DType::kF32, DType::kF16, DType::kI64, DType::kU8};
+  for (size_t i = 0; i < count; ++i) {
+    const DType dtype = dtypes[i % 4];
+    const uint64_t itemsize = ckptfs::Info(dtype).itemsize;
+    TensorEntry& t = built->Add("layer%/" + std::to_string(count - i) + ".w", dtype, {16 / itemsize});
+    t.boxes.push_back(Box::Range(built->file, i * 16, 0, 16 / itemsize));
+    if (i % 7 == 0) t.storage_id = std::to_string(i / 14);  // some tied pairs
+  }
+  return built;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(tensor_folder_is_in_file_name_order) {
+  auto built = ManySmallTensors(3000);
+  auto view = MustBuild(built->catalog);
+  const View::NodeId dir = MustLookup(*view, "tensors");
+  BOOST_REQUIRE_EQUAL(view->ChildCount(dir), 3000u);
+  std::vector<std::string> expected;
+  for (const TensorEntry& t : built->catalog->tensors) expected.push_back(ckptfs::TensorFileName(t.key));
+  std::sort(expected.begin(), expected.end());
+  for (size_t k = 0; k < expected.size(); ++k) {
+    const View::NodeId c = view->ChildAt(dir, k);
+    BOOST_REQUIRE_EQUAL(view->NameOf(c), expected[k]);
+    BOOST_REQUIRE(view->Child(dir, expected[k]) == c);
+    const View::Node n = view->node(c);
+    BOOST_REQUIRE_EQUAL(n.parent, dir);
+    BOOST_REQUIRE(n.tensor >= 0 && view->TensorFile(static_cast<size_t>(n.tensor)) == c);
+    BOOST_REQUIRE_EQUAL(view->PathOf(c), "tensors/" + expected[k]);
+  }
+  BOOST_TEST(!view->Child(dir, "layer%25%2F0.w.safetensors").has_value());
+  BOOST_TEST(!view->Child(dir, "zzz").has_value());
+  BOOST_TEST(!view->Child(dir, "").has_value());
+}
+
+BOOST_AUTO_TEST_CASE(files_laid_out_on_first_need_are_the_same_under_concurrent_first_use) {
+  auto built = ManySmallTensors(5000);
+  // The reference: one thread, every file read whole.
+  auto reference = MustBuild(built->catalog);
+  const std::vector<std::string> names = {"model.safetensors", "manifest.json", "metadata.json"};
+  std::map<std::string, std::string> whole;
+  for (const auto& name : names) whole[name] = ReadWhole(*reference, MustLookup(*reference, name));
+  {
+    const json m = json::parse(whole["manifest.json"]);
+    BOOST_REQUIRE_EQUAL(m["tensors"].size(), 5000u);
+    uint64_t header = 0;
+    std::memcpy(&header, whole["model.safetensors"].data(), 8);
+    const json h = json::parse(whole["model.safetensors"].substr(8, header));
+    BOOST_REQUIRE_EQUAL(h.size(), 5001u);  // and __metadata__
+    // Each entry's model_offsets hold its data as the tensor file does.
+    std::mt19937_64 rng(3);
+    for (int n = 0; n < 200; ++n) {
+      const json& e = m["tensors"][rng() % 5000];
+      const uint64_t begin = e["model_offsets"][0], end = e["model_offsets"][1];
+      const std::string file = ReadWhole(*reference, MustLookup(*reference, e["file"].get<std::string>()));
+      BOOST_REQUIRE_EQUAL(whole["model.safetensors"].substr(begin, end - begin), file.substr(file.size() - (end - begin)));
+    }
+  }
+  // Fresh views, so that the layouts are made by whichever thread comes first: threads start
+  // together and each asks for sizes and reads at random places.
+  for (int round = 0; round < 4; ++round) {
+    auto view = MustBuild(built->catalog);
+    std::atomic<int> ready{0};
+    std::atomic<int> failures{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937_64 rng(round * 100 + t);
+        ready.fetch_add(1);
+        while (ready.load() < 8) {
+        }
+        for (int n = 0; n < 300; ++n) {
+          const std::string& name = names[(t + n) % names.size()];
+          const View::NodeId id = *view->Lookup(name);
+          const std::string& expect = whole[name];
+          if (view->node(id).size != expect.size()) failures.fetch_add(1);
+          const uint64_t offset = rng() % expect.size();
+          const size_t length = 1 + rng() % 70000;
+          std::string buf(length, '\0');
+          size_t nread = 0;
+          if (!view->Read(id, offset, length, buf.data(), &nread).ok() ||
+              buf.substr(0, nread) != expect.substr(offset, length))
+            failures.fetch_add(1);
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    BOOST_TEST(failures.load() == 0);
   }
 }

@@ -1,0 +1,196 @@
+// The files with a part per tensor, laid out on first need and made again on read:
+// model files (header pieces from the catalog, then each tensor's data) and manifest.json
+// (one entry per tensor). Only offsets are kept: for a million tensors the header text was
+// ~70 MB and the manifest entries ~250 MB, and laying them out ~0.4 s a mount that is only
+// listed never needs.
+#include <algorithm>
+#include <cstring>
+
+#include <xxhash.h>
+
+#include "ckptfs/view.hpp"
+#include "view/gather.hpp"
+#include "view/safetensors_header.hpp"
+
+namespace ckptfs {
+namespace {
+
+// Header entries per piece: a read of the header makes the pieces it meets (~70 bytes an
+// entry), so a piece is a little more than a typical read.
+constexpr uint32_t kEntriesPerPiece = 1024;
+
+// Bytes of the header before its first entry: the 8-byte length and the metadata.
+constexpr char kHeaderStart[] = "\0\0\0\0\0\0\0\0" R"({"__metadata__":{"format":"pt"})";
+constexpr uint64_t kHeaderStartSize = sizeof kHeaderStart - 1;
+
+void FillHeaderEntry(const TensorEntry& t, uint64_t data_begin, HeaderEntry* e) {
+  e->key = t.key;
+  ServedDTypeAndShape(t, &e->dtype, &e->shape);
+  e->begin = data_begin;
+  e->end = data_begin + t.served_nbytes();
+}
+
+}  // namespace
+
+void View::EnsureModelFiles() const { std::call_once(model_once_, [this] { LayOutModelFiles(); }); }
+
+void View::LayOutModelFiles() const {
+  const auto& tensors = catalog_->tensors;
+  model_begin_.assign(tensors.size(), 0);
+  std::string scratch;  // one entry's text at a time, measured and dropped
+  HeaderEntry e;
+  for (ModelFile& f : model_files_) {
+    f.pieces.clear();
+    uint64_t pos = kHeaderStartSize, data = 0;
+    for (uint32_t k = 0; k < f.members.size(); ++k) {
+      if (k % kEntriesPerPiece == 0 && k > 0) f.pieces.push_back(HeaderPiece{k, pos});
+      if (k == 0) f.pieces.push_back(HeaderPiece{0, 0});
+      const TensorEntry& t = tensors[f.members[k]];
+      FillHeaderEntry(t, data, &e);
+      scratch.clear();
+      AppendSafetensorsHeaderEntry(e, &scratch);
+      pos += scratch.size();
+      model_begin_[f.members[k]] = data;  // relative to the data until the header's size is known
+      data += t.served_nbytes();
+    }
+    if (f.pieces.empty()) f.pieces.push_back(HeaderPiece{0, 0});
+    // The end, as AppendSafetensorsHeaderEnd writes it: '}', then spaces to a multiple of 8.
+    const uint64_t json_size = pos + 1 - 8;
+    f.header_size = 8 + json_size + (8 - json_size % 8) % 8;
+    for (uint32_t i : f.members) model_begin_[i] += f.header_size;
+    f.size = f.header_size + data;
+  }
+}
+
+void View::MakeHeaderPiece(const ModelFile& f, size_t p, std::string* out) const {
+  out->clear();
+  const uint32_t first = f.pieces[p].first_member;
+  const uint32_t end = p + 1 < f.pieces.size() ? f.pieces[p + 1].first_member : static_cast<uint32_t>(f.members.size());
+  if (p == 0) {
+    out->append(kHeaderStart, kHeaderStartSize);
+    const uint64_t json_size = f.header_size - 8;
+    for (int b = 0; b < 8; ++b) (*out)[b] = static_cast<char>((json_size >> (8 * b)) & 0xFF);
+  }
+  HeaderEntry e;
+  for (uint32_t k = first; k < end; ++k) {
+    const uint32_t i = f.members[k];
+    FillHeaderEntry(catalog_->tensors[i], model_begin_[i] - f.header_size, &e);
+    AppendSafetensorsHeaderEntry(e, out);
+  }
+  if (p + 1 == f.pieces.size()) {
+    *out += '}';
+    const uint64_t piece_size = f.header_size - f.pieces[p].start;
+    if (out->size() < piece_size) out->append(piece_size - out->size(), ' ');
+  }
+}
+
+Status View::ReadModelFile(NodeId id, uint64_t offset, uint64_t end, char* out) const {
+  EnsureModelFiles();
+  const ModelFile& f = model_files_[entries_[id].model_file];
+  uint64_t pos = offset;
+  thread_local std::string piece;
+  while (pos < end && pos < f.header_size) {
+    const size_t p = static_cast<size_t>(
+        std::upper_bound(f.pieces.begin(), f.pieces.end(), pos, [](uint64_t o, const HeaderPiece& hp) { return o < hp.start; }) -
+        f.pieces.begin() - 1);
+    const uint64_t piece_end = p + 1 < f.pieces.size() ? f.pieces[p + 1].start : f.header_size;
+    MakeHeaderPiece(f, p, &piece);
+    // The layout measured the same entries of the same catalog.
+    if (piece.size() != piece_end - f.pieces[p].start)
+      return Status::Corruption(PathOf(id), "header piece changed size");
+    const uint64_t hi = std::min(end, piece_end);
+    std::memcpy(out + (pos - offset), piece.data() + (pos - f.pieces[p].start), hi - pos);
+    pos = hi;
+  }
+  if (pos >= end) return Status::OK();
+  // The data: members in order, each at model_begin_; the last member that starts at or
+  // before `pos` holds it (or is empty, and the next one does).
+  const auto& tensors = catalog_->tensors;
+  size_t k = static_cast<size_t>(
+      std::upper_bound(f.members.begin(), f.members.end(), pos, [&](uint64_t o, uint32_t i) { return o < model_begin_[i]; }) -
+      f.members.begin());
+  if (k > 0) --k;
+  FileChecks checks(*catalog_->files);  // each source file checked once for the whole read
+  for (; pos < end && k < f.members.size(); ++k) {
+    const uint32_t i = f.members[k];
+    const TensorEntry& t = tensors[i];
+    const uint64_t begin = model_begin_[i], size = t.served_nbytes();
+    if (begin + size <= pos) continue;
+    const uint64_t hi = std::min(end, begin + size);
+    if (RouteOf(t) == ReadRoute::kExtents)
+      CKPTFS_RETURN_IF_ERROR(ReadStored(t, pos - begin, hi - pos, out + (pos - offset), &checks));
+    else
+      CKPTFS_RETURN_IF_ERROR(ReadTensorData(i, pos - begin, hi - pos, out + (pos - offset)));
+    pos = hi;
+  }
+  return Status::OK();
+}
+
+void View::EnsureManifest() const { std::call_once(manifest_once_, [this] { LayOutManifest(); }); }
+
+void View::LayOutManifest() const {
+  EnsureModelFiles();
+  const auto& tensors = catalog_->tensors;
+  // Storage shared by several tensors (tied weights): the manifest names the group on each
+  // member. Found by sorting (hash of id, tensor) pairs and comparing the ids only within a
+  // run of equal hashes: a map of a million ids took ~100 MB and a second, and sorting the
+  // ids as strings (a cache miss per comparison) most of a remount's View build.
+  shares_storage_.assign(tensors.size(), false);
+  {
+    std::vector<std::pair<uint64_t, uint32_t>> ids;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const std::string& id = tensors[i].storage_id;
+      if (!id.empty()) ids.emplace_back(XXH3_64bits(id.data(), id.size()), static_cast<uint32_t>(i));
+    }
+    std::sort(ids.begin(), ids.end());
+    for (size_t k = 0; k < ids.size();) {
+      size_t end = k + 1;
+      while (end < ids.size() && ids[end].first == ids[k].first) ++end;
+      for (size_t a = k; a < end; ++a)  // a run is one id, or rarely a few colliding ones
+        for (size_t b = a + 1; b < end; ++b)
+          if (tensors[ids[a].second].storage_id == tensors[ids[b].second].storage_id)
+            shares_storage_[ids[a].second] = shares_storage_[ids[b].second] = true;
+      k = end;
+    }
+  }
+  manifest_entry_end_.resize(tensors.size());
+  std::string scratch;  // one entry's text at a time, measured and dropped
+  uint64_t pos = manifest_head_.size();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    scratch.clear();
+    AppendManifestEntry(i, nullptr, &scratch);
+    pos += scratch.size();
+    manifest_entry_end_[i] = pos;
+  }
+  manifest_size_ = pos + manifest_tail_.size();
+}
+
+Status View::ReadManifest(NodeId id, uint64_t offset, uint64_t end, char* out) const {
+  EnsureManifest();
+  const uint64_t head = manifest_head_.size();
+  const uint64_t entries_end = manifest_entry_end_.empty() ? head : manifest_entry_end_.back();
+  uint64_t pos = offset;
+  if (pos < end && pos < head) {
+    const uint64_t hi = std::min(end, head);
+    std::memcpy(out, manifest_head_.data() + pos, hi - pos);
+    pos = hi;
+  }
+  if (pos < end && pos < entries_end) {
+    size_t i = static_cast<size_t>(std::upper_bound(manifest_entry_end_.begin(), manifest_entry_end_.end(), pos) -
+                                   manifest_entry_end_.begin());
+    thread_local std::string entry;
+    for (; pos < end && i < manifest_entry_end_.size(); ++i) {
+      const uint64_t begin = i == 0 ? head : manifest_entry_end_[i - 1];
+      entry.clear();
+      AppendManifestEntry(i, nullptr, &entry);
+      if (entry.size() != manifest_entry_end_[i] - begin) return Status::Corruption(PathOf(id), "manifest entry changed size");
+      const uint64_t hi = std::min(end, manifest_entry_end_[i]);
+      std::memcpy(out + (pos - offset), entry.data() + (pos - begin), hi - pos);
+      pos = hi;
+    }
+  }
+  if (pos < end) std::memcpy(out + (pos - offset), manifest_tail_.data() + (pos - entries_end), end - pos);
+  return Status::OK();
+}
+
+}  // namespace ckptfs
