@@ -88,6 +88,16 @@ def save_training_pt(path: Path, seed: int = 0, scale: int = 1) -> None:
     torch.save(state, path)
 
 
+def save_random_pt(path: Path, count: int, seed: int) -> Path:
+    """`count` 4 MiB float32 tensors by the real torch.save: large enough that the catalog's
+    reads and the readahead do not fetch all of it."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    torch.save({f"w{i}": torch.randn(1024, 1024, generator=g) for i in range(count)}, path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def training_pt(www) -> Path:
     path = www / "training.pt"

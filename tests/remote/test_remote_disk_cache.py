@@ -7,8 +7,8 @@ without a folder is refused."""
 import threading
 
 import pytest
-import torch
 
+from conftest import save_random_pt
 from fusetools import mount_entry
 
 MiB = 1 << 20
@@ -36,10 +36,7 @@ def read_in_chunks(path, backwards: bool) -> bytes:
 @pytest.fixture(scope="module")
 def bounded_pt(www):
     """~24 MiB: three times the bound the test sets."""
-    path = www / "bounded.pt"
-    g = torch.Generator().manual_seed(21)
-    torch.save({f"w{i}": torch.randn(1024, 1024, generator=g) for i in range(6)}, path)
-    return path
+    return save_random_pt(www / "bounded.pt", count=6, seed=21)
 
 
 @pytest.mark.timeout(180)

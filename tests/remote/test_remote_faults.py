@@ -10,12 +10,11 @@ import shutil
 import time
 
 import pytest
-import torch
 
 from fault_proxy import FaultProxy
 from fusetools import tree_files
 
-from conftest import save_training_pt
+from conftest import save_random_pt, save_training_pt
 
 
 @pytest.fixture
@@ -28,10 +27,7 @@ def proxy(nginx):
 @pytest.fixture(scope="module")
 def big_pt(www):
     """~16 MB, so a read of its end is never already fetched by the catalog or readahead."""
-    path = www / "faults-big.pt"
-    g = torch.Generator().manual_seed(11)
-    torch.save({f"w{i}": torch.randn(1024, 1024, generator=g) for i in range(4)}, path)
-    return path
+    return save_random_pt(www / "faults-big.pt", count=4, seed=11)
 
 
 def unfetched_offset(root) -> int:
@@ -121,9 +117,7 @@ def test_object_replaced_mid_read_is_eio_never_mixed(big_pt, www, nginx, mounts)
         head = f.read(4096)
         assert head == old[size // 8 : size // 8 + 4096]
         # Same tensors, other values: the same size, a new ETag (nginx's is mtime and size).
-        g = torch.Generator().manual_seed(12)
-        tmp = www / "replaced.tmp"
-        torch.save({f"w{i}": torch.randn(1024, 1024, generator=g) for i in range(4)}, tmp)
+        tmp = save_random_pt(www / "replaced.tmp", count=4, seed=12)
         time.sleep(1.1)  # a different Last-Modified second
         os.utime(tmp)
         os.replace(tmp, path)
