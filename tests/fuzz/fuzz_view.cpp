@@ -137,12 +137,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // Tree consistency.
   for (View::NodeId id = 0; id < view->node_count(); ++id) {
-    const View::Node& n = view->node(id);
-    if (id != View::kRoot) FUZZ_CHECK(n.parent < view->node_count() && view->node(n.parent).is_dir);
-    for (size_t i = 0; i < n.children.size(); ++i) {
-      FUZZ_CHECK(n.children[i] < view->node_count());
-      FUZZ_CHECK(view->node(n.children[i]).parent == id);
-      if (i) FUZZ_CHECK(view->node(n.children[i - 1]).name < view->node(n.children[i]).name);
+    const View::Node n = view->node(id);
+    if (id != View::kRoot) FUZZ_CHECK(n.parent < view->node_count() && view->IsDir(n.parent));
+    FUZZ_CHECK(n.is_dir == view->IsDir(id) && n.parent == view->ParentOf(id) && n.name == view->NameOf(id));
+    const size_t children = n.is_dir ? view->ChildCount(id) : 0;
+    for (size_t i = 0; i < children; ++i) {
+      const View::NodeId child = view->ChildAt(id, i);
+      FUZZ_CHECK(child < view->node_count());
+      FUZZ_CHECK(view->ParentOf(child) == id);
+      if (i) FUZZ_CHECK(view->NameOf(view->ChildAt(id, i - 1)) < view->NameOf(child));
+      auto by_name = view->Child(id, view->NameOf(child));
+      FUZZ_CHECK(by_name && *by_name == child);
     }
     auto found = view->Lookup(view->PathOf(id));
     FUZZ_CHECK(found && *found == id);
