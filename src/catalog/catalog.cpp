@@ -1,6 +1,11 @@
 // The catalog's value types: element counts of tensors and boxes, flattened keys.
 #include "ckptfs/catalog.hpp"
 
+#include <xxhash.h>
+
+#include <algorithm>
+#include <utility>
+
 namespace ckptfs {
 
 uint64_t TensorEntry::numel() const {
@@ -159,6 +164,23 @@ std::string FlattenKey(const std::vector<PathElement>& path) {
     else key += std::to_string(std::get<int64_t>(path[i]));
   }
   return key;
+}
+
+std::optional<size_t> FindRepeatedKey(const std::vector<TensorEntry>& tensors, size_t first) {
+  std::vector<std::pair<uint64_t, size_t>> hashes;
+  hashes.reserve(tensors.size() - std::min(first, tensors.size()));
+  for (size_t i = first; i < tensors.size(); ++i)
+    hashes.emplace_back(XXH3_64bits(tensors[i].key.data(), tensors[i].key.size()), i);
+  std::sort(hashes.begin(), hashes.end());
+  for (size_t k = 0; k < hashes.size();) {
+    size_t end = k + 1;
+    while (end < hashes.size() && hashes[end].first == hashes[k].first) ++end;
+    for (size_t a = k; a < end; ++a)
+      for (size_t b = a + 1; b < end; ++b)
+        if (tensors[hashes[a].second].key == tensors[hashes[b].second].key) return hashes[b].second;
+    k = end;
+  }
+  return std::nullopt;
 }
 
 }  // namespace ckptfs

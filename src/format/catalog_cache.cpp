@@ -92,26 +92,6 @@ class Reader {
   ByteReader r_;
 };
 
-// Whether no two tensors have the same key: found by sorting the keys' hashes and comparing
-// keys only within runs of equal hashes (a set of a million keys cost ~100 MB).
-bool KeysDistinct(const Catalog& catalog) {
-  std::vector<std::pair<uint64_t, uint32_t>> hashes(catalog.tensors.size());
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    const std::string& key = catalog.tensors[i].key;
-    hashes[i] = {XXH3_64bits(key.data(), key.size()), static_cast<uint32_t>(i)};
-  }
-  std::sort(hashes.begin(), hashes.end());
-  for (size_t k = 0; k < hashes.size();) {
-    size_t end = k + 1;
-    while (end < hashes.size() && hashes[end].first == hashes[k].first) ++end;
-    for (size_t a = k; a < end; ++a)
-      for (size_t b = a + 1; b < end; ++b)
-        if (catalog.tensors[hashes[a].second].key == catalog.tensors[hashes[b].second].key) return false;
-    k = end;
-  }
-  return true;
-}
-
 // What, besides the source's bytes, decides the catalog a reader builds.
 void WriteOptions(Writer* w, const SourceOptions& options) {
   w->U8(options.zero_moments ? 1 : 0);
@@ -410,7 +390,7 @@ Status StoreCachedCatalog(const std::string& source, const SourceOptions& option
     w.Str(files.path(i));
     WriteIdentity(&w, files.identity(i));
   }
-  w.U8(KeysDistinct(catalog) ? 1 : 0);
+  w.U8(FindRepeatedKey(catalog.tensors) ? 0 : 1);  // keys distinct
   w.U64(catalog.sibling_files.size());
   for (uint32_t f : catalog.sibling_files) w.U32(f);
   std::vector<uint8_t> metadata;

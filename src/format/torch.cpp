@@ -9,7 +9,6 @@
 #include <utility>
 #include <vector>
 
-#include <xxhash.h>
 
 #include "format/limit_hint.hpp"
 #include "format/readers.hpp"
@@ -173,23 +172,9 @@ Status TorchZipReader::Read(const PyValue* root, size_t value_count, json* metad
   if (!keep) *metadata = json::object();
   if (stream_) CKPTFS_RETURN_IF_ERROR(PutInWalkOrder());
   // Two tensors whose paths flatten to one key (e.g. {"a.b": x, "a": {"b": y}}) cannot
-  // both be served. Found by sorting (hash of key, tensor) pairs and comparing keys only
-  // within a run of equal hashes: a set of a million keys was ~50 MB at the parse's peak.
-  std::vector<std::pair<uint64_t, size_t>> keys;
-  keys.reserve(catalog_->tensors.size() - first_tensor);
-  for (size_t i = first_tensor; i < catalog_->tensors.size(); ++i)
-    keys.emplace_back(XXH3_64bits(catalog_->tensors[i].key.data(), catalog_->tensors[i].key.size()), i);
-  std::sort(keys.begin(), keys.end());
-  for (size_t k = 0; k < keys.size();) {
-    size_t end = k + 1;
-    while (end < keys.size() && keys[end].first == keys[k].first) ++end;
-    for (size_t a = k; a < end; ++a)
-      for (size_t b = a + 1; b < end; ++b)
-        if (catalog_->tensors[keys[a].second].key == catalog_->tensors[keys[b].second].key)
-          return Status::NotSupported(
-              path_, "two tensors flatten to the same key '" + catalog_->tensors[keys[std::max(a, b)].second].key + "'");
-    k = end;
-  }
+  // both be served.
+  if (std::optional<size_t> repeated = FindRepeatedKey(catalog_->tensors, first_tensor))
+    return Status::NotSupported(path_, "two tensors flatten to the same key '" + catalog_->tensors[*repeated].key + "'");
   return Status::OK();
 }
 

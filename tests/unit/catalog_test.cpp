@@ -12,10 +12,12 @@
 
 #include "ckptfs/catalog.hpp"
 
+using ckptfs::FindRepeatedKey;
 using ckptfs::FlattenKey;
 using ckptfs::KeyPath;
 using ckptfs::PathElement;
 using ckptfs::SmallVector;
+using ckptfs::TensorEntry;
 
 BOOST_AUTO_TEST_CASE(key_path_round_trips_every_kind_of_element) {
   const std::string long_name(300, 'x');  // a length past one varint byte
@@ -122,4 +124,16 @@ BOOST_AUTO_TEST_CASE(key_path_packed_bytes_round_trip_and_malformed_ones_are_ref
       std::string(11, '\xFF') + "\x01",       // a varint of more than 64 bits
   };
   for (const std::string& bytes : malformed) BOOST_TEST(!KeyPath::FromPacked(bytes, &back));
+}
+
+BOOST_AUTO_TEST_CASE(repeated_keys_are_found_only_in_the_range_asked) {
+  std::vector<TensorEntry> tensors(5);
+  const char* keys[] = {"a.b", "x", "a.c", "y", "a.b"};
+  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].key = keys[i];
+  BOOST_TEST(FindRepeatedKey(tensors).value_or(99) == 4u);  // the later of the pair
+  BOOST_TEST(!FindRepeatedKey(tensors, 1).has_value());      // "a.b" at 0 is outside
+  tensors[3].key = "x";
+  BOOST_TEST(FindRepeatedKey(tensors, 1).value_or(99) == 3u);
+  BOOST_TEST(!FindRepeatedKey(tensors, 5).has_value());
+  BOOST_TEST(!FindRepeatedKey({}).has_value());
 }
