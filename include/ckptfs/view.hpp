@@ -80,6 +80,8 @@ class View {
   Node node(NodeId id) const;
   // Cheaper parts of node(id), for listings.
   bool IsDir(NodeId id) const { return id < entries_.size() && entries_[id].is_dir; }
+  // node(id).size without the name and mtime (the read path asks it on every request).
+  uint64_t SizeOf(NodeId id) const;
   std::string NameOf(NodeId id) const;
   // The same, into a caller's buffer (replacing its content): a listing of a million files
   // makes no string each.

@@ -84,7 +84,7 @@ struct ChunkBuffers {
 template <typename Progress>
 Status Copy(const View& view, View::NodeId id, int fd, const std::string& where, ChunkBuffers* bufs,
             Progress progress) {
-  const uint64_t size = view.node(id).size;
+  const uint64_t size = view.SizeOf(id);
   std::future<Status> writing;  // the write of the previous chunk
   int next = 0;
   for (uint64_t off = 0; off < size;) {
@@ -243,7 +243,7 @@ Status ExportTree(const View& view, const std::string& outdir, unsigned parts) {
   if (::mkdir(outdir.c_str(), 0755) != 0 && errno != EEXIST) return Status::FromErrno(outdir, "cannot create", errno);
   uint64_t total = 0;
   for (View::NodeId id = 1; id < view.node_count(); ++id)
-    if (!view.node(id).is_dir && (PartOf(view, id) & parts)) total += view.node(id).size;
+    if (!view.node(id).is_dir && (PartOf(view, id) & parts)) total += view.SizeOf(id);
   ProgressBar bar(total);
   ChunkBuffers bufs;
   TempFileGuard guard;
@@ -301,12 +301,12 @@ int RunHash(const Args& args) {
   if (Status s = OpenView(positional[0], options, &view); !s.ok()) return Fail(s);
   const size_t count = view->catalog().tensors.size();
   uint64_t total = 0;
-  for (size_t i = 0; i < count; ++i) total += view->node(view->TensorFile(i)).size;
+  for (size_t i = 0; i < count; ++i) total += view->SizeOf(view->TensorFile(i));
   ProgressBar bar(total);
   for (size_t i = 0; i < count; ++i) {
     uint64_t hash = 0;
     if (Status s = view->Xxh3(view->TensorFile(i), &hash); !s.ok()) return Fail(s);
-    bar.Add(view->node(view->TensorFile(i)).size);
+    bar.Add(view->SizeOf(view->TensorFile(i)));
     std::printf("XXH3 (%s) = %016llx\n", view->TensorFilePath(i).c_str(), static_cast<unsigned long long>(hash));
   }
   return 0;

@@ -211,7 +211,7 @@ void OpStatfs(fuse_req_t req, fuse_ino_t) {
     // headers and manifest.json (a mount that is never asked does not pay for them).
     std::call_once(fs.total_bytes_once, [&] {
       for (View::NodeId id = 0; id < fs.view->node_count(); ++id)
-        if (!fs.view->IsDir(id)) fs.total_bytes += fs.view->node(id).size;
+        if (!fs.view->IsDir(id)) fs.total_bytes += fs.view->SizeOf(id);
     });
     const uint64_t bytes = fs.total_bytes;
     struct statvfs sv {};

@@ -62,7 +62,7 @@ bool PushAhead::Unread(fuse_ino_t ino, uint64_t* start, uint64_t* length) const 
 }
 
 void PushAhead::OnRead(fuse_ino_t ino, uint64_t offset, uint64_t size) {
-  const uint64_t file_size = fs_->view->node(NodeOf(ino)).size;
+  const uint64_t file_size = fs_->view->SizeOf(NodeOf(ino));
   if (size == 0 || offset >= file_size) return;
   const uint64_t end = std::min(file_size, offset + size);
   std::lock_guard<std::mutex> lock(mutex_);

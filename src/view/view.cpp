@@ -83,20 +83,24 @@ View::Node View::node(NodeId id) const {
   n.parent = e.parent;
   n.is_dir = e.is_dir;
   n.mtime_ns = e.mtime_ns;
+  n.size = SizeOf(id);
+  return n;
+}
+
+uint64_t View::SizeOf(NodeId id) const {
+  if (id >= entries_.size()) return TensorFileSize(id - first_tensor_file_);
+  const Entry& e = entries_[id];
   switch (e.content) {
     case Content::kSegments:
-      n.size = e.size;
-      break;
+      return e.size;
     case Content::kModelFile:
       EnsureModelFiles();
-      n.size = model_files_[e.model_file].size;
-      break;
+      return model_files_[e.model_file].size;
     case Content::kManifest:
       EnsureManifest();
-      n.size = manifest_size_;
-      break;
+      return manifest_size_;
   }
-  return n;
+  return 0;
 }
 
 std::string View::NameOf(NodeId id) const {
@@ -171,7 +175,7 @@ Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* 
   *nread = 0;
   if (IsDir(id)) return Status::InvalidArgument(PathOf(id), "is a directory");
   if (id >= entries_.size()) return ReadTensorFile(id, offset, length, out, nread);
-  const uint64_t size = node(id).size;
+  const uint64_t size = SizeOf(id);
   if (offset >= size || length == 0) return Status::OK();
   const uint64_t end = offset + std::min<uint64_t>(length, size - offset);
   switch (entries_[id].content) {
@@ -275,7 +279,7 @@ Status View::Xxh3(NodeId id, uint64_t* hash) const {
   XXH3_64bits_reset(state);
   std::vector<char> buf(size_t{1} << 20);
   Status s;
-  const uint64_t size = node(id).size;
+  const uint64_t size = SizeOf(id);
   for (uint64_t off = 0; off < size;) {
     size_t n = 0;
     s = Read(id, off, buf.size(), buf.data(), &n);

@@ -139,7 +139,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (View::NodeId id = 0; id < view->node_count(); ++id) {
     const View::Node n = view->node(id);
     if (id != View::kRoot) FUZZ_CHECK(n.parent < view->node_count() && view->IsDir(n.parent));
-    FUZZ_CHECK(n.is_dir == view->IsDir(id) && n.parent == view->ParentOf(id) && n.name == view->NameOf(id));
+    FUZZ_CHECK(n.is_dir == view->IsDir(id) && n.parent == view->ParentOf(id) && n.name == view->NameOf(id) &&
+               n.size == view->SizeOf(id));
     const size_t children = n.is_dir ? view->ChildCount(id) : 0;
     for (size_t i = 0; i < children; ++i) {
       const View::NodeId child = view->ChildAt(id, i);
