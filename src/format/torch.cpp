@@ -9,7 +9,6 @@
 #include <utility>
 #include <vector>
 
-
 #include "format/limit_hint.hpp"
 #include "format/readers.hpp"
 #include "format/torch_archive.hpp"
