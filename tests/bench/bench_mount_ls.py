@@ -20,7 +20,9 @@ million).
 One timed run: `ckptfs SRC MNT` (it returns once the mount is ready), then `ls MNT` and
 `ls MNT/tensors` (sorted, to /dev/null; the listing's line count is checked); wall time
 from starting ckptfs to the end of the second ls. With the catalog cache the mounting
-command's own time is reported too (f.<N>k.cached.mount). Peak RSS: the larger of the mounting
+command's own time (f.<N>k.cached.mount, info) and the time until the mount answers `ls MNT`
+(f.<N>k.cached.ready, judged against the goal: on a cache hit the command returns once the
+entry is checked and the daemon opens the catalog before it answers) are reported too. Peak RSS: the larger of the mounting
 process's max RSS (GNU time; it builds the catalog and View before forking the daemon) and
 VmHWM in /proc/<pid>/status of the daemon after the listing (benchlib.CkptfsMount). Then
 unmount. Page cache: warm (each checkpoint gets one untimed mount + ls first; the sources'
@@ -65,12 +67,15 @@ def make_nested_metadata(path: Path, n: int = 5000, metadata_bytes: int = 200_00
 
 
 def mount_and_ls(ckptfs: Path, src: Path, mnt: Path, expect: int, opts: str = "",
-                 mount_walls: list[float] | None = None) -> tuple[float, int]:
+                 mount_walls: list[float] | None = None,
+                 ready_walls: list[float] | None = None) -> tuple[float, int]:
     t0 = time.perf_counter()
     with CkptfsMount(ckptfs, src, mnt, opts) as m:
         if mount_walls is not None:  # the mounting command alone, before any listing
             mount_walls.append(time.perf_counter() - t0)
         subprocess.run(["ls", str(mnt)], stdout=subprocess.DEVNULL, check=True, timeout=120)
+        if ready_walls is not None:  # until the mount answers (a daemon may still be opening)
+            ready_walls.append(time.perf_counter() - t0)
         r = subprocess.run(["ls", str(mnt / "tensors")], stdout=subprocess.PIPE, check=True, timeout=120)
         wall = time.perf_counter() - t0
         hwm = m.hwm_kib()
@@ -120,17 +125,18 @@ def main() -> int:
     bigname = f"{big // 1000}k"
     cache_opts = f"catalog_cache={workdir / 'catalogs'}"
     mount_and_ls(ckptfs, paths[bigname], mnt, big, cache_opts)  # writes the cache entry
-    cached_walls, cached_hwms, cached_mount_walls = [], [], []
+    cached_walls, cached_hwms, cached_mount_walls, cached_ready_walls = [], [], [], []
     for _ in range(repeats):
         for name in specs:
             w, h = mount_and_ls(ckptfs, paths[name], mnt, specs[name][1])
             walls[name].append(w)
             hwms[name].append(h)
-        w, h = mount_and_ls(ckptfs, paths[bigname], mnt, big, cache_opts, cached_mount_walls)
+        w, h = mount_and_ls(ckptfs, paths[bigname], mnt, big, cache_opts, cached_mount_walls, cached_ready_walls)
         cached_walls.append(w)
         cached_hwms.append(h)
     detail = {"repeats": repeats, "load": benchlib.machine_note(), "wall_s": walls, "vmhwm_kib": hwms,
               "cached_wall_s": cached_walls, "cached_vmhwm_kib": cached_hwms, "cached_mount_wall_s": cached_mount_walls,
+              "cached_ready_wall_s": cached_ready_walls,
               "sizes": {n: paths[n].stat().st_size for n in specs}}
     mb = {n: max(hwms[n]) * 1024 / 1e6 for n in specs}
     w = {n: median(walls[n]) for n in specs}
@@ -150,10 +156,15 @@ def main() -> int:
     res.add(f"f.{bigname}.cached", f"remount + first ls with the catalog cache, {big:,} tensors", cached_w,
             w[bigname], "s", "< 0.3 s" if cache_goal else "info", (cached_w < 0.3) if cache_goal else None,
             alt_name="without the cache", detail=detail)
+    # The goal is judged on the remount answering: with a cache hit the mounting command
+    # returns once the entry is checked, and the daemon opens the catalog before it answers.
+    cached_ready_w = median(cached_ready_walls)
+    res.add(f"f.{bigname}.cached.ready", f"remount until the mount answers (`ls MNT`) with the catalog cache, {big:,} tensors",
+            cached_ready_w, cached_w, "s", "< 0.3 s" if cache_goal else "info",
+            (cached_ready_w < 0.3) if cache_goal else None, alt_name="remount + first ls", detail=detail)
     cached_mount_w = median(cached_mount_walls)
     res.add(f"f.{bigname}.cached.mount", f"remount alone (the mounting command) with the catalog cache, {big:,} tensors",
-            cached_mount_w, cached_w, "s", "< 0.3 s" if cache_goal else "info",
-            (cached_mount_w < 0.3) if cache_goal else None, alt_name="remount + first ls", detail=detail)
+            cached_mount_w, cached_ready_w, "s", "info", None, alt_name="until the mount answers", detail=detail)
     res.add(f"f.{bigname}.cached.rss", f"daemon peak RSS, remount with the catalog cache, {big:,} tensors",
             max(cached_hwms) * 1024 / 1e6, mb[bigname], "MB", "info", None, alt_name="without the cache",
             detail=detail)
