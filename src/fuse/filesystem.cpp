@@ -20,6 +20,12 @@ constexpr blksize_t kBlockSize = 1 << 20;
 constexpr const char* kXattrDType = "user.ckptfs.dtype";
 constexpr const char* kXattrShape = "user.ckptfs.shape";
 constexpr const char* kXattrXxh3 = "user.ckptfs.xxh3";
+// Directories with more entries than this are listed by the daemon every time instead of
+// from the kernel's readdir cache. Filling that cache is the dearer part of a first listing
+// (a million names: 0.63 s with it, 0.47 s without; a later listing 0.37 s from the cache,
+// 0.42 s from the daemon) and it keeps ~64 bytes of page cache per name for as long as the
+// mount lives, while the View answers a listing from tables it holds anyway.
+constexpr size_t kMaxCachedListing = 65536;
 
 Filesystem& Fs(fuse_req_t req) { return *static_cast<Filesystem*>(fuse_req_userdata(req)); }
 
@@ -123,8 +129,9 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     Filesystem& fs = Fs(req);
     if (!Valid(fs, ino)) return (void)fuse_reply_err(req, ENOENT);
     if (!fs.view->IsDir(NodeOf(ino))) return (void)fuse_reply_err(req, ENOTDIR);
-    fi->cache_readdir = 1;
-    fi->keep_cache = 1;
+    const bool cached = fs.view->ChildCount(NodeOf(ino)) <= kMaxCachedListing;
+    fi->cache_readdir = cached;
+    fi->keep_cache = cached;
     fuse_reply_open(req, fi);
   });
 }
@@ -137,7 +144,9 @@ void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, fuse_f
     if (!fs.view->IsDir(dir)) return (void)fuse_reply_err(req, ENOTDIR);
     const size_t children = fs.view->ChildCount(dir);
     // Entry k: 0 ".", 1 "..", k >= 2 the (sorted) children; the offset passed back is k + 1.
-    std::vector<char> buf(size);
+    // One reply buffer per thread: a listing of a million names is ~60 requests of 1 MiB.
+    thread_local std::vector<char> buf;
+    if (buf.size() < size) buf.resize(size);
     size_t used = 0;
     std::string name;
     for (size_t k = static_cast<size_t>(offset); k < children + 2; ++k) {

@@ -1,5 +1,6 @@
 """What stat, readdir, xattrs, statfs and modifying calls see on a mount."""
 
+import ctypes
 import errno
 import json
 import os
@@ -139,6 +140,35 @@ def test_readdir_is_sorted(training_ckpt, mounts):
     for entry in os.scandir(mnt / "tensors"):
         assert entry.is_file(follow_symlinks=False), entry.name
         assert entry.inode() == os.stat(entry.path).st_ino, entry.name
+
+
+def test_a_directory_too_big_for_the_kernels_listing_cache_lists_alike(tmp_path, mounts):
+    # Over 65,536 entries the daemon answers every listing itself (src/fuse/filesystem.cpp,
+    # kMaxCachedListing): each listing, and one resumed from an offset, must be complete.
+    count = 70_000
+    keys = [f"w.{i}" for i in range(count)]
+    path = tmp_path / "many.safetensors"
+    save_file({k: torch.full((1,), float(i)) for i, k in enumerate(keys)}, str(path))
+    mnt = mounts.mount(path)
+    expected = sorted((k + ".safetensors" for k in keys), key=os.fsencode)
+    for _ in range(2):
+        assert os.listdir(mnt / "tensors") == expected
+    fd = os.open(mnt / "tensors", os.O_RDONLY | os.O_DIRECTORY)
+    try:  # small getdents64 calls resume where the previous one stopped
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(4096)
+        names = []
+        while (n := libc.syscall(217, fd, buf, len(buf))) > 0:  # getdents64
+            at = 0
+            while at < n:
+                reclen = int.from_bytes(buf.raw[at + 16:at + 18], "little")
+                names.append(buf.raw[at + 19:at + reclen].split(b"\0", 1)[0].decode())
+                at += reclen
+        assert n == 0, ctypes.get_errno()
+    finally:
+        os.close(fd)
+    assert names[2:] == expected and names[:2] == [".", ".."]
+    assert (mnt / "tensors" / "w.69999.safetensors").stat().st_size > 0
 
 
 def test_xattrs(training_ckpt, mounts):
