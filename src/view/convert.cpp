@@ -139,8 +139,15 @@ float LoadAsFloat(DType t, const char* p) {
 // The common case, fp32 -> bf16, as a branch-free loop the compiler vectorizes (this file
 // is built with -O3; see CMakeLists.txt): same results as FloatToBF16(f, kBF16NanVector).
 // Built twice, for AVX2 and for the baseline (SSE2), and picked at load time by the CPU
-// (an ifunc): the AVX2 loop converts 8 elements per step instead of 4.
-__attribute__((target_clones("avx2", "default"))) void F32ToBF16(const char* src, size_t count, char* dst) {
+// (an ifunc): the AVX2 loop converts 8 elements per step instead of 4. Not under
+// ThreadSanitizer, which instruments the ifunc's resolver: that runs during relocation,
+// before the sanitizer's runtime exists, and crashed every program at start.
+#if defined(__SANITIZE_THREAD__)
+#define CKPTFS_AVX2_CLONE
+#else
+#define CKPTFS_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
+#endif
+CKPTFS_AVX2_CLONE void F32ToBF16(const char* src, size_t count, char* dst) {
   for (size_t i = 0; i < count; ++i) {
     uint32_t u;
     std::memcpy(&u, src + 4 * i, 4);
