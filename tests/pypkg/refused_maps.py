@@ -59,6 +59,12 @@ def refuse_fixed_file_maps() -> None:
         (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | ENODEV),
         (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
     ]
+    install_filter(program)
+
+
+def install_filter(program: list) -> None:
+    """Installs the seccomp filter PROGRAM ((code, jt, jf, k) tuples) for the rest of this
+    process; Unsupported where the kernel has no seccomp filters."""
     filters = (SockFilter * len(program))(*[SockFilter(*op) for op in program])
     prog = SockFprog(len(program), filters)
     libc = ctypes.CDLL(None, use_errno=True)

@@ -21,6 +21,7 @@ from ckptfs_testlib import REPO_ROOT, assert_bitwise_equal, cached_fixtures_or_f
 
 GENERATOR = REPO_ROOT / "tests" / "pypkg" / "make_zero3_pages.py"
 REFUSED_MAPS = REPO_ROOT / "tests" / "pypkg" / "refused_maps.py"
+FAILED_READS = REPO_ROOT / "tests" / "pypkg" / "failed_reads.py"
 WORLD_SIZES = (2, 4)
 
 
@@ -204,3 +205,23 @@ def test_a_refused_map_is_read_instead(zero3_root):
     assert refused["map_tensors_read_bytes"] == refused["map_tensors_bytes"] > 0
     assert refused["rank_files_mapped"] == []
     assert refused["differing"] == [], "tensors that differ from zero_to_fp32's after the maps were refused"
+
+
+def test_a_read_that_fails_after_the_maps_unmaps_them(zero3_root):
+    """ckptfs_load_mapped maps rank files' pages first, then preads what no map supplies: when
+    that read fails (failed_reads.py makes every pread64 fail with EIO after the open), the
+    call fails with one error naming a rank file and leaves no map of any rank file behind."""
+    save_dir, _ = checkpoint(zero3_root, 2)
+    files = rank_files(save_dir)
+    result = subprocess.run([sys.executable, str(FAILED_READS), str(save_dir), *files],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    if "skip" in report:
+        pytest.skip(report["skip"])
+    # Unfiltered, the same call maps and reads: the failing read comes after maps were made.
+    assert report["before"]["maps"] > 0 and report["before"]["read_bytes"] > 0, report
+    assert report["error"] is not None, "the load succeeded although every pread64 failed"
+    assert any(Path(f).name in report["error"] for f in files), report["error"]
+    assert "Input/output error" in report["error"] or "I/O error" in report["error"], report["error"]
+    assert report["rank_files_mapped"] == [], "the failed load left maps of rank files"
