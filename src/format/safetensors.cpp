@@ -22,6 +22,43 @@ bool AsUint(const json& j, uint64_t* out) {
   return true;
 }
 
+// The first key that one JSON object holds twice, by a SAX pass that keeps one key set per
+// open object and builds nothing. A parse callback could see the keys during the DOM parse,
+// but nlohmann's callback parser rescans an object's members each time a nested object ends:
+// quadratic in the tensor count (18 s for a header of 70,000 tensors).
+class RepeatedKeyFinder : public json::json_sax_t {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(json::number_integer_t) override { return true; }
+  bool number_unsigned(json::number_unsigned_t) override { return true; }
+  bool number_float(json::number_float_t, const json::string_t&) override { return true; }
+  bool string(json::string_t&) override { return true; }
+  bool binary(json::binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    open_objects_.emplace_back();
+    return true;
+  }
+  bool key(json::string_t& key) override {
+    if (open_objects_.back().insert(key).second) return true;
+    repeated_ = key;
+    return false;  // the first one is enough: stop
+  }
+  bool end_object() override {
+    open_objects_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+  const std::string& repeated() const { return repeated_; }
+
+ private:
+  std::vector<std::unordered_set<std::string>> open_objects_;
+  std::string repeated_;
+};
+
 }  // namespace
 
 bool LooksLikeSafetensors(const SourceFiles& files, const FileWindow& window) {
@@ -48,22 +85,14 @@ Status ParseSafetensorsHeader(const SourceFiles& files, const FileWindow& window
   if (header_len > size - 8) return bad("header length " + std::to_string(header_len) + " runs past the end of the file");
   std::string header(header_len, '\0');
   CKPTFS_RETURN_IF_ERROR(files.ReadExact(window.file, window.base + 8, header_len, header.data()));
+  json doc = json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) return bad("header is not a JSON object");
   // JSON parsers disagree on a repeated key (nlohmann and Python keep the last one, others the
   // first), so a header naming a tensor twice means different tensors to different loaders:
-  // refuse it. One key set per open object.
-  std::vector<std::unordered_set<std::string>> open_objects;
-  std::string duplicate;
-  json::parser_callback_t find_duplicates = [&](int, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) open_objects.emplace_back();
-    else if (event == json::parse_event_t::object_end && !open_objects.empty()) open_objects.pop_back();
-    else if (event == json::parse_event_t::key && !open_objects.empty() && duplicate.empty() && parsed.is_string() &&
-             !open_objects.back().insert(parsed.get<std::string>()).second)
-      duplicate = parsed.get<std::string>();
-    return true;
-  };
-  json doc = json::parse(header, find_duplicates, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) return bad("header is not a JSON object");
-  if (!duplicate.empty()) return bad("key '" + duplicate + "' appears twice in the header");
+  // refuse it.
+  RepeatedKeyFinder repeated_keys;
+  json::sax_parse(header, &repeated_keys);
+  if (!repeated_keys.repeated().empty()) return bad("key '" + repeated_keys.repeated() + "' appears twice in the header");
   if (doc.size() > limits.tensors + 1)  // + __metadata__
     return Status::Refused(where, "safetensors: header lists " + std::to_string(doc.size()) + " entries, over the limit of " +
                                       std::to_string(limits.tensors) + " tensors" + LimitHint("max_tensors"));
