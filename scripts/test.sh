@@ -3,8 +3,10 @@
 # Python suites (real torch / safetensors / transformers) through CTest, twice:
 #   1. the normal build (build/), as shipped;
 #   2. the AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/, through
-#      scripts/test-sanitized.sh), which also fails on any sanitizer report a daemon left.
-# Extra arguments go to both ctest runs (e.g. -R unit). CKPTFS_SKIP_SANITIZED=1 runs only
+#      scripts/test-sanitized.sh), which also fails on any sanitizer report a daemon left;
+#   3. the ThreadSanitizer build (build-tsan/, scripts/test-tsan.sh): the unit tests and
+#      the suites whose daemons run several threads (fuse, views, remote, hardening).
+# Extra arguments go to every ctest run (e.g. -R unit). CKPTFS_SKIP_SANITIZED=1 runs only
 # the first pass. CI runs both passes with every test; the quick local loop leaves out the
 # fuzz label (fuzz.smoke builds its own clang tree first):
 #   CKPTFS_SKIP_SANITIZED=1 scripts/test.sh -LE fuzz
@@ -19,5 +21,7 @@ rc=0
 if [ "${CKPTFS_SKIP_SANITIZED:-0}" != 1 ]; then
   echo "test.sh: normal pass exit $rc; now the sanitized pass (scripts/test-sanitized.sh)" >&2
   "$root/scripts/test-sanitized.sh" "$@" || rc=$?
+  echo "test.sh: now the ThreadSanitizer pass (scripts/test-tsan.sh)" >&2
+  "$root/scripts/test-tsan.sh" "$@" || rc=$?
 fi
 exit "$rc"
