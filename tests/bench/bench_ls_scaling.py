@@ -8,6 +8,8 @@ Acceptance checks (exit status 1 if one fails):
   (b) `ckptfs ls` on a sparse ~1 TB torch checkpoint (1000 x 1 GiB tensors) takes
       the same time as on a ~1 GB one (1000 x 1 MiB): median ratio <= 1.5. Peak RSS
       of both is printed.
+  (c) `ckptfs ls` on a safetensors file of 100,000 tensors (safetensors' save_file) takes
+      < 1 s, beside `safe_open` + keys + shapes.
 
 torch.save cannot write 1 TB here, so this file carries a small writer that
 produces the same bytes torch 2.7+ writes (checked byte for byte against
@@ -288,6 +290,16 @@ def make_many_tensors(path: Path, n: int) -> Checkpoint:
     return Checkpoint(f"{n} tensors, torch.save", path, expected)
 
 
+def make_many_safetensors(path: Path, n: int) -> Checkpoint:
+    """n small float32 tensors saved with the real safetensors save_file."""
+    from safetensors.torch import save_file
+    sd = {f"layers.{i}.weight": torch.randn(SMALL_SHAPES[i % len(SMALL_SHAPES)])
+          for i in range(n)}
+    save_file(sd, str(path))
+    expected = [(k, tuple(v.shape), "F32", v.nbytes) for k, v in sd.items()]
+    return Checkpoint(f"{n} tensors, safetensors", path, expected)
+
+
 def make_sparse(path: Path, n: int, shape: tuple, label: str) -> Checkpoint:
     """n float32 tensors of `shape` whose data are holes in a sparse file."""
     specs = [TensorSpec(f"layers.{i}.weight", shape) for i in range(n)]
@@ -429,6 +441,21 @@ sys.stderr.write(json.dumps({"import_s": t1 - t0, "load_list_s": t2 - t1}) + "\n
 """
 
 
+# What a safetensors user runs for the same listing: safe_open, keys, each one's shape.
+SAFETENSORS_LIST_SCRIPT = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from safetensors import safe_open
+t1 = time.perf_counter()
+with safe_open(sys.argv[1], framework="numpy") as f:
+    rows = [f"{k}  {f.get_slice(k).get_dtype()}  {f.get_slice(k).get_shape()}" for k in f.keys()]
+sys.stdout.write("\n".join(rows) + "\n")
+sys.stdout.flush()
+t2 = time.perf_counter()
+sys.stderr.write(json.dumps({"import_s": t1 - t0, "load_list_s": t2 - t1}) + "\n")
+"""
+
+
 @dataclass
 class Stats:
     wall_s: float          # median wall time of the whole process
@@ -560,7 +587,10 @@ def main() -> int:
             path = workdir / f"bench_{name}.pt"
             made_here.append(path)
             ckpts[name] = make(path)
-        print(f"generated 3 checkpoints in {time.perf_counter() - t0:.1f} s")
+        st_path = workdir / "bench_many.safetensors"
+        made_here.append(st_path)
+        st = make_many_safetensors(st_path, args.tensors)
+        print(f"generated 4 checkpoints in {time.perf_counter() - t0:.1f} s")
 
         torch_shared = {}  # checkpoint -> needs MAP_SHARED for torch.load(mmap=True)
         for name, c in ckpts.items():
@@ -586,16 +616,23 @@ def main() -> int:
                                 args.sparse_repeats, workdir))
             runs.update(measure({f"torch_{k}": torch_list_argv(ckpts[k], torch_shared[k])
                                  for k in ("small", "huge")}, args.repeats, workdir))
+            runs.update(measure({"ls_st": ckptfs_ls_argv(ckptfs, st),
+                                 "safe_open_st": [sys.executable, "-c", SAFETENSORS_LIST_SCRIPT, str(st.path)]},
+                                args.repeats, workdir))
         except RuntimeError as e:
             print(f"[FAIL] {e}")
             return 1
 
-        problems = [f"{c.path.name}: {p}" for k, c in ckpts.items()
+        problems = [f"{c.path.name}: {p}" for k, c in [*ckpts.items(), ("st", st)]
                     for p in check_ckptfs_output(ckptfs, c, runs[f"ls_{k}"][-1].stdout,
                                                  workdir)]
         ls = {k: summarize(runs[f"ls_{k}"]) for k in ckpts}
         tl = {k: summarize(runs[f"torch_{k}"], torch_runs=True) for k in ckpts}
         print_table(ckpts, ls, tl, torch_shared, args)
+        ls_st, so_st = summarize(runs["ls_st"]), summarize(runs["safe_open_st"], torch_runs=True)
+        print(f"\n{st.label}: ckptfs ls {fmt_s(ls_st.wall_s)}, {ls_st.max_rss_mib:.1f} MiB; "
+              f"safe_open + keys + shapes {fmt_s(so_st.inner_s)} (process {fmt_s(so_st.wall_s)}, "
+              f"{so_st.max_rss_mib:.0f} MiB)")
 
         size_ratio = ls["huge"].wall_s / ls["small"].wall_s
         rss_ratio = ls["huge"].max_rss_mib / ls["small"].max_rss_mib
@@ -610,6 +647,11 @@ def main() -> int:
              ls["many"].wall_s < args.max_ls_seconds),
             (f"(b) ckptfs ls time, 1 TB file / 1 GB file: {size_ratio:.2f} <= {args.max_size_ratio:g}",
              size_ratio <= args.max_size_ratio),
+            (f"(c) ckptfs ls, {len(st.expected)} tensors in one safetensors file: "
+             f"{fmt_s(ls_st.wall_s)} < {args.max_ls_seconds:g} s "
+             f"(safe_open + keys + shapes: {fmt_s(so_st.inner_s)}; that / ckptfs ls = "
+             f"{so_st.inner_s / ls_st.wall_s:.2f})",
+             ls_st.wall_s < args.max_ls_seconds),
             ("ckptfs ls / ls --json list exactly the generated tensors", not problems),
         ]
         print()
