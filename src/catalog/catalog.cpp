@@ -40,6 +40,67 @@ Box Box::Strided(uint32_t file, uint64_t base_offset, BoxDims shape, BoxDims str
   return box;
 }
 
+BoxList::BoxList(std::vector<Box>&& boxes) {
+  if (boxes.size() == 1) {
+    one_ = std::move(boxes[0]);
+    inline_count_ = 1;
+  } else if (boxes.size() > 1) {
+    many_ = std::move(boxes);
+  }
+}
+
+void BoxList::push_back(Box box) {  // by value: `box` may be one of this list's own
+  if (many_.empty()) {
+    if (inline_count_ == 0) {
+      one_ = std::move(box);
+      inline_count_ = 1;
+      return;
+    }
+    many_.reserve(2);
+    many_.push_back(std::move(one_));
+    inline_count_ = 0;
+  }
+  many_.push_back(std::move(box));
+}
+
+void BoxList::resize(size_t count) {
+  if (many_.empty() && count <= 1) {
+    if (count == 1 && inline_count_ == 0) one_ = Box();
+    inline_count_ = static_cast<uint8_t>(count);
+    return;
+  }
+  if (many_.empty()) {  // one or none inline, more wanted
+    many_.reserve(count);
+    if (inline_count_ == 1) many_.push_back(std::move(one_));
+    inline_count_ = 0;
+    many_.resize(count);
+    return;
+  }
+  if (count > 1) {
+    many_.resize(count);
+    return;
+  }
+  if (count == 1) one_ = std::move(many_[0]);  // back inline
+  inline_count_ = static_cast<uint8_t>(count);
+  std::vector<Box>().swap(many_);
+}
+
+void BoxList::reserve(size_t count) {
+  if (count <= 1 || count <= many_.capacity()) return;
+  if (many_.empty() && inline_count_ == 1) {
+    many_.reserve(count);
+    many_.push_back(std::move(one_));
+    inline_count_ = 0;
+    return;
+  }
+  many_.reserve(count);
+}
+
+void BoxList::clear() {
+  std::vector<Box>().swap(many_);
+  inline_count_ = 0;
+}
+
 namespace {
 
 void AppendVarint(std::string* out, uint64_t v) {

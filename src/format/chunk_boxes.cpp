@@ -6,8 +6,8 @@
 
 namespace ckptfs {
 
-bool PlaceChunkBoxes(std::vector<Box> stored, std::span<const uint64_t> offsets, std::span<const uint64_t> sizes,
-                     std::vector<Box>* out) {
+bool PlaceChunkBoxes(BoxList stored, std::span<const uint64_t> offsets, std::span<const uint64_t> sizes,
+                     BoxList* out) {
   for (Box& box : stored) {
     Box placed;
     placed.file = box.file;

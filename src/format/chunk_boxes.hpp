@@ -15,8 +15,8 @@ namespace ckptfs {
 // Appends to `out` the boxes of a chunk of extent `sizes` at `offsets` whose elements
 // `stored` holds (boxes of the chunk alone: one strided box of the chunk's rank, or a
 // row-major Box::Range). False when the chunk's row-major strides overflow.
-bool PlaceChunkBoxes(std::vector<Box> stored, std::span<const uint64_t> offsets, std::span<const uint64_t> sizes,
-                     std::vector<Box>* out);
+bool PlaceChunkBoxes(BoxList stored, std::span<const uint64_t> offsets, std::span<const uint64_t> sizes,
+                     BoxList* out);
 
 }  // namespace ckptfs
 

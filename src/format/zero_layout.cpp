@@ -128,7 +128,7 @@ Status SliceBoxes(const TensorEntry& flat, const std::string& where, uint64_t st
     return Status::Corruption(where, "a flat partition is shorter than its parameters need");
   if (flat.dtype != target->dtype) return Status::Corruption(where, "a flat partition's dtype differs from its parameter's");
   const uint64_t itemsize = Info(flat.dtype).itemsize;
-  std::vector<Box>& out = target->boxes;
+  BoxList& out = target->boxes;
   uint64_t skip = start * itemsize, want = count * itemsize;
   for (const Extent& e : ExtentsOf(flat)) {
     if (skip >= e.length) {

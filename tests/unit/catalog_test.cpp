@@ -103,6 +103,49 @@ BOOST_AUTO_TEST_CASE(small_vector_stays_inline_and_converts_between_sizes) {
   BOOST_TEST((moved == std::vector<uint64_t>{9, 9, 9, 9, 9}));
 }
 
+// The boxes a list holds, as (file, base offset) pairs: what tells them apart here.
+std::vector<std::pair<uint32_t, uint64_t>> Files(const ckptfs::BoxList& boxes) {
+  std::vector<std::pair<uint32_t, uint64_t>> out;
+  for (const ckptfs::Box& b : boxes) out.emplace_back(b.file, b.base_offset);
+  return out;
+}
+
+BOOST_AUTO_TEST_CASE(box_list_keeps_one_box_inline_and_more_in_order) {
+  using ckptfs::Box;
+  using ckptfs::BoxList;
+  using Pairs = std::vector<std::pair<uint32_t, uint64_t>>;
+  BoxList boxes;
+  BOOST_TEST(boxes.empty());
+  boxes.push_back(Box::Range(1, 10, 0, 4));
+  BOOST_TEST((Files(boxes) == Pairs{{1, 10}}));
+  BOOST_TEST(boxes.front().extent[0] == 4u);
+  boxes.push_back(boxes[0]);  // its own element: copied before the list moves it
+  boxes.push_back(Box::Range(3, 30, 8, 4));
+  BOOST_TEST((Files(boxes) == Pairs{{1, 10}, {1, 10}, {3, 30}}));
+  BOOST_TEST(boxes.end() - boxes.begin() == 3);
+  BOOST_TEST(boxes.back().offset[0] == 8u);
+  BoxList copy = boxes;
+  boxes.resize(1);  // back inline, the first kept
+  BOOST_TEST((Files(boxes) == Pairs{{1, 10}}));
+  BOOST_TEST((Files(copy) == Pairs{{1, 10}, {1, 10}, {3, 30}}));
+  boxes.resize(3);  // grown with empty boxes after it
+  BOOST_TEST(boxes.size() == 3u);
+  BOOST_TEST((Files(boxes)[0] == std::pair<uint32_t, uint64_t>{1, 10}));
+  BOOST_TEST(boxes[2].rank() == 0u);
+  boxes.clear();
+  BOOST_TEST(boxes.empty());
+  boxes.reserve(4);
+  boxes.push_back(Box::Range(5, 50, 0, 1));
+  BOOST_TEST((Files(boxes) == Pairs{{5, 50}}));
+  BoxList from_vector = std::vector<Box>{Box::Range(6, 60, 0, 2), Box::Range(7, 70, 2, 2)};
+  BoxList moved = std::move(from_vector);
+  BOOST_TEST((Files(moved) == Pairs{{6, 60}, {7, 70}}));
+  BoxList single = {Box::Range(8, 80, 0, 1)};
+  single.reserve(2);  // an inline box moves to the heap with the room asked for
+  single.push_back(Box::Range(9, 90, 1, 1));
+  BOOST_TEST((Files(single) == Pairs{{8, 80}, {9, 90}}));
+}
+
 BOOST_AUTO_TEST_CASE(key_path_packed_bytes_round_trip_and_malformed_ones_are_refused) {
   const KeyPath path = {std::string("model"), int64_t{-5}, std::string(""), int64_t{1} << 40, std::string(300, 'x')};
   KeyPath back;
