@@ -353,8 +353,8 @@ class MappedEntry {
     return true;
   }
   // Whether the last 8 bytes are the XXH3-64 of all before them. Hashed in pieces, each
-  // dropped once hashed (decoding maps it in again from the page cache).
-  bool ChecksumMatches() const {
+  // dropped once hashed when `drop` (else left for the decoding, which drops them).
+  bool ChecksumMatches(bool drop = true) const {
     const std::string_view bytes = this->bytes();
     uint64_t checksum = 0;
     for (size_t i = 0; i < 8; ++i) checksum |= uint64_t{static_cast<uint8_t>(bytes[bytes.size() - 8 + i])} << (8 * i);
@@ -364,7 +364,7 @@ class MappedEntry {
     for (size_t at = 0; intact && at < bytes.size() - 8; at += kPiece) {
       const size_t n = std::min(kPiece, bytes.size() - 8 - at);
       XXH3_64bits_update(state, bytes.data() + at, n);
-      Drop(at, at + n);
+      if (drop) Drop(at, at + n);
     }
     intact = intact && XXH3_64bits_digest(state) == checksum;
     XXH3_freeState(state);
@@ -513,7 +513,7 @@ void LoadCachedCatalog(const std::string& source, const SourceOptions& options, 
       char* storage = reinterpret_cast<char*>(catalog->tensors.data());
       const size_t storage_bytes = tensors.count * sizeof(TensorEntry);
       RunOnWorkers(WorkerCount(2, 1), [&](size_t w) {
-        if (w == 1 || WorkerCount(2, 1) == 1) intact = entry.ChecksumMatches();
+        if (w == 1 || WorkerCount(2, 1) == 1) intact = entry.ChecksumMatches(/*drop=*/false);
         PopulatePieces(storage, storage_bytes, &next_piece);
       });
     } else {
