@@ -3,9 +3,16 @@
 namespace ckptfs {
 
 std::vector<uint64_t> TiledDims(const TensorEntry& tensor) {
+  Shape dims;
+  TiledDims(tensor, &dims);
+  return dims.to_vector();
+}
+
+void TiledDims(const TensorEntry& tensor, Shape* dims) {
   if (!tensor.boxes.empty() && tensor.boxes.front().rank() == 1 && tensor.shape.size() != 1)
-    return {tensor.numel()};
-  return tensor.shape.to_vector();
+    *dims = Shape{tensor.numel()};
+  else
+    *dims = tensor.shape;
 }
 
 uint64_t RowMajorPosition(std::span<const uint64_t> index, std::span<const uint64_t> dims) {

@@ -15,6 +15,8 @@ namespace ckptfs {
 // The dimensions the boxes of `tensor` tile: its shape, or {numel} when its boxes are rank 1
 // and tile its flattened elements. For a rank-1 tensor the two are the same.
 std::vector<uint64_t> TiledDims(const TensorEntry& tensor);
+// The same into an inline Shape, without allocating (checked for every tensor of a catalog).
+void TiledDims(const TensorEntry& tensor, Shape* dims);
 
 // The row-major position in `dims` of the element at multi-index `index`.
 uint64_t RowMajorPosition(std::span<const uint64_t> index, std::span<const uint64_t> dims);

@@ -44,7 +44,9 @@ class LayoutCheck {
   const TensorEntry& tensor_;
   const SourceFiles& files_;
   const std::string& source_;
-  std::vector<uint64_t> dims_;  // what the boxes tile (TiledDims)
+  // What the boxes tile (TiledDims); inline, as a std::vector it was an allocation for
+  // every tensor of a catalog.
+  Shape dims_;
 };
 
 Status LayoutCheck::Run() {
@@ -52,7 +54,7 @@ Status LayoutCheck::Run() {
   for (uint64_t d : tensor_.shape)
     if (!CheckedMul(numel, d, &numel)) return Bad("shape overflows");
   if (!CheckedMul(numel, kWidestItem, &widest)) return Bad("shape overflows");
-  dims_ = TiledDims(tensor_);
+  TiledDims(tensor_, &dims_);
   for (size_t i = 0; i < tensor_.boxes.size(); ++i) CKPTFS_RETURN_IF_ERROR(CheckBox(i));
   return CheckTiling();
 }
@@ -99,7 +101,9 @@ Status LayoutCheck::CheckBox(size_t i) const {
 Status LayoutCheck::CheckTiling() const {
   const size_t rank = dims_.size();
   // Most tensors are one box over all of them.
-  if (tensor_.boxes.size() == 1 && tensor_.boxes[0].extent == dims_) return Status::OK();
+  if (tensor_.boxes.size() == 1 && std::equal(tensor_.boxes[0].extent.begin(), tensor_.boxes[0].extent.end(),
+                                             dims_.begin(), dims_.end()))
+    return Status::OK();
   std::vector<size_t> boxes;  // the non-empty ones
   for (size_t i = 0; i < tensor_.boxes.size(); ++i)
     if (tensor_.boxes[i].numel() > 0) boxes.push_back(i);

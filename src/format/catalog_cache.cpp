@@ -6,16 +6,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 #include <vector>
 
 #include <xxhash.h>
 
-#include "format/byte_reader.hpp"
+#include "io/parallel.hpp"
 
 namespace ckptfs {
 namespace {
@@ -23,9 +26,12 @@ namespace {
 // "CKPTFS catalog", then the format version: bump it whenever what is written changes.
 constexpr char kMagic[16] = {'C', 'K', 'P', 'T', 'F', 'S', ' ', 'c', 'a', 't', 'a', 'l', 'o', 'g', '\n', '\0'};
 // 2: a tensor's path as KeyPath's packed bytes (one string), not element by element.
-constexpr uint32_t kVersion = 2;
+// 3: the tensors in chunks whose ends are recorded before them, so that threads decode them.
+constexpr uint32_t kVersion = 3;
 // Boxes have the rank of their tensor; a rank above this is a damaged entry.
 constexpr uint64_t kMaxRank = 64;
+// The fewest bytes a tensor's record takes (key, path, dtype, rank, storage id, box count).
+constexpr uint64_t kMinTensorBytes = 40;
 
 class Writer {
  public:
@@ -40,6 +46,10 @@ class Writer {
   void Dims(const Values& dims) {
     for (uint64_t d : dims) U64(d);
   }
+  // Writes v over the 8 bytes at `at`, written earlier as a placeholder.
+  void PatchU64(size_t at, uint64_t v) {
+    for (size_t i = 0; i < 8; ++i) out_[at + i] = static_cast<char>((v >> (8 * i)) & 0xFF);
+  }
   std::string& bytes() { return out_; }
 
  private:
@@ -51,16 +61,21 @@ class Writer {
 };
 
 // Reads what Writer wrote; every read is checked, so a damaged entry fails instead of
-// reading past its end.
+// reading past its end. (Its own fixed-width reads, not ByteReader's byte-by-byte ones: a
+// million tensors' entry is some fifteen million of them.)
 class Reader {
  public:
-  explicit Reader(std::string_view bytes) : r_(bytes) {}
-  bool U8(uint8_t* v) { return r_.U8(v); }
-  bool U32(uint32_t* v) { return r_.U32(v); }
-  bool U64(uint64_t* v) { return r_.U64(v); }
+  explicit Reader(std::string_view bytes) : bytes_(bytes) {}
+  bool U8(uint8_t* v) {
+    if (pos_ >= bytes_.size()) return false;
+    *v = static_cast<uint8_t>(bytes_[pos_++]);
+    return true;
+  }
+  bool U32(uint32_t* v) { return Fixed(v); }
+  bool U64(uint64_t* v) { return Fixed(v); }
   bool I64(int64_t* v) {
     uint64_t u;
-    if (!r_.U64(&u)) return false;
+    if (!U64(&u)) return false;
     *v = static_cast<int64_t>(u);
     return true;
   }
@@ -73,23 +88,40 @@ class Reader {
   // A string as Str reads it, left in the entry's bytes.
   bool View(std::string_view* view) {
     uint64_t n;
-    return r_.U64(&n) && n <= r_.remaining() && r_.Bytes(n, view);
+    if (!U64(&n) || n > remaining()) return false;
+    *view = bytes_.substr(pos_, n);
+    pos_ += n;
+    return true;
   }
   template <typename Values>
   bool Dims(uint64_t rank, Values* dims) {
-    if (rank > kMaxRank) return false;
+    if (rank > kMaxRank || rank * 8 > remaining()) return false;
     dims->resize(rank);
-    for (uint64_t& d : *dims)
-      if (!r_.U64(&d)) return false;
+    for (uint64_t& d : *dims) Fixed(&d);
     return true;
   }
   // A count of items each at least `min_bytes` long: bounded by what is left.
-  bool Count(uint64_t min_bytes, uint64_t* n) { return r_.U64(n) && *n <= r_.remaining() / min_bytes; }
-  bool at_end() const { return r_.at_end(); }
-  size_t position() const { return r_.position(); }
+  bool Count(uint64_t min_bytes, uint64_t* n) { return U64(n) && *n <= remaining() / min_bytes; }
+  size_t remaining() const { return bytes_.size() - pos_; }
+  bool at_end() const { return pos_ == bytes_.size(); }
+  size_t position() const { return pos_; }
 
  private:
-  ByteReader r_;
+  template <typename T>
+  bool Fixed(T* v) {
+    if (sizeof(T) > remaining()) return false;
+    T x;
+    std::memcpy(&x, bytes_.data() + pos_, sizeof(T));
+    if constexpr (std::endian::native == std::endian::big) {
+      if constexpr (sizeof(T) == 8) x = __builtin_bswap64(x);
+      else if constexpr (sizeof(T) == 4) x = __builtin_bswap32(x);
+    }
+    *v = x;
+    pos_ += sizeof(T);
+    return true;
+  }
+  std::string_view bytes_;
+  size_t pos_ = 0;
 };
 
 // What, besides the source's bytes, decides the catalog a reader builds.
@@ -173,65 +205,101 @@ bool ReadTensor(Reader* r, uint32_t file_count, TensorEntry* t) {
   return true;
 }
 
-// Reads an entry's head: what it was written for and the identities of its files, which
-// it checks (into catalog->files, opened afresh), then the distinct-keys flag. False:
-// damaged. *stale: well formed but not for this source, these options or these files.
-bool ReadEntryHead(Reader& r, const std::string& source, const std::string& options_bytes, Catalog* catalog,
-                   bool* stale, std::string* why, bool* keys_distinct) {
-  std::string recorded_source, recorded_options;
-  if (!r.Str(&recorded_source) || !r.Str(&recorded_options)) return false;
-  if (recorded_source != AbsolutePath(source) || recorded_options != options_bytes) {
-    *stale = true;
-    *why = "it was written for another source or other options";
-    return true;
-  }
+// A source file as an entry records it.
+struct RecordedFile {
+  std::string path;
+  FileIdentity identity;
+};
+
+// An entry's head: what it was written for, its files, whether its keys are distinct.
+struct EntryHead {
+  std::string source, options, format, layout_file;
+  std::vector<RecordedFile> files;
+  bool keys_distinct = false;
+};
+
+// False: damaged.
+bool ReadEntryHead(Reader& r, EntryHead* head) {
   uint64_t n;
-  if (!r.Str(&catalog->format) || !r.Str(&catalog->layout_file) || !r.Count(8, &n)) return false;
-  // The files first: the rest is worth reading only when every one is unchanged.
-  for (uint64_t i = 0; i < n; ++i) {
-    std::string path;
-    FileIdentity recorded;
-    if (!r.Str(&path) || !ReadIdentity(&r, &recorded)) return false;
-    uint32_t index;
-    if (!catalog->files->Add(path, &index).ok() || index != i || !(catalog->files->identity(index) == recorded)) {
-      *stale = true;
-      *why = path + " changed since the entry was written";
-      return true;
-    }
-  }
+  if (!r.Str(&head->source) || !r.Str(&head->options) || !r.Str(&head->format) || !r.Str(&head->layout_file) ||
+      !r.Count(8, &n))
+    return false;
+  head->files.resize(n);
+  for (RecordedFile& f : head->files)
+    if (!r.Str(&f.path) || !ReadIdentity(&r, &f.identity)) return false;
   uint8_t distinct;
   if (!r.U8(&distinct) || distinct > 1) return false;
-  *keys_distinct = distinct == 1;
+  head->keys_distinct = distinct == 1;
   return true;
 }
 
-// Parses an entry's body (after magic and version, before the checksum). False: damaged.
-// *stale: well formed but not for this source, these options or these files.
-// `release(n)`: the first n bytes of `body` are read and may be dropped from memory.
-template <typename Release>
-bool ReadEntry(std::string_view body, const std::string& source, const std::string& options_bytes, Catalog* catalog,
-               bool* stale, std::string* why, Release release) {
-  Reader r(body);
-  bool keys_distinct = false;
-  if (!ReadEntryHead(r, source, options_bytes, catalog, stale, why, &keys_distinct)) return false;
-  if (*stale) return true;
-  uint64_t n = catalog->files->count();
-  const uint32_t file_count = static_cast<uint32_t>(n);
-  if (!r.Count(4, &n)) return false;
-  catalog->sibling_files.resize(n);
-  for (uint32_t& f : catalog->sibling_files)
-    if (!r.U32(&f) || f >= file_count) return false;
-  std::string metadata;
-  if (!r.Str(&metadata)) return false;
-  catalog->metadata = nlohmann::json::from_cbor(metadata, true, false);
-  if (catalog->metadata.is_discarded()) return false;
-  if (!r.Count(40, &n)) return false;
-  catalog->tensors.resize(n);
-  for (size_t i = 0; i < catalog->tensors.size(); ++i) {
-    if (!ReadTensor(&r, file_count, &catalog->tensors[i])) return false;
-    if (i % 65536 == 65535) release(r.position());
+// Whether `head` is an entry of `source` read with `options_bytes` whose files, opened
+// afresh into catalog->files, are unchanged; if not, why not.
+bool HeadMatches(const EntryHead& head, const std::string& source, const std::string& options_bytes, Catalog* catalog,
+                 std::string* why) {
+  if (head.source != AbsolutePath(source) || head.options != options_bytes) {
+    *why = "it was written for another source or other options";
+    return false;
   }
-  return r.at_end();
+  for (size_t i = 0; i < head.files.size(); ++i) {
+    uint32_t index;
+    if (!catalog->files->Add(head.files[i].path, &index).ok() || index != i ||
+        !(catalog->files->identity(index) == head.files[i].identity)) {
+      *why = head.files[i].path + " changed since the entry was written";
+      return false;
+    }
+  }
+  catalog->format = head.format;
+  catalog->layout_file = head.layout_file;
+  return true;
+}
+
+// The part of an entry's body after its head: sibling files, metadata, and where the
+// chunks of tensor records lie.
+struct EntryTensors {
+  std::vector<uint32_t> sibling_files;
+  std::string_view metadata;  // CBOR
+  uint64_t count = 0;
+  uint64_t chunk_tensors = 0;
+  // Chunk c holds tensors [c * chunk_tensors, ...) in body bytes [chunk_ends[c-1], chunk_ends[c]),
+  // chunk 0 from `first_chunk`.
+  std::vector<uint64_t> chunk_ends;
+  uint64_t first_chunk = 0;
+
+  uint64_t ChunkBegin(size_t c) const { return c == 0 ? first_chunk : chunk_ends[c - 1]; }
+};
+
+// False: damaged. The chunk table is checked whole here: every chunk non-empty, in order,
+// inside the body, each ending where the next begins and the last where the body ends;
+// so a damaged table cannot send a decoding thread outside the body or over another's bytes.
+bool ReadEntryTensors(Reader& r, size_t body_size, EntryTensors* t) {
+  uint64_t n;
+  if (!r.Count(4, &n)) return false;
+  t->sibling_files.resize(n);
+  for (uint32_t& f : t->sibling_files)
+    if (!r.U32(&f)) return false;
+  uint64_t chunks;
+  if (!r.View(&t->metadata) || !r.Count(kMinTensorBytes, &t->count) || !r.U64(&t->chunk_tensors) ||
+      t->chunk_tensors == 0 || !r.Count(8, &chunks))
+    return false;
+  const uint64_t expected_chunks = t->count == 0 ? 0 : (t->count - 1) / t->chunk_tensors + 1;
+  if (chunks != expected_chunks) return false;
+  t->chunk_ends.resize(chunks);
+  for (uint64_t& end : t->chunk_ends)
+    if (!r.U64(&end)) return false;
+  t->first_chunk = r.position();
+  uint64_t at = t->first_chunk;
+  for (uint64_t end : t->chunk_ends) {
+    if (end <= at || end > body_size) return false;
+    at = end;
+  }
+  return at == body_size;
+}
+
+// Tensors of chunk c: [first, last).
+std::pair<uint64_t, uint64_t> ChunkTensors(const EntryTensors& t, size_t c) {
+  const uint64_t first = c * t.chunk_tensors;
+  return {first, std::min(t.count, first + t.chunk_tensors)};
 }
 
 }  // namespace
@@ -246,14 +314,15 @@ std::string CatalogCacheFolder(const SourceOptions& options) {
 
 namespace {
 
-// An entry mapped read-only, its checksum checked. Pages already read can be dropped.
+// An entry mapped read-only. Pages already read can be dropped.
 class MappedEntry {
  public:
   ~MappedEntry() {
     if (base_) ::munmap(base_, size_);
   }
+  // Maps the entry and checks its magic and version (not its checksum: ChecksumMatches).
   // False with *note empty: no entry; with *note set: one that cannot be used.
-  bool Open(const std::string& path, std::string* note) {
+  bool Map(const std::string& path, std::string* note) {
     // The entry is mapped, and the pages already checked or parsed are dropped as the
     // reading goes on: held whole, a million tensors' entry (~150 MB) added its size to the
     // peak memory of the mount that loads it. (Read into a string through
@@ -275,52 +344,118 @@ class MappedEntry {
       size_ = static_cast<size_t>(st.st_size);
     }
     const std::string_view bytes = this->bytes();
-    uint64_t checksum = 0;
     uint32_t version = 0;
-    if (bytes.size() >= kHeader + 8) {
-      std::memcpy(&version, bytes.data() + sizeof kMagic, 4);
-      for (size_t i = 0; i < 8; ++i)
-        checksum |= uint64_t{static_cast<uint8_t>(bytes[bytes.size() - 8 + i])} << (8 * i);
-    }
-    bool intact = bytes.size() >= kHeader + 8 && std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0 && version == kVersion;
-    if (intact) {
-      // In pieces, each dropped once hashed (parsing maps it in again from the page cache).
-      XXH3_state_t* state = XXH3_createState();
-      intact = state != nullptr && XXH3_64bits_reset(state) == XXH_OK;
-      constexpr size_t kPiece = size_t{8} << 20;
-      for (size_t at = 0; intact && at < bytes.size() - 8; at += kPiece) {
-        const size_t n = std::min(kPiece, bytes.size() - 8 - at);
-        XXH3_64bits_update(state, bytes.data() + at, n);
-        DropBefore(at + n);
-      }
-      intact = intact && XXH3_64bits_digest(state) == checksum;
-      XXH3_freeState(state);
-      dropped_ = 0;
-    }
-    if (!intact) {
-      *note = "ignoring the catalog cache entry " + path + ": damaged or of another version; reading the source";
+    if (bytes.size() >= kHeader + 8) std::memcpy(&version, bytes.data() + sizeof kMagic, 4);
+    if (bytes.size() < kHeader + 8 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0 || version != kVersion) {
+      *note = Damaged(path);
       return false;
     }
     return true;
   }
+  // Whether the last 8 bytes are the XXH3-64 of all before them. Hashed in pieces, each
+  // dropped once hashed when `drop` (else left for the decoding, which drops them).
+  bool ChecksumMatches(bool drop = true) const {
+    const std::string_view bytes = this->bytes();
+    uint64_t checksum = 0;
+    for (size_t i = 0; i < 8; ++i) checksum |= uint64_t{static_cast<uint8_t>(bytes[bytes.size() - 8 + i])} << (8 * i);
+    XXH3_state_t* state = XXH3_createState();
+    bool intact = state != nullptr && XXH3_64bits_reset(state) == XXH_OK;
+    constexpr size_t kPiece = size_t{8} << 20;
+    for (size_t at = 0; intact && at < bytes.size() - 8; at += kPiece) {
+      const size_t n = std::min(kPiece, bytes.size() - 8 - at);
+      XXH3_64bits_update(state, bytes.data() + at, n);
+      if (drop) Drop(at, at + n);
+    }
+    intact = intact && XXH3_64bits_digest(state) == checksum;
+    XXH3_freeState(state);
+    return intact;
+  }
+  // Map and ChecksumMatches.
+  bool Open(const std::string& path, std::string* note) {
+    if (!Map(path, note)) return false;
+    if (ChecksumMatches()) return true;
+    *note = Damaged(path);
+    return false;
+  }
   std::string_view bytes() const { return std::string_view(static_cast<const char*>(base_), size_); }
   // The fields between the header and the checksum.
   std::string_view body() const { return bytes().substr(kHeader, size_ - 8 - kHeader); }
-  // Bytes [0, offset) of the entry are read and may leave memory.
-  void DropBefore(size_t offset) {
-    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-    const size_t end = offset / page * page;
-    if (end <= dropped_) return;
-    ::madvise(static_cast<char*>(base_) + dropped_, end - dropped_, MADV_DONTNEED);
-    dropped_ = end;
+  // The whole pages of entry bytes [begin, end) are read and may leave memory. Safe to
+  // call from several threads.
+  void Drop(size_t begin, size_t end) const {
+    static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    begin = (begin + page - 1) / page * page;
+    end = end / page * page;
+    if (end > begin) ::madvise(static_cast<char*>(base_) + begin, end - begin, MADV_DONTNEED);
   }
   static constexpr size_t kHeader = sizeof kMagic + 4;
 
  private:
+  static std::string Damaged(const std::string& path) {
+    return "ignoring the catalog cache entry " + path + ": damaged or of another version; reading the source";
+  }
   void* base_ = nullptr;
   size_t size_ = 0;
-  size_t dropped_ = 0;
 };
+
+// A catalog of at least this many tensors has the pages of its tensor vector faulted in on
+// two threads, and the whole-entry checksum computed beside that.
+constexpr uint64_t kOverlapTensors = 65536;
+
+// Faults in `bytes` bytes of fresh memory at `base` for writing, in pieces that the
+// calling threads take in turn from *next. The kernel's page faults are most of the cost of
+// sizing a million-tensor vector (176 MB), and they run on any thread.
+void PopulatePieces(char* base, size_t bytes, std::atomic<size_t>* next) {
+#ifdef MADV_POPULATE_WRITE
+  static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  constexpr size_t kPiece = size_t{4} << 20;
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(base) + page - 1) / page * page;
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(base) + bytes) / page * page;
+  if (last <= first) return;
+  for (size_t k; (k = next->fetch_add(1)) * kPiece < last - first;) {
+    const uintptr_t at = first + k * kPiece;
+    // Failure (a kernel without MADV_POPULATE_WRITE) only leaves the faults to construction.
+    ::madvise(reinterpret_cast<void*>(at), std::min<uintptr_t>(kPiece, last - at), MADV_POPULATE_WRITE);
+  }
+#else
+  (void)base;
+  (void)bytes;
+  (void)next;
+#endif
+}
+
+// Decodes the entry's tensor chunks into catalog->tensors (sized already), on a few threads
+// when there are several chunks; each tensor's layout is checked as it is decoded (the
+// entry was written from a checked catalog, so a failure means a damaged entry). False:
+// damaged.
+bool DecodeTensors(const MappedEntry& entry, const EntryTensors& t, Catalog* catalog) {
+  const std::string_view body = entry.body();
+  const uint32_t file_count = static_cast<uint32_t>(catalog->files->count());
+  const std::string& layout_name = catalog->layout_file.empty() ? catalog->source : catalog->layout_file;
+  std::atomic<size_t> next_chunk{0};
+  std::atomic<bool> damaged{false};
+  auto decode = [&](size_t) {
+    for (size_t c; !damaged.load(std::memory_order_relaxed) && (c = next_chunk.fetch_add(1)) < t.chunk_ends.size();) {
+      const uint64_t begin = t.ChunkBegin(c), end = t.chunk_ends[c];
+      Reader r(body.substr(begin, end - begin));
+      const auto [first, last] = ChunkTensors(t, c);
+      for (uint64_t i = first; i < last; ++i) {
+        TensorEntry& tensor = catalog->tensors[i];
+        if (!ReadTensor(&r, file_count, &tensor) || !ValidateLayout(tensor, *catalog->files, layout_name).ok()) {
+          damaged = true;
+          return;
+        }
+      }
+      if (!r.at_end()) {
+        damaged = true;
+        return;
+      }
+      entry.Drop(MappedEntry::kHeader + begin, MappedEntry::kHeader + end);
+    }
+  };
+  RunOnWorkers(WorkerCount(t.chunk_ends.size(), 1), decode);
+  return !damaged;
+}
 
 }  // namespace
 
@@ -331,13 +466,15 @@ bool CachedCatalogUsable(const std::string& source, const SourceOptions& options
   MappedEntry entry;
   std::string note;
   if (!entry.Open(EntryPath(folder, source, options_bytes), &note)) return false;
-  Catalog head;
-  head.files = std::make_shared<SourceFiles>(options.env ? options.env : Env::Local());
-  bool stale = false, keys_distinct = false;
+  Catalog head_only;
+  head_only.files = std::make_shared<SourceFiles>(options.env ? options.env : Env::Local());
+  EntryHead head;
+  EntryTensors tensors;
   std::string why;
   Reader r(entry.body());
   try {
-    return ReadEntryHead(r, source, options_bytes, &head, &stale, &why, &keys_distinct) && !stale && keys_distinct;
+    return ReadEntryHead(r, &head) && ReadEntryTensors(r, entry.body().size(), &tensors) &&
+           HeadMatches(head, source, options_bytes, &head_only, &why) && head.keys_distinct;
   } catch (const std::exception&) {
     return false;
   }
@@ -352,30 +489,68 @@ void LoadCachedCatalog(const std::string& source, const SourceOptions& options, 
   const std::string options_bytes = OptionsBytes(options);
   const std::string path = EntryPath(folder, source, options_bytes);
   MappedEntry entry;
-  if (!entry.Open(path, note)) return;
+  if (!entry.Map(path, note)) return;
+  const std::string damaged = "ignoring the catalog cache entry " + path + ": its content is damaged; reading the source";
   auto catalog = std::make_shared<Catalog>();
   catalog->source = source;
   catalog->files = std::make_shared<SourceFiles>(options.env ? options.env : Env::Local());
-  bool stale = false;
-  std::string why;
-  bool ok = false;
   try {
-    ok = ReadEntry(entry.body(), source, options_bytes, catalog.get(), &stale, &why,
-                   [&](size_t n) { entry.DropBefore(MappedEntry::kHeader + n); });
-  } catch (const std::exception&) {  // nlohmann::json on a damaged CBOR document
-    ok = false;
-  }
-  if (!ok) {
-    *note = "ignoring the catalog cache entry " + path + ": its content is damaged; reading the source";
+    // The fields before the tensors are read first (every read bounded, nothing acted on)
+    // for the tensor count: the vector of that size is faulted in while the checksum is
+    // computed, the two on threads of their own.
+    Reader r(entry.body());
+    EntryHead head;
+    EntryTensors tensors;
+    if (!ReadEntryHead(r, &head) || !ReadEntryTensors(r, entry.body().size(), &tensors)) {
+      *note = entry.ChecksumMatches() ? damaged : "ignoring the catalog cache entry " + path +
+                                                      ": damaged or of another version; reading the source";
+      return;
+    }
+    std::atomic<size_t> next_piece{0};
+    bool intact = false;
+    if (tensors.count >= kOverlapTensors) {
+      catalog->tensors.reserve(tensors.count);
+      char* storage = reinterpret_cast<char*>(catalog->tensors.data());
+      const size_t storage_bytes = tensors.count * sizeof(TensorEntry);
+      RunOnWorkers(WorkerCount(2, 1), [&](size_t w) {
+        if (w == 1 || WorkerCount(2, 1) == 1) intact = entry.ChecksumMatches(/*drop=*/false);
+        PopulatePieces(storage, storage_bytes, &next_piece);
+      });
+    } else {
+      intact = entry.ChecksumMatches();
+    }
+    if (!intact) {
+      *note = "ignoring the catalog cache entry " + path + ": damaged or of another version; reading the source";
+      return;
+    }
+    std::string why;
+    if (!HeadMatches(head, source, options_bytes, catalog.get(), &why))
+      return;  // the source changed: read afresh, and the new entry replaces this one
+    const uint32_t file_count = static_cast<uint32_t>(catalog->files->count());
+    for (uint32_t f : tensors.sibling_files)
+      if (f >= file_count) {
+        *note = damaged;
+        return;
+      }
+    catalog->sibling_files = std::move(tensors.sibling_files);
+    catalog->metadata = nlohmann::json::from_cbor(tensors.metadata, true, false);
+    catalog->tensors.resize(tensors.count);
+    if (catalog->metadata.is_discarded() || !DecodeTensors(entry, tensors, catalog.get())) {
+      *note = damaged;
+      return;
+    }
+  } catch (const std::exception&) {  // nlohmann::json on a damaged CBOR document; no memory
+    *note = damaged;
     return;
   }
-  if (stale) return;  // the source changed: read afresh, and the new entry replaces this one
   *out = std::move(catalog);
 }
 
-Status StoreCachedCatalog(const std::string& source, const SourceOptions& options, const Catalog& catalog) {
+Status StoreCachedCatalog(const std::string& source, const SourceOptions& options, const Catalog& catalog,
+                          uint64_t chunk_tensors) {
   const std::string folder = CatalogCacheFolder(options);
   if (folder.empty()) return Status::OK();
+  if (chunk_tensors == 0) return Status::InvalidArgument(source, "catalog cache chunks of 0 tensors");
   const std::string options_bytes = OptionsBytes(options);
   Writer w;
   w.bytes().append(kMagic, sizeof kMagic);
@@ -400,8 +575,18 @@ Status StoreCachedCatalog(const std::string& source, const SourceOptions& option
     return Status::NotSupported(source, std::string("its metadata cannot be cached: ") + e.what());
   }
   w.Str(std::string_view(reinterpret_cast<const char*>(metadata.data()), metadata.size()));
-  w.U64(catalog.tensors.size());
-  for (const TensorEntry& t : catalog.tensors) WriteTensor(&w, t);
+  const uint64_t count = catalog.tensors.size();
+  const uint64_t chunks = count == 0 ? 0 : (count - 1) / chunk_tensors + 1;
+  w.U64(count);
+  w.U64(chunk_tensors);
+  w.U64(chunks);
+  const size_t table = w.bytes().size();
+  for (uint64_t c = 0; c < chunks; ++c) w.U64(0);  // each chunk's end, once written
+  for (uint64_t i = 0; i < count; ++i) {
+    WriteTensor(&w, catalog.tensors[i]);
+    if ((i + 1) % chunk_tensors == 0 || i + 1 == count)
+      w.PatchU64(table + 8 * (i / chunk_tensors), w.bytes().size() - MappedEntry::kHeader);
+  }
   w.U64(XXH3_64bits(w.bytes().data(), w.bytes().size()));
 
   std::error_code ec;

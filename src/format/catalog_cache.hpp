@@ -14,6 +14,7 @@
 #ifndef CKPTFS_FORMAT_CATALOG_CACHE_HPP_
 #define CKPTFS_FORMAT_CATALOG_CACHE_HPP_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -28,19 +29,26 @@ namespace ckptfs {
 std::string CatalogCacheFolder(const SourceOptions& options);
 
 // The cached catalog of `source`, its files opened afresh and checked against the recorded
-// identities, in *out; null when there is none that may be used (the reason, for a damaged
+// identities and every tensor's layout checked (ValidateLayout), in *out; null when there is none that may be used (the reason, for a damaged
 // or stale entry, in *note).
 void LoadCachedCatalog(const std::string& source, const SourceOptions& options, std::shared_ptr<Catalog>* out,
                        std::string* note);
 
 // Whether `source` opened with `options` would read its catalog from the cache: an intact
 // entry of the current version whose files, opened afresh, are unchanged, and whose tensor
-// keys are distinct (a View of it cannot fail for two keys naming one file). Reads the
-// entry's checksum and head only; says nothing on stderr (OpenCatalog does, when it reads).
+// keys are distinct (a View of it cannot fail for two keys naming one file). Checks the
+// entry's checksum, head and chunk table; decodes no tensor; says nothing on stderr
+// (OpenCatalog does, when it reads).
 bool CachedCatalogUsable(const std::string& source, const SourceOptions& options);
 
-// Writes `catalog` (read from `source` with `options`) into the cache.
-Status StoreCachedCatalog(const std::string& source, const SourceOptions& options, const Catalog& catalog);
+// Tensors per chunk of an entry: the unit that threads decode. A catalog of at most this
+// many is decoded on the calling thread alone.
+constexpr uint64_t kCatalogCacheChunkTensors = 65536;
+
+// Writes `catalog` (read from `source` with `options`) into the cache, its tensors in
+// chunks of `chunk_tensors` (tests make smaller ones).
+Status StoreCachedCatalog(const std::string& source, const SourceOptions& options, const Catalog& catalog,
+                          uint64_t chunk_tensors = kCatalogCacheChunkTensors);
 
 }  // namespace ckptfs
 

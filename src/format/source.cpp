@@ -2,11 +2,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <vector>
 
 #include "format/catalog_cache.hpp"
 #include "format/limit_hint.hpp"
 #include "format/readers.hpp"
 #include "format/zip.hpp"
+#include "io/parallel.hpp"
 
 namespace ckptfs {
 namespace {
@@ -18,6 +20,32 @@ Status Sniff(const std::string& path, SourceFiles* files, std::string* head) {
   CKPTFS_RETURN_IF_ERROR(files->Add(path, &file));
   head->resize(std::min<uint64_t>(512, files->size(file)));
   return files->ReadExact(file, 0, head->size(), head->data());
+}
+
+// Tensors per thread of the layout check, at least: below twice this, one thread.
+constexpr size_t kLayoutsPerWorker = 65536;
+
+// ValidateLayout of every tensor, on a few threads for a large catalog. The error is the
+// first tensor's in catalog order whatever the threads' timing: each thread checks a
+// consecutive range and stops at its first bad tensor, and the earliest range's error wins.
+Status ValidateLayouts(const Catalog& catalog, const std::string& source) {
+  const std::string& layout_file = catalog.layout_file.empty() ? source : catalog.layout_file;
+  const size_t count = catalog.tensors.size();
+  const size_t workers = WorkerCount(count, kLayoutsPerWorker);
+  std::vector<Status> first_error(workers);
+  RunOnWorkers(workers, [&](size_t w) {
+    const auto [begin, end] = PartRange(count, workers, w);
+    for (size_t i = begin; i < end; ++i) {
+      Status s = ValidateLayout(catalog.tensors[i], *catalog.files, layout_file);
+      if (!s.ok()) {
+        first_error[w] = std::move(s);
+        return;
+      }
+    }
+  });
+  for (Status& s : first_error)
+    if (!s.ok()) return s;
+  return Status::OK();
 }
 
 bool IsWeightIndexName(std::string_view path) {
@@ -108,9 +136,9 @@ Status OpenCatalog(const std::string& source, const SourceOptions& options, std:
   if (catalog->tensors.size() > options.limits.tensors)
     return Status::Refused(source, std::to_string(catalog->tensors.size()) + " tensors, over the limit of " +
                                        std::to_string(options.limits.tensors) + LimitHint("max_tensors"));
-  // Nothing reads a tensor whose boxes do not tile it exactly inside their files.
-  const std::string& layout_file = catalog->layout_file.empty() ? source : catalog->layout_file;
-  for (const TensorEntry& t : catalog->tensors) CKPTFS_RETURN_IF_ERROR(ValidateLayout(t, *catalog->files, layout_file));
+  // Nothing reads a tensor whose boxes do not tile it exactly inside their files. (A
+  // catalog from the cache had each tensor checked as it was decoded.)
+  if (!from_cache) CKPTFS_RETURN_IF_ERROR(ValidateLayouts(*catalog, source));
   if (cacheable && !from_cache) {
     // A cache that cannot be written costs the next open its speed, nothing else.
     if (Status s = StoreCachedCatalog(source, options, *catalog); !s.ok())

@@ -53,6 +53,9 @@ bool PushAhead::Unread(fuse_ino_t ino, uint64_t* start, uint64_t* length) const 
   auto it = files_.find(ino);
   if (it == files_.end()) return false;
   const File& f = it->second;
+  // The pusher claims a chunk, then reads it without the lock: meanwhile the file can be
+  // released and opened again, and its new state has no bits until its first READ.
+  if (f.read.empty()) return false;
   const uint64_t end = *start + *length;
   uint64_t from = end;
   while (from > *start && !Bit(f.read, (from - 1) / kBlock)) from = std::max(*start, ((from - 1) / kBlock) * kBlock);
