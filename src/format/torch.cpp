@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "format/limit_hint.hpp"
+#include "format/page_prefault.hpp"
 #include "format/readers.hpp"
 #include "format/torch_archive.hpp"
 
@@ -44,6 +45,9 @@ class TensorStream : public PickleCallHook, public StorageResolver {
   // The catalog's entries before this archive's.
   size_t first() const { return first_; }
   size_t taken() const { return taken_; }
+  // Ends the populating of the catalog's reserved entries (before anything may grow the
+  // array past them, which would free them).
+  void StopPrefault() { prefault_.Stop(); }
 
  private:
   const TorchArchive& archive_;
@@ -51,6 +55,7 @@ class TensorStream : public PickleCallHook, public StorageResolver {
   size_t first_;
   size_t taken_ = 0;
   ReadLimits limits_;
+  PagePrefault prefault_;
 };
 
 // Whether the rebuild call `v` reads only values the rest of the pickle can no longer
@@ -102,11 +107,17 @@ Status TensorStream::OnCall(const PyValue* call, bool* take, uint64_t* index) {
   if (taken_ == 0) {
     // About one tensor per stored record: reserved, the catalog is not copied as it grows
     // (a million tensors' vector held its old and new copies, ~260 MB, at the parse's peak).
-    catalog_->tensors.reserve(first_ + std::min<size_t>(archive_.zip().entries().size(), limits_.tensors));
+    std::vector<TensorEntry>& tensors = catalog_->tensors;
+    tensors.reserve(first_ + std::min<size_t>(archive_.zip().entries().size(), limits_.tensors));
+    // A million entries are ~180 MB of fresh pages, whose faults took a quarter of the
+    // parse: populated on another core while this one parses.
+    prefault_.Start(tensors.data() + tensors.size(), (tensors.capacity() - tensors.size()) * sizeof(TensorEntry));
   }
   // The flattening reports the limit with the reader's message (a parse again without
   // streaming); this only bounds what the parse makes.
   if (first_ + taken_ >= limits_.tensors) return Status::Refused(archive_.path(), "too many tensors to stream");
+  // More tensors than records (storages shared): growing the array frees what is populated.
+  if (catalog_->tensors.size() == catalog_->tensors.capacity()) prefault_.Stop();
   catalog_->tensors.push_back(std::move(t));
   *index = taken_++;
   *take = true;
@@ -430,6 +441,7 @@ Status ReadTorchZipIn(const FileWindow& window, Catalog* catalog, json* metadata
   // outcome is reported, so streaming changes no result, only the memory it takes.
   TensorStream stream(archive, catalog, limits);
   Status streamed = archive.Open(*catalog->files, window, limits, ArchiveRecords{}, nullptr, {}, opened, &stream);
+  stream.StopPrefault();
   if (streamed.ok()) {
     // Every tensor the walk serves is resolved by now (any other lookup fails the streamed
     // read, which is then read again).
