@@ -149,7 +149,7 @@ class PyValue {
   PyValue(Kind kind, size_t count) : kind_(kind), count_(static_cast<uint32_t>(count)) {}
 
   Kind kind_ = Kind::kNone;
-  uint8_t flags_ = 0;   // the parser's (interned or not)
+  uint8_t flags_ = 0;   // the parser's (interned; kept apart by a streamed parse)
   uint32_t count_ = 0;  // string length, items or entries
   union Word {
     int64_t i;

@@ -81,8 +81,8 @@ Status ParseStoragePid(const PyValue* pid, std::optional<DType> tensor_dtype, co
 // Places tensor *t (its dtype and shape set) in storage `rec`: `offset` and `stride` in
 // elements. Checks with checked arithmetic that every element lies inside the storage, then
 // adds one box: a byte range when the layout is contiguous, else a strided view.
-Status PlaceStridedTensor(const StorageBytes& rec, uint64_t offset, std::vector<uint64_t> stride,
-                          const std::string& where, TensorEntry* t);
+Status PlaceStridedTensor(const StorageBytes& rec, uint64_t offset, BoxDims stride, const std::string& where,
+                          TensorEntry* t);
 
 // When `v` is a tensor rebuild call (_rebuild_tensor[_v2|_v3], _rebuild_parameter,
 // _rebuild_from_type_v2), sets *is_tensor and fills dtype, shape, boxes and storage_id of
@@ -175,6 +175,7 @@ class TorchArchive : public StorageResolver {
   mutable std::vector<uint64_t> data_offsets_;
   mutable size_t next_record_ = 0;   // the entry index Storage tries first
   mutable std::string record_name_;  // scratch for "<archive>/data/<key>", reused to avoid allocations
+  std::string storage_id_prefix_;     // "<file>:<base>:" (and the storage folder when not data/)
 };
 
 // Helpers for reading pickled values.
@@ -187,8 +188,11 @@ std::string QualifiedName(const PyValue* g);
 // Argument i of a call, or nullptr.
 const PyValue* Arg(const PyValue* call, size_t i);
 bool AsUint(const PyValue* v, uint64_t* out);
-// A tuple, list or torch.Size of non-negative ints.
+// A tuple, list or torch.Size of non-negative ints. Into a Shape or BoxDims, a tensor's
+// dimensions need no allocation (a million rebuild calls made and freed two vectors each).
 bool AsUintTuple(const PyValue* v, std::vector<uint64_t>* out);
+bool AsUintTuple(const PyValue* v, Shape* out);
+bool AsUintTuple(const PyValue* v, BoxDims* out);
 // The node whose `entries` hold a mapping: a dict, an OrderedDict call, or a dict whose
 // attributes were set by BUILD; nullptr for anything else.
 const PyValue* AsMapping(const PyValue* v);
