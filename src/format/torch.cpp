@@ -5,6 +5,7 @@
 // TorchScript archives, which resolve storages their own way.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -132,7 +133,9 @@ class TorchZipReader {
                  const TensorStream* stream = nullptr)
       : storages_(storages), path_(storages.path()), catalog_(catalog), limits_(limits), stream_(stream) {}
 
-  Status Read(const PyValue* root, size_t value_count, json* metadata);
+  // `walked`, when given, is called once the walk no longer needs the pickle's values, before
+  // the keys are checked (the pickle can be freed then).
+  Status Read(const PyValue* root, size_t value_count, json* metadata, const std::function<void()>& walked = {});
 
  private:
   Status Walk(const PyValue* v, std::vector<PathElement>* path, int depth, json* out, bool* keep);
@@ -167,7 +170,8 @@ class TorchZipReader {
 
 }  // namespace
 
-Status TorchZipReader::Read(const PyValue* root, size_t value_count, json* metadata) {
+Status TorchZipReader::Read(const PyValue* root, size_t value_count, json* metadata,
+                           const std::function<void()>& walked) {
   // A tree visits each value once; tied weights and shared configs add a little.
   visit_budget_ = visits_left_ = 4 * static_cast<uint64_t>(value_count) + 1'000'000;
   const size_t first_tensor = stream_ ? stream_->first() : catalog_->tensors.size();
@@ -181,6 +185,7 @@ Status TorchZipReader::Read(const PyValue* root, size_t value_count, json* metad
   CKPTFS_RETURN_IF_ERROR(Walk(root, &path, 0, metadata, &keep));
   if (!keep) *metadata = json::object();
   if (stream_) CKPTFS_RETURN_IF_ERROR(PutInWalkOrder());
+  if (walked) walked();
   // Two tensors whose paths flatten to one key (e.g. {"a.b": x, "a": {"b": y}}) cannot
   // both be served.
   if (std::optional<size_t> repeated = FindRepeatedKey(catalog_->tensors, first_tensor))
@@ -447,7 +452,9 @@ Status ReadTorchZipIn(const FileWindow& window, Catalog* catalog, json* metadata
     // read, which is then read again).
     archive.ReleaseDirectory();
     TorchZipReader reader(stream, catalog, limits, &stream);
-    streamed = reader.Read(archive.root(), archive.value_count(), metadata);
+    // The pickle's values (a million keys and taken tensors, ~90 MB) are freed before the
+    // keys are checked, which adds its own scratch.
+    streamed = reader.Read(archive.root(), archive.value_count(), metadata, [&archive] { archive.ReleasePickle(); });
   }
   if (streamed.ok() || !archive.streamed()) return streamed;
   catalog->tensors.erase(catalog->tensors.begin() + static_cast<std::ptrdiff_t>(stream.first()), catalog->tensors.end());

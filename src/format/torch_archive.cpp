@@ -137,7 +137,8 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
     if (value == "big") return Status::NotSupported(path_, "big-endian checkpoint (byteorder record says 'big')");
     if (value != "little") return Bad("byteorder record holds '" + value + "'; expected 'little' or 'big'");
   }
-  data_offsets_.assign(zip_.entries().size(), 0);
+  checked_.assign(zip_.entries().size(), false);
+  recent_offsets_.clear();
   // Storage ids name the file, the window and the record, so two archives in one file (or
   // a TorchScript archive's data/ and constants/ records) never share one.
   storage_id_prefix_ = std::to_string(window_.file) + ":" + std::to_string(window_.base) + ":";
@@ -150,7 +151,8 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
 
 void TorchArchive::ReleaseDirectory() {
   zip_ = ZipArchive();
-  data_offsets_ = std::vector<uint64_t>();
+  checked_ = std::vector<bool>();
+  recent_offsets_ = std::vector<RecentOffset>();
   pickle_entry_ = nullptr;
   released_ = true;
 }
@@ -159,7 +161,8 @@ Status TorchArchive::ParseAgain() {
   pickle_.reset();
   if (released_) {
     CKPTFS_RETURN_IF_ERROR(zip_.Open(*files_, window_, max_entries_));
-    data_offsets_.assign(zip_.entries().size(), 0);
+    checked_.assign(zip_.entries().size(), false);
+    recent_offsets_.clear();
     next_record_ = 0;
     pickle_entry_ = zip_.Find(pickle_name_);
     if (!pickle_entry_) return Bad("not a torch.save archive: no " + pickle_name_);
@@ -263,8 +266,9 @@ Status TorchArchive::Resolve(const PyValue* pid, std::optional<DType> tensor_dty
   if (e) next_record_ = static_cast<size_t>(e - entries.data()) + 1;
   if (!e)
     return Bad("the pickle references storage '" + std::string(key) + "' but the archive has no record " + record_name_);
-  uint64_t& data_offset = data_offsets_[static_cast<size_t>(e - zip_.entries().data())];
-  if (data_offset == 0) {
+  const size_t index = static_cast<size_t>(e - entries.data());
+  uint64_t data_offset = 0;
+  if (!checked_[index]) {
     const std::string& name = record_name_;
     if (e->method != ZipArchive::kMethodStored)
       return Status::NotSupported(path_, "record " + name + " is compressed (method " + std::to_string(e->method) +
@@ -273,15 +277,29 @@ Status TorchArchive::Resolve(const PyValue* pid, std::optional<DType> tensor_dty
       return Bad("record " + name + " holds " + std::to_string(e->uncompressed_size) + " bytes but the pickle says " +
                  std::to_string(nbytes));
     CKPTFS_RETURN_IF_ERROR(zip_.DataOffset(*e, &data_offset));
+    checked_[index] = true;
   } else if (e->uncompressed_size != nbytes) {
     // The first reference matched the record's size: this one differs from it.
     return Bad("storage '" + std::string(key) + "' is referenced with two different sizes");
+  } else {
+    CKPTFS_RETURN_IF_ERROR(RecordDataOffset(index, &data_offset));
   }
   bytes->file = window_.file;
   bytes->data_offset = data_offset;
   bytes->nbytes = nbytes;
   bytes->key = parsed.key;
   storage_id->assign(storage_id_prefix_).append(key);
+  return Status::OK();
+}
+
+Status TorchArchive::RecordDataOffset(size_t index, uint64_t* offset) const {
+  if (recent_offsets_.empty()) recent_offsets_.resize(kRecentOffsets);
+  RecentOffset& slot = recent_offsets_[index % kRecentOffsets];
+  if (slot.entry != index) {
+    CKPTFS_RETURN_IF_ERROR(zip_.DataOffset(zip_.entries()[index], &slot.data_offset));
+    slot.entry = index;
+  }
+  *offset = slot.data_offset;
   return Status::OK();
 }
 

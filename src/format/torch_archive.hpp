@@ -7,6 +7,7 @@
 #ifndef CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
 #define CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -127,6 +128,9 @@ class TorchArchive : public StorageResolver {
   // tensor (a million entries are ~70 MB): Resolve then fails, which a streamed reader
   // answers by parsing again (ParseAgain reads the directory again).
   void ReleaseDirectory();
+  // Frees the parsed object pickle once what was made of it no longer points into it (root()
+  // is null then; ParseAgain parses it again).
+  void ReleasePickle() { pickle_.reset(); }
 
   // The zip directory and "<archive>/" folder prefix, for readers of other records.
   const ZipArchive& zip() const { return zip_; }
@@ -169,10 +173,22 @@ class TorchArchive : public StorageResolver {
   bool streamed_ = false;
   bool released_ = false;
   uint64_t max_entries_ = 0;
-  // Data offsets (in the file) of the storage records found so far, by the index of their
-  // zip entry, 0 until found (a record's data follows its local header, never at 0): a
-  // memo of lookups, 8 bytes per entry.
-  mutable std::vector<uint64_t> data_offsets_;
+  // Which storage records a lookup has checked (compression, size), by the index of their
+  // zip entry: a bit each where a memo of data offsets took 8 bytes (8 MB of the peak of a
+  // million-record parse).
+  mutable std::vector<bool> checked_;
+  // Data offsets of records referenced again (storages shared by several tensors), by
+  // entry index modulo its size, made on the first such reference: a scattered repeat
+  // then reads no local header. Empty for most archives (a DCP chunk's are reopened a
+  // million times).
+  struct RecentOffset {
+    size_t entry = SIZE_MAX;
+    uint64_t data_offset = 0;
+  };
+  static constexpr size_t kRecentOffsets = 256;
+  mutable std::vector<RecentOffset> recent_offsets_;
+  // Where the data of entry `index` (a stored record) begins in the file.
+  Status RecordDataOffset(size_t index, uint64_t* offset) const;
   mutable size_t next_record_ = 0;   // the entry index Storage tries first
   mutable std::string record_name_;  // scratch for "<archive>/data/<key>", reused to avoid allocations
   std::string storage_id_prefix_;     // "<file>:<base>:" (and the storage folder when not data/)
