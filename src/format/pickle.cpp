@@ -1068,9 +1068,22 @@ bool Pickle::Arena::Locate(const void* p, size_t* block, size_t* offset8, bool r
   // Nearly always a value just made: in the block small allocations come from.
   if (cursor_block_ < blocks_.size() && In(cursor_block_)) return true;
   if (recent_only) return false;
-  for (size_t k = blocks_.size(); k-- > 0;)
-    if (In(k)) return true;
-  return false;
+  // Else a value made long ago (an interned tuple a million tensors share): the block
+  // whose start is the last at or before `p`, by a search of the blocks sorted by
+  // address. A scan from the newest block took time in proportion to the arena's size,
+  // for every such lookup.
+  if (by_address_.size() != blocks_.size()) {
+    by_address_.clear();
+    for (size_t k = 0; k < blocks_.size(); ++k) by_address_.push_back(k);
+    std::sort(by_address_.begin(), by_address_.end(), [&](size_t a, size_t b) {
+      return std::less<const std::byte*>()(blocks_[a].data.get(), blocks_[b].data.get());
+    });
+  }
+  auto after = std::upper_bound(by_address_.begin(), by_address_.end(), at, [&](const std::byte* x, size_t k) {
+    return std::less<const std::byte*>()(x, blocks_[k].data.get());
+  });
+  // Blocks a large array left (FreeLarge) hold nothing and sort first: they match nothing.
+  return after != by_address_.begin() && In(*(after - 1));
 }
 
 bool Pickle::Arena::AllocatedSince(const void* p, const Position& from) const {
@@ -1094,12 +1107,14 @@ bool Pickle::Arena::FreeLarge(const void* p) {
     bytes_ -= b.size;
     b.data.reset();
     b.size = 0;
+    by_address_.clear();  // its place in the order is gone
     return true;
   }
   return false;
 }
 
 void Pickle::Arena::RollBack(const Position& to) {
+  if (to.blocks != blocks_.size()) by_address_.clear();
   blocks_.resize(to.blocks);
   cursor_block_ = to.cursor_block;
   cursor_ = to.cursor;

@@ -218,6 +218,9 @@ class Pickle {
       bool own = false;  // one large allocation's alone
     };
     std::vector<Block> blocks_;
+    // Indices of blocks_ in the order of their addresses, for Locate; made again when it
+    // does not list every block (blocks were added, freed or rolled back since).
+    mutable std::vector<size_t> by_address_;
     size_t cursor_block_ = 0;  // the block small allocations come from (large ones get their own)
     std::byte* cursor_ = nullptr;
     size_t left_in_block_ = 0, next_block_ = kFirstBlock, bytes_ = 0;

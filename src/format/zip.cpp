@@ -222,19 +222,29 @@ Status ZipArchive::CheckRecordsApart(uint64_t cd_offset) const {
   // the directory make the same bytes mean two things: refuse them (corpus cases
   // pt-entries-overlap, pt-entry-overlaps-central-dir). Each entry is taken as its local
   // header, name and data; the local extra field is not known yet, so this is a lower bound.
-  std::vector<uint32_t> order(entries_.size());  // entry_count < 2^32: the directory is under 1 GiB
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint32_t>(i);
-  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
-    return entries_[a].local_header_offset < entries_[b].local_header_offset;
-  });
-  for (size_t k = 0; k < order.size(); ++k) {
-    const ZipEntry& e = entries_[order[k]];
+  // Writers list the records in the order they wrote them (torch.save does): then the
+  // directory's order is the sorted one and no sort is needed (a million entries took ~15 ms).
+  // Strictly increasing only: equal offsets are sorted, so that a message names the same
+  // pair as it did.
+  bool in_order = true;
+  for (size_t i = 1; i < entries_.size() && in_order; ++i)
+    in_order = entries_[i - 1].local_header_offset < entries_[i].local_header_offset;
+  std::vector<uint32_t> order;  // entry_count < 2^32: the directory is under 1 GiB
+  if (!in_order) {
+    order.resize(entries_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint32_t>(i);
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      return entries_[a].local_header_offset < entries_[b].local_header_offset;
+    });
+  }
+  auto Sorted = [&](size_t k) -> const ZipEntry& { return in_order ? entries_[k] : entries_[order[k]]; };
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    const ZipEntry& e = Sorted(k);
     // Cannot overflow: ParseCentralDirectory checked header + data lies inside the window,
     // and a name is at most 65535 bytes.
     const uint64_t end = e.local_header_offset + kLocalHeaderSize + e.name.size() + e.compressed_size;
-    if (k + 1 < order.size() && end > entries_[order[k + 1]].local_header_offset)
-      return Corrupt("entries '" + std::string(e.name) + "' and '" + std::string(entries_[order[k + 1]].name) +
-                     "' overlap");
+    if (k + 1 < entries_.size() && end > Sorted(k + 1).local_header_offset)
+      return Corrupt("entries '" + std::string(e.name) + "' and '" + std::string(Sorted(k + 1).name) + "' overlap");
     if (end > cd_offset) return Corrupt("entry '" + std::string(e.name) + "' overlaps the central directory");
   }
   return Status::OK();
