@@ -182,7 +182,7 @@ Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t ma
                                                         LimitHint("max_tensors"));
   CKPTFS_RETURN_IF_ERROR(ParseCentralDirectory(cd_offset, cd_size, entry_count));
   // The name index and the check that records lie apart only read the entries: a large
-  // directory (a million entries: ~60 ms of the two) builds its index on a second thread
+  // directory (a million entries: ~40 ms of the two) builds its index on a second thread
   // meanwhile. A duplicate name is reported before an overlap, as when one ran after the
   // other.
   Status indexed;
