@@ -228,17 +228,44 @@ std::string FlattenKey(const std::vector<PathElement>& path) {
 }
 
 std::optional<size_t> FindRepeatedKey(const std::vector<TensorEntry>& tensors, size_t first) {
-  std::vector<std::pair<uint64_t, size_t>> hashes;
-  hashes.reserve(tensors.size() - std::min(first, tensors.size()));
-  for (size_t i = first; i < tensors.size(); ++i)
-    hashes.emplace_back(XXH3_64bits(tensors[i].key.data(), tensors[i].key.size()), i);
-  std::sort(hashes.begin(), hashes.end());
-  for (size_t k = 0; k < hashes.size();) {
+  first = std::min(first, tensors.size());
+  const size_t n = tensors.size() - first;
+  // Each pair packed in one word, the hash's top 32 bits above the index (relative to
+  // `first`): half the memory of (hash, index) pairs and a plain integer sort, for a million
+  // keys at the end of a parse's peak. A 32-bit hash collides for ~100 of a million distinct
+  // keys, each costing one key comparison. Indices past 32 bits keep the full pairs.
+  if (n >= (uint64_t{1} << 32)) {
+    std::vector<std::pair<uint64_t, size_t>> hashes;
+    hashes.reserve(n);
+    for (size_t i = first; i < tensors.size(); ++i)
+      hashes.emplace_back(XXH3_64bits(tensors[i].key.data(), tensors[i].key.size()), i);
+    std::sort(hashes.begin(), hashes.end());
+    for (size_t k = 0; k < hashes.size();) {
+      size_t end = k + 1;
+      while (end < hashes.size() && hashes[end].first == hashes[k].first) ++end;
+      for (size_t a = k; a < end; ++a)
+        for (size_t b = a + 1; b < end; ++b)
+          if (tensors[hashes[a].second].key == tensors[hashes[b].second].key) return hashes[b].second;
+      k = end;
+    }
+    return std::nullopt;
+  }
+  std::vector<uint64_t> packed(n);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& key = tensors[first + i].key;
+    packed[i] = (XXH3_64bits(key.data(), key.size()) & ~uint64_t{0xFFFFFFFF}) | i;
+  }
+  std::sort(packed.begin(), packed.end());
+  // Within a run of equal hashes the indices ascend, as they did with pairs: the later of
+  // the first pair found is the one reported.
+  constexpr uint64_t kIndexBits = 0xFFFFFFFF;
+  for (size_t k = 0; k < n;) {
     size_t end = k + 1;
-    while (end < hashes.size() && hashes[end].first == hashes[k].first) ++end;
+    while (end < n && (packed[end] >> 32) == (packed[k] >> 32)) ++end;
     for (size_t a = k; a < end; ++a)
       for (size_t b = a + 1; b < end; ++b)
-        if (tensors[hashes[a].second].key == tensors[hashes[b].second].key) return hashes[b].second;
+        if (tensors[first + (packed[a] & kIndexBits)].key == tensors[first + (packed[b] & kIndexBits)].key)
+          return first + (packed[b] & kIndexBits);
     k = end;
   }
   return std::nullopt;

@@ -22,12 +22,14 @@ namespace ckptfs {
 struct PickleBuilder {
   using K = PyValue::Kind;
   static constexpr uint8_t kInterned = 1;  // shared by the interning tables: copy before changing
+  static constexpr uint8_t kKept = 2;      // in the kept arena of a split pickle (Handle looks there)
 
   // `keep`: in memory a streamed parse never rolls back (see Pickle::AllocateKept).
   static void* Allocate(Pickle* p, size_t bytes, bool keep) { return keep ? p->AllocateKept(bytes) : p->Allocate(bytes); }
   static PyRef NewValue(Pickle* p, K kind, bool keep = false) {
     PyRef v = new (Allocate(p, sizeof(PyValue), keep)) PyValue();
     v->kind_ = kind;
+    if (keep && p->split_) v->flags_ = kKept;
     if (kind == K::kObject) v->word_.object = new (Allocate(p, sizeof(PyObjectBody), keep)) PyObjectBody();
     ++p->values_;
     return v;
@@ -57,13 +59,18 @@ struct PickleBuilder {
   static constexpr size_t kHandleBlocks = 16382, kHandleOffsetBits = 17;  // blocks are at most 1 MiB
   static bool Handle(const Pickle* p, const PyValue* v, uint32_t* handle) {
     size_t block = 0, offset8 = 0;
-    uint32_t arena = 0;
-    // The blocks values are being made in first: a memoized value is nearly always new.
-    if (p->values_arena_.Locate(v, &block, &offset8, true)) arena = 0;
-    else if (p->kept_arena_.Locate(v, &block, &offset8, true)) arena = 1;
-    else if (p->values_arena_.Locate(v, &block, &offset8)) arena = 0;
-    else if (p->kept_arena_.Locate(v, &block, &offset8)) arena = 1;
-    else return false;
+    // The arena the value was made in (its flag says which), the block values are being made
+    // in first: a memoized value is nearly always new. Then everywhere, should a value ever
+    // lack its flag.
+    const uint32_t made_in = (v->flags_ & kKept) ? 1 : 0;
+    const Pickle::Arena* arenas[2] = {&p->values_arena_, &p->kept_arena_};
+    uint32_t arena = made_in;
+    if (arenas[made_in]->Locate(v, &block, &offset8, true) || arenas[made_in]->Locate(v, &block, &offset8)) {
+    } else if (arenas[1 - made_in]->Locate(v, &block, &offset8)) {
+      arena = 1 - made_in;
+    } else {
+      return false;
+    }
     if (block >= kHandleBlocks || offset8 >= (size_t{1} << kHandleOffsetBits)) return false;
     *handle = arena << 31 | static_cast<uint32_t>(block) << kHandleOffsetBits | static_cast<uint32_t>(offset8);
     return true;
@@ -1061,9 +1068,22 @@ bool Pickle::Arena::Locate(const void* p, size_t* block, size_t* offset8, bool r
   // Nearly always a value just made: in the block small allocations come from.
   if (cursor_block_ < blocks_.size() && In(cursor_block_)) return true;
   if (recent_only) return false;
-  for (size_t k = blocks_.size(); k-- > 0;)
-    if (In(k)) return true;
-  return false;
+  // Else a value made long ago (an interned tuple a million tensors share): the block
+  // whose start is the last at or before `p`, by a search of the blocks sorted by
+  // address. A scan from the newest block took time in proportion to the arena's size,
+  // for every such lookup.
+  if (by_address_.size() != blocks_.size()) {
+    by_address_.clear();
+    for (size_t k = 0; k < blocks_.size(); ++k) by_address_.push_back(k);
+    std::sort(by_address_.begin(), by_address_.end(), [&](size_t a, size_t b) {
+      return std::less<const std::byte*>()(blocks_[a].data.get(), blocks_[b].data.get());
+    });
+  }
+  auto after = std::upper_bound(by_address_.begin(), by_address_.end(), at, [&](const std::byte* x, size_t k) {
+    return std::less<const std::byte*>()(x, blocks_[k].data.get());
+  });
+  // Blocks a large array left (FreeLarge) hold nothing and sort first: they match nothing.
+  return after != by_address_.begin() && In(*(after - 1));
 }
 
 bool Pickle::Arena::AllocatedSince(const void* p, const Position& from) const {
@@ -1087,12 +1107,14 @@ bool Pickle::Arena::FreeLarge(const void* p) {
     bytes_ -= b.size;
     b.data.reset();
     b.size = 0;
+    by_address_.clear();  // its place in the order is gone
     return true;
   }
   return false;
 }
 
 void Pickle::Arena::RollBack(const Position& to) {
+  if (to.blocks != blocks_.size()) by_address_.clear();
   blocks_.resize(to.blocks);
   cursor_block_ = to.cursor_block;
   cursor_ = to.cursor;

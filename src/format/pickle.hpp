@@ -149,7 +149,7 @@ class PyValue {
   PyValue(Kind kind, size_t count) : kind_(kind), count_(static_cast<uint32_t>(count)) {}
 
   Kind kind_ = Kind::kNone;
-  uint8_t flags_ = 0;   // the parser's (interned or not)
+  uint8_t flags_ = 0;   // the parser's (interned; kept apart by a streamed parse)
   uint32_t count_ = 0;  // string length, items or entries
   union Word {
     int64_t i;
@@ -218,6 +218,9 @@ class Pickle {
       bool own = false;  // one large allocation's alone
     };
     std::vector<Block> blocks_;
+    // Indices of blocks_ in the order of their addresses, for Locate; made again when it
+    // does not list every block (blocks were added, freed or rolled back since).
+    mutable std::vector<size_t> by_address_;
     size_t cursor_block_ = 0;  // the block small allocations come from (large ones get their own)
     std::byte* cursor_ = nullptr;
     size_t left_in_block_ = 0, next_block_ = kFirstBlock, bytes_ = 0;

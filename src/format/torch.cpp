@@ -5,11 +5,13 @@
 // TorchScript archives, which resolve storages their own way.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "format/limit_hint.hpp"
+#include "format/page_prefault.hpp"
 #include "format/readers.hpp"
 #include "format/torch_archive.hpp"
 
@@ -44,6 +46,9 @@ class TensorStream : public PickleCallHook, public StorageResolver {
   // The catalog's entries before this archive's.
   size_t first() const { return first_; }
   size_t taken() const { return taken_; }
+  // Ends the populating of the catalog's reserved entries (before anything may grow the
+  // array past them, which would free them).
+  void StopPrefault() { prefault_.Stop(); }
 
  private:
   const TorchArchive& archive_;
@@ -51,6 +56,7 @@ class TensorStream : public PickleCallHook, public StorageResolver {
   size_t first_;
   size_t taken_ = 0;
   ReadLimits limits_;
+  PagePrefault prefault_;
 };
 
 // Whether the rebuild call `v` reads only values the rest of the pickle can no longer
@@ -102,11 +108,17 @@ Status TensorStream::OnCall(const PyValue* call, bool* take, uint64_t* index) {
   if (taken_ == 0) {
     // About one tensor per stored record: reserved, the catalog is not copied as it grows
     // (a million tensors' vector held its old and new copies, ~260 MB, at the parse's peak).
-    catalog_->tensors.reserve(first_ + std::min<size_t>(archive_.zip().entries().size(), limits_.tensors));
+    std::vector<TensorEntry>& tensors = catalog_->tensors;
+    tensors.reserve(first_ + std::min<size_t>(archive_.zip().entries().size(), limits_.tensors));
+    // A million entries are ~180 MB of fresh pages, whose first-write faults cost the
+    // parsing thread ~0.1 s: populated on another core while this one parses.
+    prefault_.Start(tensors.data() + tensors.size(), (tensors.capacity() - tensors.size()) * sizeof(TensorEntry));
   }
   // The flattening reports the limit with the reader's message (a parse again without
   // streaming); this only bounds what the parse makes.
   if (first_ + taken_ >= limits_.tensors) return Status::Refused(archive_.path(), "too many tensors to stream");
+  // More tensors than records (storages shared): growing the array frees what is populated.
+  if (catalog_->tensors.size() == catalog_->tensors.capacity()) prefault_.Stop();
   catalog_->tensors.push_back(std::move(t));
   *index = taken_++;
   *take = true;
@@ -121,7 +133,9 @@ class TorchZipReader {
                  const TensorStream* stream = nullptr)
       : storages_(storages), path_(storages.path()), catalog_(catalog), limits_(limits), stream_(stream) {}
 
-  Status Read(const PyValue* root, size_t value_count, json* metadata);
+  // `walked`, when given, is called once the walk no longer needs the pickle's values, before
+  // the keys are checked (the pickle can be freed then).
+  Status Read(const PyValue* root, size_t value_count, json* metadata, const std::function<void()>& walked = {});
 
  private:
   Status Walk(const PyValue* v, std::vector<PathElement>* path, int depth, json* out, bool* keep);
@@ -156,7 +170,8 @@ class TorchZipReader {
 
 }  // namespace
 
-Status TorchZipReader::Read(const PyValue* root, size_t value_count, json* metadata) {
+Status TorchZipReader::Read(const PyValue* root, size_t value_count, json* metadata,
+                           const std::function<void()>& walked) {
   // A tree visits each value once; tied weights and shared configs add a little.
   visit_budget_ = visits_left_ = 4 * static_cast<uint64_t>(value_count) + 1'000'000;
   const size_t first_tensor = stream_ ? stream_->first() : catalog_->tensors.size();
@@ -170,6 +185,7 @@ Status TorchZipReader::Read(const PyValue* root, size_t value_count, json* metad
   CKPTFS_RETURN_IF_ERROR(Walk(root, &path, 0, metadata, &keep));
   if (!keep) *metadata = json::object();
   if (stream_) CKPTFS_RETURN_IF_ERROR(PutInWalkOrder());
+  if (walked) walked();
   // Two tensors whose paths flatten to one key (e.g. {"a.b": x, "a": {"b": y}}) cannot
   // both be served.
   if (std::optional<size_t> repeated = FindRepeatedKey(catalog_->tensors, first_tensor))
@@ -286,15 +302,20 @@ Status TorchZipReader::Walk(const PyValue* v, std::vector<PathElement>* path, in
         CKPTFS_RETURN_IF_ERROR(WalkOpaque(k, path, depth + 1, &key_json));
         elem = key_json.dump(-1, ' ', false, json::error_handler_t::replace);
       }
-      path->push_back(elem);
+      // Moved, not copied, and named only when kept: a state dict of a million tensors
+      // made three copies of each key here.
+      path->push_back(std::move(elem));
       json child;
       bool child_keep;
       CKPTFS_RETURN_IF_ERROR(Walk(val, path, depth + 1, &child, &child_keep));
+      if (child_keep) {
+        const PathElement& named = path->back();
+        (*out)[std::holds_alternative<std::string>(named) ? std::get<std::string>(named)
+                                                          : std::to_string(std::get<int64_t>(named))] = std::move(child);
+      } else {
+        dropped = true;
+      }
       path->pop_back();
-      std::string name = std::holds_alternative<std::string>(elem) ? std::get<std::string>(elem)
-                                                                    : std::to_string(std::get<int64_t>(elem));
-      if (child_keep) (*out)[name] = std::move(child);
-      else dropped = true;
     }
     *keep = !(dropped && out->empty());
     return Status::OK();
@@ -430,12 +451,15 @@ Status ReadTorchZipIn(const FileWindow& window, Catalog* catalog, json* metadata
   // outcome is reported, so streaming changes no result, only the memory it takes.
   TensorStream stream(archive, catalog, limits);
   Status streamed = archive.Open(*catalog->files, window, limits, ArchiveRecords{}, nullptr, {}, opened, &stream);
+  stream.StopPrefault();
   if (streamed.ok()) {
     // Every tensor the walk serves is resolved by now (any other lookup fails the streamed
     // read, which is then read again).
     archive.ReleaseDirectory();
     TorchZipReader reader(stream, catalog, limits, &stream);
-    streamed = reader.Read(archive.root(), archive.value_count(), metadata);
+    // The pickle's values (a million keys and taken tensors, ~90 MB) are freed before the
+    // keys are checked, which adds its own scratch.
+    streamed = reader.Read(archive.root(), archive.value_count(), metadata, [&archive] { archive.ReleasePickle(); });
   }
   if (streamed.ok() || !archive.streamed()) return streamed;
   catalog->tensors.erase(catalog->tensors.begin() + static_cast<std::ptrdiff_t>(stream.first()), catalog->tensors.end());

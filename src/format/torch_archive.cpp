@@ -38,8 +38,10 @@ bool AsUint(const PyValue* v, uint64_t* out) {
   return true;
 }
 
-// A tuple (or torch.Size) of non-negative ints.
-bool AsUintTuple(const PyValue* v, std::vector<uint64_t>* out) {
+namespace {
+
+template <typename Dims>
+bool AsUints(const PyValue* v, Dims* out) {
   if (v && IsCall(v, "torch.Size")) v = Arg(v, 0);
   if (!v || (v->kind() != Kind::kTuple && v->kind() != Kind::kList)) return false;
   out->clear();
@@ -52,6 +54,11 @@ bool AsUintTuple(const PyValue* v, std::vector<uint64_t>* out) {
   return true;
 }
 
+}  // namespace
+
+bool AsUintTuple(const PyValue* v, std::vector<uint64_t>* out) { return AsUints(v, out); }
+bool AsUintTuple(const PyValue* v, Shape* out) { return AsUints(v, out); }
+bool AsUintTuple(const PyValue* v, BoxDims* out) { return AsUints(v, out); }
 
 const PyValue* AsMapping(const PyValue* v) {
   if (!v) return nullptr;
@@ -130,7 +137,12 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
     if (value == "big") return Status::NotSupported(path_, "big-endian checkpoint (byteorder record says 'big')");
     if (value != "little") return Bad("byteorder record holds '" + value + "'; expected 'little' or 'big'");
   }
-  data_offsets_.assign(zip_.entries().size(), 0);
+  checked_.assign(zip_.entries().size(), false);
+  recent_offsets_.clear();
+  // Storage ids name the file, the window and the record, so two archives in one file (or
+  // a TorchScript archive's data/ and constants/ records) never share one.
+  storage_id_prefix_ = std::to_string(window_.file) + ":" + std::to_string(window_.base) + ":";
+  if (storage_dir_ != "data/") storage_id_prefix_ += storage_dir_;
   if (!pkl) return Status::OK();
   pickle_entry_ = pkl;
   pickle_name_ = prefix_ + records.pickle;
@@ -139,7 +151,8 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
 
 void TorchArchive::ReleaseDirectory() {
   zip_ = ZipArchive();
-  data_offsets_ = std::vector<uint64_t>();
+  checked_ = std::vector<bool>();
+  recent_offsets_ = std::vector<RecentOffset>();
   pickle_entry_ = nullptr;
   released_ = true;
 }
@@ -148,7 +161,8 @@ Status TorchArchive::ParseAgain() {
   pickle_.reset();
   if (released_) {
     CKPTFS_RETURN_IF_ERROR(zip_.Open(*files_, window_, max_entries_));
-    data_offsets_.assign(zip_.entries().size(), 0);
+    checked_.assign(zip_.entries().size(), false);
+    recent_offsets_.clear();
     next_record_ = 0;
     pickle_entry_ = zip_.Find(pickle_name_);
     if (!pickle_entry_) return Bad("not a torch.save archive: no " + pickle_name_);
@@ -239,10 +253,9 @@ Status TorchArchive::Resolve(const PyValue* pid, std::optional<DType> tensor_dty
   if (parsed.view) return Status::NotSupported(path_, "storage view persistent id in a zip archive");
   *dtype = parsed.dtype;
   const uint64_t nbytes = parsed.nbytes;
-  std::string* key = storage_id;
-  key->assign(parsed.key);
+  const std::string_view key = parsed.key;
 
-  record_name_.assign(prefix_).append(storage_dir_).append(*key);
+  record_name_.assign(prefix_).append(storage_dir_).append(key);
   // torch.save writes the records in the order the pickle references their storages: try
   // the entry after the last one found before hashing the name (a million lookups in a
   // million-entry table are a million cache misses).
@@ -251,9 +264,11 @@ Status TorchArchive::Resolve(const PyValue* pid, std::optional<DType> tensor_dty
                           ? &entries[next_record_]
                           : zip_.Find(record_name_);
   if (e) next_record_ = static_cast<size_t>(e - entries.data()) + 1;
-  if (!e) return Bad("the pickle references storage '" + *key + "' but the archive has no record " + record_name_);
-  uint64_t& data_offset = data_offsets_[static_cast<size_t>(e - zip_.entries().data())];
-  if (data_offset == 0) {
+  if (!e)
+    return Bad("the pickle references storage '" + std::string(key) + "' but the archive has no record " + record_name_);
+  const size_t index = static_cast<size_t>(e - entries.data());
+  uint64_t data_offset = 0;
+  if (!checked_[index]) {
     const std::string& name = record_name_;
     if (e->method != ZipArchive::kMethodStored)
       return Status::NotSupported(path_, "record " + name + " is compressed (method " + std::to_string(e->method) +
@@ -262,24 +277,34 @@ Status TorchArchive::Resolve(const PyValue* pid, std::optional<DType> tensor_dty
       return Bad("record " + name + " holds " + std::to_string(e->uncompressed_size) + " bytes but the pickle says " +
                  std::to_string(nbytes));
     CKPTFS_RETURN_IF_ERROR(zip_.DataOffset(*e, &data_offset));
+    checked_[index] = true;
   } else if (e->uncompressed_size != nbytes) {
     // The first reference matched the record's size: this one differs from it.
-    return Bad("storage '" + *key + "' is referenced with two different sizes");
+    return Bad("storage '" + std::string(key) + "' is referenced with two different sizes");
+  } else {
+    CKPTFS_RETURN_IF_ERROR(RecordDataOffset(index, &data_offset));
   }
   bytes->file = window_.file;
   bytes->data_offset = data_offset;
   bytes->nbytes = nbytes;
   bytes->key = parsed.key;
-  // Storage ids name the file, the window and the record, so two archives in one file (or
-  // a TorchScript archive's data/ and constants/ records) never share one.
-  std::string id = std::to_string(window_.file) + ":" + std::to_string(window_.base) + ":";
-  if (storage_dir_ != "data/") id += storage_dir_;
-  key->insert(0, id);
+  storage_id->assign(storage_id_prefix_).append(key);
   return Status::OK();
 }
 
-Status PlaceStridedTensor(const StorageBytes& rec, uint64_t offset, std::vector<uint64_t> stride,
-                          const std::string& where, TensorEntry* t) {
+Status TorchArchive::RecordDataOffset(size_t index, uint64_t* offset) const {
+  if (recent_offsets_.empty()) recent_offsets_.resize(kRecentOffsets);
+  RecentOffset& slot = recent_offsets_[index % kRecentOffsets];
+  if (slot.entry != index) {
+    CKPTFS_RETURN_IF_ERROR(zip_.DataOffset(zip_.entries()[index], &slot.data_offset));
+    slot.entry = index;
+  }
+  *offset = slot.data_offset;
+  return Status::OK();
+}
+
+Status PlaceStridedTensor(const StorageBytes& rec, uint64_t offset, BoxDims stride, const std::string& where,
+                          TensorEntry* t) {
   auto Bad = [&](const std::string& what) { return Status::Corruption(where, what); };
   const uint64_t itemsize = Info(t->dtype).itemsize;
 
@@ -369,10 +394,9 @@ Status RebuildTensorAt(const PyValue* v, const StorageResolver& storages, int de
       return Status::NotSupported(where, "tensor with an unsupported dtype " + (d && d->kind() == Kind::kGlobal ? QualifiedName(d) : std::string("?")));
   }
   uint64_t offset;
-  std::vector<uint64_t> shape, stride;
-  if (!AsUint(Arg(v, 1), &offset) || !AsUintTuple(Arg(v, 2), &shape))
+  BoxDims stride;
+  if (!AsUint(Arg(v, 1), &offset) || !AsUintTuple(Arg(v, 2), &t->shape))
     return Bad("tensor rebuild call has a malformed offset or size");
-  t->shape = shape;
   if (!AsUintTuple(Arg(v, 3), &stride) || stride.size() != t->shape.size())
     return Status::NotSupported(where, "tensor with negative or malformed strides");
   StorageBytes rec;

@@ -7,6 +7,7 @@
 #ifndef CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
 #define CKPTFS_FORMAT_TORCH_ARCHIVE_HPP_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -81,8 +82,8 @@ Status ParseStoragePid(const PyValue* pid, std::optional<DType> tensor_dtype, co
 // Places tensor *t (its dtype and shape set) in storage `rec`: `offset` and `stride` in
 // elements. Checks with checked arithmetic that every element lies inside the storage, then
 // adds one box: a byte range when the layout is contiguous, else a strided view.
-Status PlaceStridedTensor(const StorageBytes& rec, uint64_t offset, std::vector<uint64_t> stride,
-                          const std::string& where, TensorEntry* t);
+Status PlaceStridedTensor(const StorageBytes& rec, uint64_t offset, BoxDims stride, const std::string& where,
+                          TensorEntry* t);
 
 // When `v` is a tensor rebuild call (_rebuild_tensor[_v2|_v3], _rebuild_parameter,
 // _rebuild_from_type_v2), sets *is_tensor and fills dtype, shape, boxes and storage_id of
@@ -127,6 +128,9 @@ class TorchArchive : public StorageResolver {
   // tensor (a million entries are ~70 MB): Resolve then fails, which a streamed reader
   // answers by parsing again (ParseAgain reads the directory again).
   void ReleaseDirectory();
+  // Frees the parsed object pickle once what was made of it no longer points into it (root()
+  // is null then; ParseAgain parses it again).
+  void ReleasePickle() { pickle_.reset(); }
 
   // The zip directory and "<archive>/" folder prefix, for readers of other records.
   const ZipArchive& zip() const { return zip_; }
@@ -169,12 +173,25 @@ class TorchArchive : public StorageResolver {
   bool streamed_ = false;
   bool released_ = false;
   uint64_t max_entries_ = 0;
-  // Data offsets (in the file) of the storage records found so far, by the index of their
-  // zip entry, 0 until found (a record's data follows its local header, never at 0): a
-  // memo of lookups, 8 bytes per entry.
-  mutable std::vector<uint64_t> data_offsets_;
+  // Which storage records a lookup has checked (compression, size), by the index of their
+  // zip entry: a bit each where a memo of data offsets took 8 bytes (8 MB of the peak of a
+  // million-record parse).
+  mutable std::vector<bool> checked_;
+  // Data offsets of records referenced again (storages shared by several tensors), by
+  // entry index modulo its size, made on the first such reference: a scattered repeat
+  // then reads no local header. Empty for most archives (a DCP chunk's are reopened a
+  // million times).
+  struct RecentOffset {
+    size_t entry = SIZE_MAX;
+    uint64_t data_offset = 0;
+  };
+  static constexpr size_t kRecentOffsets = 256;
+  mutable std::vector<RecentOffset> recent_offsets_;
+  // Where the data of entry `index` (a stored record) begins in the file.
+  Status RecordDataOffset(size_t index, uint64_t* offset) const;
   mutable size_t next_record_ = 0;   // the entry index Storage tries first
   mutable std::string record_name_;  // scratch for "<archive>/data/<key>", reused to avoid allocations
+  std::string storage_id_prefix_;     // "<file>:<base>:" (and the storage folder when not data/)
 };
 
 // Helpers for reading pickled values.
@@ -187,8 +204,11 @@ std::string QualifiedName(const PyValue* g);
 // Argument i of a call, or nullptr.
 const PyValue* Arg(const PyValue* call, size_t i);
 bool AsUint(const PyValue* v, uint64_t* out);
-// A tuple, list or torch.Size of non-negative ints.
+// A tuple, list or torch.Size of non-negative ints. Into a Shape or BoxDims, a tensor's
+// dimensions need no allocation (a million rebuild calls made and freed two vectors each).
 bool AsUintTuple(const PyValue* v, std::vector<uint64_t>* out);
+bool AsUintTuple(const PyValue* v, Shape* out);
+bool AsUintTuple(const PyValue* v, BoxDims* out);
 // The node whose `entries` hold a mapping: a dict, an OrderedDict call, or a dict whose
 // attributes were set by BUILD; nullptr for anything else.
 const PyValue* AsMapping(const PyValue* v);

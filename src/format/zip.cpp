@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <exception>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include <xxhash.h>
 
 #include "format/byte_reader.hpp"
 #include "format/limit_hint.hpp"
+#include "format/page_prefault.hpp"
 
 namespace ckptfs {
 namespace {
@@ -38,6 +42,8 @@ constexpr uint64_t kShortTail = 8 << 10;
 constexpr size_t kLinearFindEntries = 16;
 // Bytes of the central directory read at once.
 constexpr uint64_t kDirectoryWindow = 1 << 20;
+// Directories of at least this many entries build their name index on a second thread.
+constexpr size_t kThreadedIndexEntries = size_t{1} << 16;
 // Entry names are copied into blocks of this size.
 constexpr uint64_t kNameBlock = 64 << 10;
 
@@ -175,25 +181,70 @@ Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t ma
                                                         " entries, over the limit of " + std::to_string(max_entries) +
                                                         LimitHint("max_tensors"));
   CKPTFS_RETURN_IF_ERROR(ParseCentralDirectory(cd_offset, cd_size, entry_count));
+  // The name index and the check that records lie apart only read the entries: a large
+  // directory (a million entries: ~40 ms of the two) builds its index on a second thread
+  // meanwhile. A duplicate name is reported before an overlap, as when one ran after the
+  // other.
+  Status indexed;
+  std::exception_ptr index_failure;
+  std::thread indexer;
+  // Joined on every way out: a std::thread destroyed unjoined ends the process.
+  struct JoinOnExit {
+    std::thread* thread;
+    ~JoinOnExit() {
+      if (thread->joinable()) thread->join();
+    }
+  } join_on_exit{&indexer};
+  if (entries_.size() >= kThreadedIndexEntries) {
+    try {
+      indexer = std::thread([this, &indexed, &index_failure] {
+        try {
+          indexed = BuildNameIndex();
+        } catch (...) {
+          index_failure = std::current_exception();  // rethrown on this thread, below
+        }
+      });
+    } catch (const std::system_error&) {
+      // No thread: the index is built here.
+    }
+  }
+  if (!indexer.joinable()) CKPTFS_RETURN_IF_ERROR(BuildNameIndex());
+  const Status apart = CheckRecordsApart(cd_offset);
+  if (indexer.joinable()) indexer.join();
+  if (index_failure) std::rethrow_exception(index_failure);
+  CKPTFS_RETURN_IF_ERROR(indexed);
+  return apart;
+}
 
+Status ZipArchive::CheckRecordsApart(uint64_t cd_offset) const {
   // Records lie one after another before the central directory. Two entries that share bytes
   // (the trick of overlapping-entry zip bombs, or a forged offset) or an entry that runs into
   // the directory make the same bytes mean two things: refuse them (corpus cases
   // pt-entries-overlap, pt-entry-overlaps-central-dir). Each entry is taken as its local
   // header, name and data; the local extra field is not known yet, so this is a lower bound.
-  std::vector<uint32_t> order(entries_.size());  // entry_count < 2^32: the directory is under 1 GiB
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint32_t>(i);
-  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
-    return entries_[a].local_header_offset < entries_[b].local_header_offset;
-  });
-  for (size_t k = 0; k < order.size(); ++k) {
-    const ZipEntry& e = entries_[order[k]];
+  // Writers list the records in the order they wrote them (torch.save does): then the
+  // directory's order is the sorted one and no sort is needed (a million entries took ~15 ms).
+  // Strictly increasing only: equal offsets are sorted, so that a message names the same
+  // pair as it did.
+  bool in_order = true;
+  for (size_t i = 1; i < entries_.size() && in_order; ++i)
+    in_order = entries_[i - 1].local_header_offset < entries_[i].local_header_offset;
+  std::vector<uint32_t> order;  // entry_count < 2^32: the directory is under 1 GiB
+  if (!in_order) {
+    order.resize(entries_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint32_t>(i);
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      return entries_[a].local_header_offset < entries_[b].local_header_offset;
+    });
+  }
+  auto Sorted = [&](size_t k) -> const ZipEntry& { return in_order ? entries_[k] : entries_[order[k]]; };
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    const ZipEntry& e = Sorted(k);
     // Cannot overflow: ParseCentralDirectory checked header + data lies inside the window,
     // and a name is at most 65535 bytes.
     const uint64_t end = e.local_header_offset + kLocalHeaderSize + e.name.size() + e.compressed_size;
-    if (k + 1 < order.size() && end > entries_[order[k + 1]].local_header_offset)
-      return Corrupt("entries '" + std::string(e.name) + "' and '" + std::string(entries_[order[k + 1]].name) +
-                     "' overlap");
+    if (k + 1 < entries_.size() && end > Sorted(k + 1).local_header_offset)
+      return Corrupt("entries '" + std::string(e.name) + "' and '" + std::string(Sorted(k + 1).name) + "' overlap");
     if (end > cd_offset) return Corrupt("entry '" + std::string(e.name) + "' overlaps the central directory");
   }
   return Status::OK();
@@ -242,6 +293,10 @@ Status ZipArchive::ParseCentralDirectory(uint64_t cd_offset, uint64_t cd_size, u
     return Status::OK();
   };
   entries_.reserve(entry_count);
+  // A million entries are ~48 MB of fresh pages: made resident on another core while this
+  // one reads and parses the directory into them (stopped on any return).
+  PagePrefault prefault;
+  prefault.Start(entries_.data(), entry_count * sizeof(ZipEntry));
   for (uint64_t i = 0; i < entry_count; ++i) {
     CKPTFS_RETURN_IF_ERROR(Need(kCentralHeaderSize));
     ByteReader head(bytes.substr(std::min(pos, bytes.size())));
@@ -294,7 +349,7 @@ Status ZipArchive::ParseCentralDirectory(uint64_t cd_offset, uint64_t cd_size, u
     e.name = KeepName(name, cd_size);
     entries_.push_back(e);
   }
-  return BuildNameIndex();
+  return Status::OK();
 }
 
 Status ZipArchive::BuildNameIndex() {

@@ -69,7 +69,11 @@ class ZipArchive {
   Status ParseCentralDirectory(uint64_t cd_offset, uint64_t cd_size, uint64_t entry_count);
   // A copy of `name` in the name blocks, stable for the archive's life.
   std::string_view KeepName(std::string_view name, uint64_t directory_bytes);
+  // Indexes the entries by name, refusing a name listed twice.
   Status BuildNameIndex();
+  // Refuses entries whose records (local header, name, data) overlap each other or the
+  // central directory at `cd_offset`.
+  Status CheckRecordsApart(uint64_t cd_offset) const;
   // Reads `length` bytes at `offset` of the archive (not the file).
   Status ReadAt(uint64_t offset, size_t length, void* out) const;
   Status Corrupt(std::string_view what) const;

@@ -180,3 +180,17 @@ BOOST_AUTO_TEST_CASE(repeated_keys_are_found_only_in_the_range_asked) {
   BOOST_TEST(!FindRepeatedKey(tensors, 5).has_value());
   BOOST_TEST(!FindRepeatedKey({}).has_value());
 }
+
+// Many keys, sorted as (hash, index) words: a repeat must be found wherever it lies and
+// reported by its later place, and none reported where there is none.
+BOOST_AUTO_TEST_CASE(repeated_keys_are_found_among_many) {
+  std::vector<TensorEntry> tensors(200'000);
+  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].key = "layers." + std::to_string(i) + ".weight";
+  BOOST_TEST(!FindRepeatedKey(tensors).has_value());
+  BOOST_TEST(!FindRepeatedKey(tensors, 123'456).has_value());
+  tensors[150'001].key = tensors[7].key;
+  BOOST_TEST(FindRepeatedKey(tensors).value_or(0) == 150'001u);
+  BOOST_TEST(!FindRepeatedKey(tensors, 8).has_value());  // its first is outside the range
+  tensors[199'999].key = tensors[150'000].key;
+  BOOST_TEST(FindRepeatedKey(tensors, 8).value_or(0) == 199'999u);
+}
