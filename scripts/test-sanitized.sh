@@ -84,15 +84,5 @@ LD_PRELOAD="$libasan" ASAN_OPTIONS="${ASAN_OPTIONS/detect_leaks=1/detect_leaks=0
   ctest --output-on-failure --timeout 1500 -R '^(device|views)$' "$@" || rc=$?
 end=$(date +%s)
 
-shopt -s nullglob
-reports=("$logs"/*)
-if [ ${#reports[@]} -gt 0 ]; then
-  for f in "${reports[@]}"; do
-    echo "===== sanitizer report: $f"
-    cat "$f"
-  done
-  echo "test-sanitized: ${#reports[@]} sanitizer report(s) under $logs" >&2
-  [ "$rc" -ne 0 ] || rc=1
-fi
-echo "test-sanitized: build $((built - start))s, tests $((end - built))s, ctest exit $rc" >&2
-exit "$rc"
+. "$root/scripts/sanitizer-verdict.sh"
+sanitizer_verdict test-sanitized "$logs" "$rc" "$start" "$built" "$end"

@@ -37,15 +37,5 @@ PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -m 'not loads_libckptfs'" \
   ctest --output-on-failure --timeout 1500 -R '^(unit\..*|fuse|views|remote|hardening)$' "$@" || rc=$?
 end=$(date +%s)
 
-shopt -s nullglob
-reports=("$logs"/*)
-if [ ${#reports[@]} -gt 0 ]; then
-  for f in "${reports[@]}"; do
-    echo "===== ThreadSanitizer report: $f"
-    cat "$f"
-  done
-  echo "test-tsan: ${#reports[@]} report(s) under $logs" >&2
-  [ "$rc" -ne 0 ] || rc=1
-fi
-echo "test-tsan: build $((built - start))s, tests $((end - built))s, ctest exit $rc" >&2
-exit "$rc"
+. "$root/scripts/sanitizer-verdict.sh"
+sanitizer_verdict test-tsan "$logs" "$rc" "$start" "$built" "$end"
