@@ -18,6 +18,7 @@
 
 #include <xxhash.h>
 
+#include "format/page_prefault.hpp"
 #include "io/parallel.hpp"
 
 namespace ckptfs {
@@ -402,28 +403,6 @@ class MappedEntry {
 // two threads, and the whole-entry checksum computed beside that.
 constexpr uint64_t kOverlapTensors = 65536;
 
-// Faults in `bytes` bytes of fresh memory at `base` for writing, in pieces that the
-// calling threads take in turn from *next. The kernel's page faults are most of the cost of
-// sizing a million-tensor vector (176 MB), and they run on any thread.
-void PopulatePieces(char* base, size_t bytes, std::atomic<size_t>* next) {
-#ifdef MADV_POPULATE_WRITE
-  static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  constexpr size_t kPiece = size_t{4} << 20;
-  const uintptr_t first = (reinterpret_cast<uintptr_t>(base) + page - 1) / page * page;
-  const uintptr_t last = (reinterpret_cast<uintptr_t>(base) + bytes) / page * page;
-  if (last <= first) return;
-  for (size_t k; (k = next->fetch_add(1)) * kPiece < last - first;) {
-    const uintptr_t at = first + k * kPiece;
-    // Failure (a kernel without MADV_POPULATE_WRITE) only leaves the faults to construction.
-    ::madvise(reinterpret_cast<void*>(at), std::min<uintptr_t>(kPiece, last - at), MADV_POPULATE_WRITE);
-  }
-#else
-  (void)base;
-  (void)bytes;
-  (void)next;
-#endif
-}
-
 // Decodes the entry's tensor chunks into catalog->tensors (sized already), on a few threads
 // when there are several chunks; each tensor's layout is checked as it is decoded (the
 // entry was written from a checked catalog, so a failure means a damaged entry). False:
@@ -514,7 +493,7 @@ void LoadCachedCatalog(const std::string& source, const SourceOptions& options, 
       const size_t storage_bytes = tensors.count * sizeof(TensorEntry);
       RunOnWorkers(WorkerCount(2, 1), [&](size_t w) {
         if (w == 1 || WorkerCount(2, 1) == 1) intact = entry.ChecksumMatches(/*drop=*/false);
-        PopulatePieces(storage, storage_bytes, &next_piece);
+        PopulateForWrite(storage, storage_bytes, &next_piece);
       });
     } else {
       intact = entry.ChecksumMatches();

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <system_error>
 
@@ -22,19 +23,25 @@ constexpr uintptr_t kStep = uintptr_t{4} << 20;
 
 }  // namespace
 
-void PagePrefault::Start(void* begin, size_t bytes) {
-  if (thread_.joinable() || bytes < kMinBytes) return;
+void PopulateForWrite(void* begin, size_t bytes, std::atomic<size_t>* next, const std::atomic<bool>* stop) {
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t from = (reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page;
   const uintptr_t to = (reinterpret_cast<uintptr_t>(begin) + bytes) / page * page;
   if (to <= from) return;
+  const size_t pieces = (to - from + kStep - 1) / kStep;
+  for (size_t k; !(stop && stop->load(std::memory_order_relaxed)) && (k = next->fetch_add(1)) < pieces;) {
+    const uintptr_t at = from + k * kStep;
+    if (::madvise(reinterpret_cast<void*>(at), std::min(kStep, to - at), kPopulateWrite) != 0) return;
+  }
+}
+
+void PagePrefault::Start(void* begin, size_t bytes) {
+  if (thread_.joinable() || bytes < kMinBytes) return;
   stop_.store(false, std::memory_order_relaxed);
   try {
-    thread_ = std::thread([this, from, to] {
-      for (uintptr_t at = from; at < to && !stop_.load(std::memory_order_relaxed); at += kStep) {
-        const uintptr_t length = to - at < kStep ? to - at : kStep;
-        if (::madvise(reinterpret_cast<void*>(at), length, kPopulateWrite) != 0) return;
-      }
+    thread_ = std::thread([this, begin, bytes] {
+      std::atomic<size_t> next{0};
+      PopulateForWrite(begin, bytes, &next, &stop_);
     });
   } catch (const std::system_error&) {
     // No thread: the memory is faulted in where it is written.

@@ -13,6 +13,12 @@
 
 namespace ckptfs {
 
+// Faults in, for writing, the whole pages inside [begin, begin + bytes), a piece of a few MB
+// at a time, each piece taken from *next: threads that share one counter share the range.
+// Returns early when *stop is set or when the kernel refuses (before Linux 5.14): the pages
+// left are then faulted in where they are first written.
+void PopulateForWrite(void* begin, size_t bytes, std::atomic<size_t>* next, const std::atomic<bool>* stop = nullptr);
+
 class PagePrefault {
  public:
   // Ranges smaller than this are not worth a thread.
