@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +17,7 @@
 
 #include <xxhash.h>
 
+#include "format/byte_reader.hpp"
 #include "format/page_prefault.hpp"
 #include "io/parallel.hpp"
 
@@ -62,21 +62,16 @@ class Writer {
 };
 
 // Reads what Writer wrote; every read is checked, so a damaged entry fails instead of
-// reading past its end. (Its own fixed-width reads, not ByteReader's byte-by-byte ones: a
-// million tensors' entry is some fifteen million of them.)
+// reading past its end.
 class Reader {
  public:
-  explicit Reader(std::string_view bytes) : bytes_(bytes) {}
-  bool U8(uint8_t* v) {
-    if (pos_ >= bytes_.size()) return false;
-    *v = static_cast<uint8_t>(bytes_[pos_++]);
-    return true;
-  }
-  bool U32(uint32_t* v) { return Fixed(v); }
-  bool U64(uint64_t* v) { return Fixed(v); }
+  explicit Reader(std::string_view bytes) : r_(bytes) {}
+  bool U8(uint8_t* v) { return r_.U8(v); }
+  bool U32(uint32_t* v) { return r_.U32(v); }
+  bool U64(uint64_t* v) { return r_.U64(v); }
   bool I64(int64_t* v) {
     uint64_t u;
-    if (!U64(&u)) return false;
+    if (!r_.U64(&u)) return false;
     *v = static_cast<int64_t>(u);
     return true;
   }
@@ -89,40 +84,22 @@ class Reader {
   // A string as Str reads it, left in the entry's bytes.
   bool View(std::string_view* view) {
     uint64_t n;
-    if (!U64(&n) || n > remaining()) return false;
-    *view = bytes_.substr(pos_, n);
-    pos_ += n;
-    return true;
+    return r_.U64(&n) && n <= r_.remaining() && r_.Bytes(n, view);
   }
   template <typename Values>
   bool Dims(uint64_t rank, Values* dims) {
-    if (rank > kMaxRank || rank * 8 > remaining()) return false;
+    if (rank > kMaxRank || rank * 8 > r_.remaining()) return false;
     dims->resize(rank);
-    for (uint64_t& d : *dims) Fixed(&d);
+    for (uint64_t& d : *dims) r_.U64(&d);  // cannot fail: checked above
     return true;
   }
   // A count of items each at least `min_bytes` long: bounded by what is left.
-  bool Count(uint64_t min_bytes, uint64_t* n) { return U64(n) && *n <= remaining() / min_bytes; }
-  size_t remaining() const { return bytes_.size() - pos_; }
-  bool at_end() const { return pos_ == bytes_.size(); }
-  size_t position() const { return pos_; }
+  bool Count(uint64_t min_bytes, uint64_t* n) { return r_.U64(n) && *n <= r_.remaining() / min_bytes; }
+  bool at_end() const { return r_.at_end(); }
+  size_t position() const { return r_.position(); }
 
  private:
-  template <typename T>
-  bool Fixed(T* v) {
-    if (sizeof(T) > remaining()) return false;
-    T x;
-    std::memcpy(&x, bytes_.data() + pos_, sizeof(T));
-    if constexpr (std::endian::native == std::endian::big) {
-      if constexpr (sizeof(T) == 8) x = __builtin_bswap64(x);
-      else if constexpr (sizeof(T) == 4) x = __builtin_bswap32(x);
-    }
-    *v = x;
-    pos_ += sizeof(T);
-    return true;
-  }
-  std::string_view bytes_;
-  size_t pos_ = 0;
+  ByteReader r_;
 };
 
 // What, besides the source's bytes, decides the catalog a reader builds.
