@@ -3,9 +3,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <exception>
-#include <system_error>
-#include <thread>
 #include <utility>
 
 #include <xxhash.h>
@@ -13,6 +10,7 @@
 #include "format/byte_reader.hpp"
 #include "format/limit_hint.hpp"
 #include "format/page_prefault.hpp"
+#include "io/parallel.hpp"
 
 namespace ckptfs {
 namespace {
@@ -185,33 +183,12 @@ Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t ma
   // directory (a million entries: ~40 ms of the two) builds its index on a second thread
   // meanwhile. A duplicate name is reported before an overlap, as when one ran after the
   // other.
-  Status indexed;
-  std::exception_ptr index_failure;
-  std::thread indexer;
-  // Joined on every way out: a std::thread destroyed unjoined ends the process.
-  struct JoinOnExit {
-    std::thread* thread;
-    ~JoinOnExit() {
-      if (thread->joinable()) thread->join();
-    }
-  } join_on_exit{&indexer};
-  if (entries_.size() >= kThreadedIndexEntries) {
-    try {
-      indexer = std::thread([this, &indexed, &index_failure] {
-        try {
-          indexed = BuildNameIndex();
-        } catch (...) {
-          index_failure = std::current_exception();  // rethrown on this thread, below
-        }
-      });
-    } catch (const std::system_error&) {
-      // No thread: the index is built here.
-    }
-  }
-  if (!indexer.joinable()) CKPTFS_RETURN_IF_ERROR(BuildNameIndex());
-  const Status apart = CheckRecordsApart(cd_offset);
-  if (indexer.joinable()) indexer.join();
-  if (index_failure) std::rethrow_exception(index_failure);
+  Status indexed, apart;
+  const size_t workers = entries_.size() >= kThreadedIndexEntries ? 2 : 1;
+  RunOnWorkers(workers, [&](size_t w) {
+    if (w == 0) apart = CheckRecordsApart(cd_offset);
+    if (w == 1 || workers == 1) indexed = BuildNameIndex();
+  });
   CKPTFS_RETURN_IF_ERROR(indexed);
   return apart;
 }
