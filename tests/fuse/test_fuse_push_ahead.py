@@ -95,3 +95,46 @@ def test_mapped_reads_with_push_ahead(ckptfs_bin, mounts, run_ckptfs_bytes, sour
         assert "refused" not in log, log
         assert 0 < pushed_bytes <= size and stores > 0, log
 
+
+
+@pytest.mark.timeout(180)
+def test_files_released_and_opened_again_while_a_chunk_is_pushed(ckptfs_bin, mounts, run_ckptfs_bytes, tmp_path):
+    # The pusher reads a claimed chunk without its lock; a file released and opened again
+    # meanwhile has a fresh state with no READ yet, which the pusher must not index
+    # (PushAhead::Unread). A 150,000-tensor file makes the header's first chunks slow to serve
+    # (they are rendered on a fresh mount's first reads): each round reads the start of the
+    # header in steps (a stream the daemon pushes for), closes, and opens the file again
+    # without reading for a moment. Without the guard the daemon crashed on 4 of 6 fresh
+    # mounts, nearly always in the first round, so the rounds go to 8 fresh mounts (it then
+    # failed 3 runs in 3).
+    names = [f"w.{i}" for i in range(150_000)]
+    path = tmp_path / "many.safetensors"
+    save_file({k: np.full((1,), i, dtype=np.float32) for i, k in enumerate(names)}, str(path))
+    expected = run_ckptfs_bytes("cat", str(path), "model.safetensors")
+    for attempt in range(8):
+        log_path = tmp_path / f"daemon-{attempt}.log"
+        mnt, proc = mount_foreground(ckptfs_bin, mounts, path, log_path, {"CKPTFS_PUSH_AHEAD_MIB": "256"})
+        served = mnt / "model.safetensors"
+        try:
+            for _ in range(3):
+                with open(served, "rb", buffering=0) as f:
+                    for _ in range(16):
+                        f.read(128 << 10)
+                with open(served, "rb", buffering=0) as f:
+                    time.sleep(0.02)
+                    f.read(8)
+                fd = os.open(served, os.O_RDONLY)  # the next round reads from the daemon again
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+                assert proc.poll() is None, log_path.read_text(errors="replace")
+            whole = served.read_bytes()
+        finally:
+            mounts.unmount(mnt)
+            proc.wait(timeout=30)
+        log = log_path.read_text(errors="replace")
+        assert proc.returncode == 0, log
+        assert whole == expected
+        pushed = PUSHED.search(log)
+        assert pushed and int(pushed.group(2)) > 0, log
