@@ -2,8 +2,8 @@
 // does (huggingface/safetensors safetensors/src/tensor.rs `read_metadata`, `validate`;
 // the rules are listed in doc/FORMATS.md, "safetensors layout").
 #include <algorithm>
+#include <deque>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "format/byte_reader.hpp"
@@ -22,40 +22,74 @@ bool AsUint(const json& j, uint64_t* out) {
   return true;
 }
 
-// The first key that one JSON object holds twice, by a SAX pass that keeps one key set per
-// open object and builds nothing. A parse callback could see the keys during the DOM parse,
-// but nlohmann's callback parser rescans an object's members each time a nested object ends:
-// quadratic in the tensor count (18 s for a header of 70,000 tensors).
-class RepeatedKeyFinder : public json::json_sax_t {
+// Builds the header's DOM in one SAX pass and notes the first key that one JSON object holds
+// twice. json::parse keeps the last of a repeated key silently; a second SAX pass with a key
+// set per object found them but cost another tokenization and a hash per key, and nlohmann's
+// parse callback rescans an object's members each time a nested object ends (quadratic: 18 s
+// for a header of 70,000 tensors). Here the map insertion that builds each object says
+// whether its key was new. A repeated key's value is parsed into a slot of its own and
+// dropped, so that the whole text is still checked to be JSON.
+class HeaderDomBuilder : public json::json_sax_t {
  public:
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(json::number_integer_t) override { return true; }
-  bool number_unsigned(json::number_unsigned_t) override { return true; }
-  bool number_float(json::number_float_t, const json::string_t&) override { return true; }
-  bool string(json::string_t&) override { return true; }
-  bool binary(json::binary_t&) override { return true; }
-  bool start_object(std::size_t) override {
-    open_objects_.emplace_back();
-    return true;
-  }
+  bool null() override { return Put(nullptr); }
+  bool boolean(bool v) override { return Put(v); }
+  bool number_integer(json::number_integer_t v) override { return Put(v); }
+  bool number_unsigned(json::number_unsigned_t v) override { return Put(v); }
+  bool number_float(json::number_float_t v, const json::string_t&) override { return Put(v); }
+  bool string(json::string_t& v) override { return Put(std::move(v)); }
+  bool binary(json::binary_t& v) override { return Put(json::binary(std::move(v))); }
+  bool start_object(std::size_t) override { return Open(json::object()); }
   bool key(json::string_t& key) override {
-    if (open_objects_.back().insert(key).second) return true;
-    repeated_ = key;
-    return false;  // the first one is enough: stop
-  }
-  bool end_object() override {
-    open_objects_.pop_back();
+    auto [it, inserted] = open_.back()->get_ref<json::object_t&>().emplace(std::move(key), nullptr);
+    if (inserted) {
+      slot_ = &it->second;
+    } else {
+      if (repeated_.empty()) repeated_ = it->first;
+      slot_ = &dropped_.emplace_back();
+    }
     return true;
   }
-  bool start_array(std::size_t) override { return true; }
-  bool end_array() override { return true; }
+  bool end_object() override { return Close(); }
+  bool start_array(std::size_t) override { return Open(json::array()); }
+  bool end_array() override { return Close(); }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
 
+  json& root() { return root_; }
   const std::string& repeated() const { return repeated_; }
 
  private:
-  std::vector<std::unordered_set<std::string>> open_objects_;
+  // Where a value goes: the root, the end of the open array, or the slot of the last key.
+  json* Place(json&& value) {
+    if (open_.empty()) {
+      root_ = std::move(value);
+      return &root_;
+    }
+    json& parent = *open_.back();
+    if (parent.is_array()) {
+      auto& items = parent.get_ref<json::array_t&>();
+      items.push_back(std::move(value));
+      return &items.back();  // later pushes go into this child until it closes
+    }
+    *slot_ = std::move(value);
+    return slot_;
+  }
+  bool Put(json&& value) {
+    Place(std::move(value));
+    return true;
+  }
+  bool Open(json&& container) {
+    open_.push_back(Place(std::move(container)));
+    return true;
+  }
+  bool Close() {
+    open_.pop_back();
+    return true;
+  }
+
+  json root_;
+  std::vector<json*> open_;       // the objects and arrays not yet closed, innermost last
+  json* slot_ = nullptr;          // the value of the key just read
+  std::deque<json> dropped_;      // values of repeated keys (stable addresses)
   std::string repeated_;
 };
 
@@ -85,14 +119,14 @@ Status ParseSafetensorsHeader(const SourceFiles& files, const FileWindow& window
   if (header_len > size - 8) return bad("header length " + std::to_string(header_len) + " runs past the end of the file");
   std::string header(header_len, '\0');
   CKPTFS_RETURN_IF_ERROR(files.ReadExact(window.file, window.base + 8, header_len, header.data()));
-  json doc = json::parse(header, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) return bad("header is not a JSON object");
+  HeaderDomBuilder builder;
+  const bool parsed = json::sax_parse(header, &builder);
+  json& doc = builder.root();
+  if (!parsed || !doc.is_object()) return bad("header is not a JSON object");
   // JSON parsers disagree on a repeated key (nlohmann and Python keep the last one, others the
   // first), so a header naming a tensor twice means different tensors to different loaders:
   // refuse it.
-  RepeatedKeyFinder repeated_keys;
-  json::sax_parse(header, &repeated_keys);
-  if (!repeated_keys.repeated().empty()) return bad("key '" + repeated_keys.repeated() + "' appears twice in the header");
+  if (!builder.repeated().empty()) return bad("key '" + builder.repeated() + "' appears twice in the header");
   if (doc.size() > limits.tensors + 1)  // + __metadata__
     return Status::Refused(where, "safetensors: header lists " + std::to_string(doc.size()) + " entries, over the limit of " +
                                       std::to_string(limits.tensors) + " tensors" + LimitHint("max_tensors"));

@@ -153,6 +153,29 @@ BOOST_AUTO_TEST_CASE(header_not_json) {
   CheckCorrupt(SafetensorsBytes("\xff\xfe{}", ""), "header is not a JSON object");
 }
 
+// A repeated key anywhere (top level, inside a tensor's entry, inside __metadata__) is
+// refused by name, and only once the whole text has been found to be JSON.
+BOOST_AUTO_TEST_CASE(repeated_keys) {
+  const std::string a = R"("a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]})";
+  CheckCorrupt(SafetensorsBytes("{" + a + ", " + a + "}", PatternBytes(4, 3)), "key 'a' appears twice in the header");
+  CheckCorrupt(SafetensorsBytes(R"({"a": {"dtype": "F32", "dtype": "F64", "shape": [1], "data_offsets": [0, 4]}})",
+                                PatternBytes(4, 3)),
+               "key 'dtype' appears twice in the header");
+  CheckCorrupt(SafetensorsBytes(R"({"__metadata__": {"k": "1", "k": "2"}, )" + a + "}", PatternBytes(4, 3)),
+               "key 'k' appears twice in the header");
+  // Inside a value of a repeated key, and in objects nested in arrays.
+  CheckCorrupt(SafetensorsBytes(R"({"x": [{"y": 1}, {"z": {"w": 1, "w": 2}}], )" + a + "}", PatternBytes(4, 3)),
+               "key 'w' appears twice in the header");
+  CheckCorrupt(SafetensorsBytes(R"({"x": 1, "x": {"v": 1, "v": 2}})", ""), "key 'x' appears twice in the header");
+  // Not JSON after the repeated key: that is what is reported.
+  CheckCorrupt(SafetensorsBytes(R"({"x": 1, "x": 2, )", ""), "header is not a JSON object");
+  CheckCorrupt(SafetensorsBytes(R"([{"x": 1, "x": 2}])", ""), "header is not a JSON object");
+  // The same key in two objects is no repetition.
+  Read r(SafetensorsBytes(R"({"__metadata__": {"dtype": "x"}, )" + a + "}", PatternBytes(4, 3)));
+  BOOST_TEST(r.status.ok(), r.status.message());
+  BOOST_TEST(r.catalog.tensors.size() == 1u);
+}
+
 BOOST_AUTO_TEST_CASE(unknown_dtype) {
   json h;
   h["a"] = Entry("F12", {1}, 0, 4);
