@@ -9,6 +9,11 @@ Sources (generated once, cached under --workdir):
                --generate-only makes one), whose fp32 master weights ckptfs consolidates
   zero.st      `ckptfs export` of it: model.safetensors, a real safetensors file holding what
                zero_to_fp32 gives (tests/zero checks that bit for bit)
+  dcp          a torch.distributed.checkpoint save dir (--dcp DIR; tests/bench/bench_dcp_consolidate.py
+               --generate-only makes one: FSDP2 at world 2 or more, model and Adam state), loaded
+               with root="model" (the model's weights, as from_pretrained wants them)
+  dcp.st       `ckptfs export --root model` of it (tests/dcp checks the export against
+               dcp_to_torch_save)
 
 Methods, each in a fresh process (this file with a hidden mode), --repeats rounds of one run
 of each method (interleaved, so a change in the machine's load hits every method alike), medians:
@@ -19,11 +24,11 @@ of each method (interleaved, so a change in the machine's load hits every method
   ckptfs.load bf16        ckptfs.load(SOURCE, device="cpu", dtype="bf16"): converted by the
                           library through bounded buffers into the bf16 tensors
   torch.load mmap         torch.load(SOURCE, mmap=True, weights_only=True)     (.pt only)
-  ckptfs.load mmap=False  (ZeRO only) every tensor copied by buffered pread into torch.empty
+  ckptfs.load mmap=False  (ZeRO, DCP) every tensor copied by buffered pread into torch.empty
                           tensors (two threads): what ckptfs.load did for ZeRO before its maps
-  new memory              (ZeRO only) torch.empty(N bytes).fill_(1), N = the copy's size: the
+  new memory              (ZeRO, DCP) torch.empty(N bytes).fill_(1), N = the copy's size: the
                           page faults and zeroing that any loader copying into new memory pays
-  memcpy into faulted     (ZeRO only) the tensors of load_file, made resident, copied into
+  memcpy into faulted     (ZeRO, DCP) the tensors of load_file, made resident, copied into
                           memory allocated and written before the clock: the copy alone
   load_file               safetensors.torch.load_file(COPY.safetensors)         the reference
   load_file + clone       the same, each tensor cloned: what any loader that copies costs at
@@ -53,7 +58,8 @@ that it is cached in the same large folios for every method): the figures compar
 loaders' own work, not the disk. Run by hand from the repo root with the interpreter whose
 ckptfs is to be measured (the installed wheel's, or the test venv with PYTHONPATH=python):
 
-    python tests/bench/bench_python_load.py --zero /tmp/ckptfs-bench-pyload/zero/ckpt [--only zero]
+    python tests/bench/bench_python_load.py --zero /tmp/ckptfs-bench-pyload/zero/ckpt \
+        [--dcp /tmp/ckptfs-bench-pyload-dcp/ckpt] [--only zero,dcp]
 """
 
 from __future__ import annotations
@@ -78,7 +84,7 @@ RSS_GOAL = 1.1
 # --- child modes (torch is imported only here) ---------------------------------------------
 
 
-def child_load(mode: str, source: str, torch_threads: int) -> None:
+def child_load(mode: str, source: str, torch_threads: int, root: str) -> None:
     import resource
 
     import safetensors.torch
@@ -96,12 +102,13 @@ def child_load(mode: str, source: str, torch_threads: int) -> None:
         flat = torch.empty(sum(t.nbytes for t in sources.values()), dtype=torch.uint8).fill_(1)
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
+    roots = {"root": root} if root else {}
     if mode == "ckptfs":
-        out = ckptfs.load(source, device="cpu")
+        out = ckptfs.load(source, device="cpu", **roots)
     elif mode == "ckptfs-copy":
-        out = ckptfs.load(source, device="cpu", mmap=False)
+        out = ckptfs.load(source, device="cpu", mmap=False, **roots)
     elif mode == "ckptfs-bf16":
-        out = ckptfs.load(source, device="cpu", dtype="bf16")
+        out = ckptfs.load(source, device="cpu", dtype="bf16", **roots)
     elif mode == "torch-mmap":
         out = torch.load(source, mmap=True, weights_only=True)
     elif mode == "load_file":
@@ -164,13 +171,13 @@ def warm(path: Path) -> None:
 
 
 def measure(methods: dict, repeats: int, timeout: float, torch_threads: int) -> dict:
-    """Runs every method of METHODS ({name: (mode, source)}) REPEATS times, interleaved (one
-    run of each per round, so a change in the machine's load hits them alike); medians."""
+    """Runs every method of METHODS ({name: (mode, source, root)}) REPEATS times, interleaved
+    (one run of each per round, so a change in the machine's load hits them alike); medians."""
     runs = {name: [] for name in methods}
     for _ in range(repeats):
-        for name, (mode, source) in methods.items():
+        for name, (mode, source, root) in methods.items():
             warm(source)
-            runs[name].append(run_child(["--_load", mode, str(source), str(torch_threads)], timeout))
+            runs[name].append(run_child(["--_load", mode, str(source), str(torch_threads), root], timeout))
     out = {}
     for name, rs in runs.items():
         med = {key: statistics.median(r[key] for r in rs) for key in ("call_s", "touch_s", "VmHWM", "cpu_s", "faults")}
@@ -192,19 +199,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="/tmp/ckptfs-bench-pyload")
     ap.add_argument("--zero", default="", help="a DeepSpeed ZeRO save dir (bench_zero_consolidate.py --generate-only)")
+    ap.add_argument("--dcp", default="", help="a DCP save dir with a model.* subtree (bench_dcp_consolidate.py "
+                    "--generate-only)")
     ap.add_argument("--tensors", type=int, default=32)
     ap.add_argument("--rows", type=int, default=4096)
     ap.add_argument("--cols", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=900)
-    ap.add_argument("--only", default="", help="comma-separated sources to measure (pt, zero); default all")
+    ap.add_argument("--only", default="", help="comma-separated sources to measure (pt, zero, dcp); default all")
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="torch.set_num_threads in every child (0: torch's default); see the docstring")
-    ap.add_argument("--_load", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--_load", nargs=4, help=argparse.SUPPRESS)
     ap.add_argument("--_generate", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._load:
-        child_load(args._load[0], args._load[1], int(args._load[2]))
+        child_load(args._load[0], args._load[1], int(args._load[2]), args._load[3])
         return 0
     if args._generate:
         out, *dims = args._generate
@@ -219,16 +228,18 @@ def main() -> int:
         print(f"generating {pt} and its safetensors copy ...", flush=True)
         subprocess.run([sys.executable, __file__, "--_generate", str(pt), str(args.tensors), str(args.rows),
                         str(args.cols)], check=True, timeout=args.timeout)
-    sources = {"pt": (pt, Path(str(pt) + ".safetensors"))}
-    if args.zero:
-        zero = Path(args.zero)
-        copy = workdir / "zero-export"
+    sources = {"pt": (pt, Path(str(pt) + ".safetensors"), "")}
+    for name, folder, root in (("zero", args.zero, ""), ("dcp", args.dcp, "model")):
+        if not folder:
+            continue
+        copy = workdir / f"{name}-export"
         if not (copy / "model.safetensors").is_file():
-            print(f"exporting {zero} to {copy} (the safetensors copy) ...", flush=True)
-            subprocess.run([str(ckptfs_binary()), "export", str(zero), str(copy)], check=True, timeout=args.timeout)
-        sources["zero"] = (zero, copy / "model.safetensors")
+            print(f"exporting {folder} to {copy} (the safetensors copy) ...", flush=True)
+            subprocess.run([str(ckptfs_binary()), "export", *(["--root", root] if root else []), folder, str(copy)],
+                           check=True, timeout=args.timeout)
+        sources[name] = (Path(folder), copy / "model.safetensors", root)
 
-    floor = measure({"floor": ("floor", pt)}, args.repeats, args.timeout, args.torch_threads)["floor"]["VmHWM"]
+    floor = measure({"floor": ("floor", pt, "")}, args.repeats, args.timeout, args.torch_threads)["floor"]["VmHWM"]
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; page cache warm; "
           f"torch threads {args.torch_threads or 'default'}; "
           f"floor (torch + safetensors + ckptfs imported) {floor / 1024:.0f} MiB; medians of {args.repeats}, "
@@ -237,19 +248,19 @@ def main() -> int:
               f"{'peak MiB':>9} {'net MiB':>8}  ratio")
     print(header)
     failed = []
-    for name, (source, copy) in sources.items():
+    for name, (source, copy, root) in sources.items():
         if args.only and name not in args.only.split(","):
             continue
-        methods = {"ckptfs.load": ("ckptfs", source), "ckptfs.load bf16": ("ckptfs-bf16", source)}
+        methods = {"ckptfs.load": ("ckptfs", source, root), "ckptfs.load bf16": ("ckptfs-bf16", source, root)}
         if name == "pt":
-            methods["torch.load mmap"] = ("torch-mmap", source)
+            methods["torch.load mmap"] = ("torch-mmap", source, "")
         else:
-            methods["ckptfs.load mmap=False (copy)"] = ("ckptfs-copy", source)
-            methods["new memory (empty + fill_)"] = ("new-memory", copy)
-            methods["memcpy into faulted memory"] = ("memcpy", copy)
-        methods["load_file (safetensors copy)"] = ("load_file", copy)
-        methods["load_file + clone (copy floor)"] = ("load_file-clone", copy)
-        methods["ckptfs.load of the copy"] = ("ckptfs", copy)
+            methods["ckptfs.load mmap=False (copy)"] = ("ckptfs-copy", source, root)
+            methods["new memory (empty + fill_)"] = ("new-memory", copy, "")
+            methods["memcpy into faulted memory"] = ("memcpy", copy, "")
+        methods["load_file (safetensors copy)"] = ("load_file", copy, "")
+        methods["load_file + clone (copy floor)"] = ("load_file-clone", copy, "")
+        methods["ckptfs.load of the copy"] = ("ckptfs", copy, "")
         rows = measure(methods, args.repeats, args.timeout, args.torch_threads)
         reference = rows["load_file (safetensors copy)"]["total_s"]
         reference_best = rows["load_file (safetensors copy)"]["best_s"]
