@@ -96,7 +96,6 @@ def test_mapped_reads_with_push_ahead(ckptfs_bin, mounts, run_ckptfs_bytes, sour
         assert 0 < pushed_bytes <= size and stores > 0, log
 
 
-
 @pytest.mark.timeout(180)
 def test_files_released_and_opened_again_while_a_chunk_is_pushed(ckptfs_bin, mounts, run_ckptfs_bytes, tmp_path):
     # The pusher reads a claimed chunk without its lock; a file released and opened again
