@@ -2,8 +2,13 @@
 // does (huggingface/safetensors safetensors/src/tensor.rs `read_metadata`, `validate`;
 // the rules are listed in doc/FORMATS.md, "safetensors layout").
 #include <algorithm>
+#include <cstdint>
 #include <deque>
+#include <functional>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "format/byte_reader.hpp"
@@ -22,14 +27,58 @@ bool AsUint(const json& j, uint64_t* out) {
   return true;
 }
 
-// Builds the header's DOM in one SAX pass and notes the first key that one JSON object holds
-// twice. json::parse keeps the last of a repeated key silently; a second SAX pass with a key
-// set per object found them but cost another tokenization and a hash per key, and nlohmann's
-// parse callback rescans an object's members each time a nested object ends (quadratic: 18 s
-// for a header of 70,000 tensors). Here the map insertion that builds each object says
-// whether its key was new. A repeated key's value is parsed into a slot of its own and
-// dropped, so that the whole text is still checked to be JSON.
-class HeaderDomBuilder : public json::json_sax_t {
+// What one top-level entry of the header says, checked by the rules of doc/FORMATS.md: an
+// error message for the entry, or empty.
+std::string CheckMetadata(const json& value) {
+  if (!value.is_object()) return "__metadata__ is not an object";
+  for (const auto& [key, v] : value.items())
+    if (!v.is_string()) return "__metadata__ value of '" + key + "' is not a string";
+  return {};
+}
+
+std::string CheckTensorEntry(const std::string& key, const json& value, SafetensorsTensor* p) {
+  if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets"))
+    return "tensor '" + key + "' lacks dtype, shape or data_offsets";
+  const json& dt = value["dtype"];
+  auto dtype = dt.is_string() ? DTypeFromSafetensorsName(dt.get<std::string>()) : std::nullopt;
+  if (!dtype) return "tensor '" + key + "' has an unknown dtype " + dt.dump();
+  p->dtype = *dtype;
+  const json& shape = value["shape"];
+  const json& offsets = value["data_offsets"];
+  if (!shape.is_array()) return "tensor '" + key + "' has a malformed shape";
+  uint64_t numel = 1;
+  for (const json& d : shape) {
+    uint64_t dim;
+    if (!AsUint(d, &dim)) return "tensor '" + key + "' has a malformed shape";
+    if (!CheckedMul(numel, dim, &numel)) return "tensor '" + key + "' shape overflows";
+    p->shape.push_back(dim);
+  }
+  uint64_t begin, end;
+  if (!offsets.is_array() || offsets.size() != 2 || !AsUint(offsets[0], &begin) || !AsUint(offsets[1], &end) ||
+      end < begin)
+    return "tensor '" + key + "' has malformed data_offsets";
+  uint64_t nbytes;
+  if (!CheckedMul(numel, Info(p->dtype).itemsize, &nbytes)) return "tensor '" + key + "' size overflows";
+  if (end - begin != nbytes)
+    return "tensor '" + key + "' spans " + std::to_string(end - begin) + " bytes but its dtype and shape need " +
+           std::to_string(nbytes);
+  p->data_offset = begin;  // made absolute by the caller, once the spans are checked
+  p->nbytes = nbytes;
+  return {};
+}
+
+// Reads the header in one SAX pass without a DOM of the whole: each top-level entry's value is
+// built as a small DOM of its own, checked (CheckTensorEntry, CheckMetadata) and dropped when it
+// closes. A DOM of a million-tensor header cost ~700 bytes per tensor (950 MB peak for `ckptfs
+// ls`) and its build and teardown most of the parse.
+//
+// Refused, as the reference parser (serde) does not define them: a key that one object holds
+// twice (parsers disagree on which one wins). Nested objects find theirs as their DOM is built
+// (the map insertion says whether a key is new); top-level keys are checked at the end by
+// sorting their hashes. The first repeated key in document order is reported, and only once
+// the whole text is found to be JSON; then the entry count limit; then the entry errors, the
+// first by key order (what a check of the entries in a sorted map finds first).
+class HeaderReader : public json::json_sax_t {
  public:
   bool null() override { return Put(nullptr); }
   bool boolean(bool v) override { return Put(v); }
@@ -38,35 +87,88 @@ class HeaderDomBuilder : public json::json_sax_t {
   bool number_float(json::number_float_t v, const json::string_t&) override { return Put(v); }
   bool string(json::string_t& v) override { return Put(std::move(v)); }
   bool binary(json::binary_t& v) override { return Put(json::binary(std::move(v))); }
-  bool start_object(std::size_t) override { return Open(json::object()); }
+  bool start_object(std::size_t) override {
+    if (depth_ == 0) {  // the header itself: its entries are taken one by one
+      depth_ = 1;
+      return true;
+    }
+    return Open(json::object());
+  }
   bool key(json::string_t& key) override {
+    const uint64_t seq = keys_seen_++;
+    if (open_.empty()) {  // a top-level key: an entry starts
+      top_keys_.push_back({std::hash<std::string>{}(key), seq, static_cast<uint32_t>(keys_.size())});
+      keys_.push_back(std::move(key));
+      entry_ = nullptr;
+      slot_ = &entry_;
+      return true;
+    }
     auto [it, inserted] = open_.back()->get_ref<json::object_t&>().emplace(std::move(key), nullptr);
     if (inserted) {
       slot_ = &it->second;
     } else {
-      if (repeated_.empty()) repeated_ = it->first;
+      NoteRepeated(it->first, seq);
       slot_ = &dropped_.emplace_back();
     }
     return true;
   }
   bool end_object() override { return Close(); }
-  bool start_array(std::size_t) override { return Open(json::array()); }
+  bool start_array(std::size_t) override {
+    if (depth_ == 0) return not_object_ = true, false;  // no need to read on: not an object
+    return Open(json::array());
+  }
   bool end_array() override { return Close(); }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
 
-  json& root() { return root_; }
-  const std::string& repeated() const { return repeated_; }
+  // After a successful parse: whether the header was an object, and what it held.
+  bool was_object() const { return depth_ == 1 && !not_object_ && open_.empty(); }
+  // The first key held twice by one object, in document order; empty when none.
+  std::string Repeated() {
+    std::sort(top_keys_.begin(), top_keys_.end(),
+              [](const TopKey& a, const TopKey& b) { return std::tie(a.hash, a.seq) < std::tie(b.hash, b.seq); });
+    for (size_t i = 0; i < top_keys_.size();) {
+      size_t j = i + 1;
+      while (j < top_keys_.size() && top_keys_[j].hash == top_keys_[i].hash) ++j;
+      if (j - i > 1) {
+        // One key, or keys whose hashes collide (a crafted header can make many collide): by
+        // key, then place, so that equal keys sit side by side in document order.
+        auto by_key = [this](const TopKey& a, const TopKey& b) {
+          const int order = keys_[a.index].compare(keys_[b.index]);
+          return order != 0 ? order < 0 : a.seq < b.seq;
+        };
+        std::sort(top_keys_.begin() + i, top_keys_.begin() + j, by_key);
+        for (size_t k = i + 1; k < j; ++k)
+          if (keys_[top_keys_[k - 1].index] == keys_[top_keys_[k].index])
+            NoteRepeated(keys_[top_keys_[k].index], top_keys_[k].seq);
+      }
+      i = j;
+    }
+    return repeated_;
+  }
+  size_t entries() const { return keys_.size(); }
+  std::vector<std::string>& keys() { return keys_; }
+  std::vector<std::pair<uint32_t, SafetensorsTensor>>& tensors() { return tensors_; }
+  json& metadata() { return metadata_; }
+  // The entry error that comes first by key (empty when none).
+  const std::string& error() const { return error_; }
 
  private:
-  // Where a value goes: the root, the end of the open array, or the slot of the last key.
+  struct TopKey {
+    uint64_t hash;
+    uint64_t seq;     // place among all keys of the header, in document order
+    uint32_t index;   // in keys_
+  };
+
+  void NoteRepeated(const std::string& key, uint64_t seq) {
+    if (repeated_seq_ <= seq) return;
+    repeated_seq_ = seq;
+    repeated_ = key;
+  }
+  // Where a value goes: the entry being read, the end of the open array, or the slot of the
+  // last key.
   json* Place(json&& value) {
-    if (open_.empty()) {
-      root_ = std::move(value);
-      return &root_;
-    }
-    json& parent = *open_.back();
-    if (parent.is_array()) {
-      auto& items = parent.get_ref<json::array_t&>();
+    if (!open_.empty() && open_.back()->is_array()) {
+      auto& items = open_.back()->get_ref<json::array_t&>();
       items.push_back(std::move(value));
       return &items.back();  // later pushes go into this child until it closes
     }
@@ -74,7 +176,9 @@ class HeaderDomBuilder : public json::json_sax_t {
     return slot_;
   }
   bool Put(json&& value) {
+    if (depth_ == 0) return not_object_ = true, false;
     Place(std::move(value));
+    if (open_.empty()) TakeEntry();  // a scalar entry
     return true;
   }
   bool Open(json&& container) {
@@ -82,14 +186,44 @@ class HeaderDomBuilder : public json::json_sax_t {
     return true;
   }
   bool Close() {
+    if (open_.empty()) return true;  // the header's own closing brace
     open_.pop_back();
+    if (open_.empty()) TakeEntry();
     return true;
   }
+  void TakeEntry() {
+    const uint32_t index = static_cast<uint32_t>(keys_.size() - 1);
+    const std::string& key = keys_[index];
+    std::string problem;
+    if (key == "__metadata__") {
+      problem = CheckMetadata(entry_);
+      if (problem.empty()) metadata_ = std::move(entry_);
+    } else {
+      SafetensorsTensor p;
+      problem = CheckTensorEntry(key, entry_, &p);
+      if (problem.empty()) tensors_.emplace_back(index, std::move(p));
+    }
+    if (!problem.empty() && (error_.empty() || key < error_key_)) {
+      error_ = std::move(problem);
+      error_key_ = key;
+    }
+    entry_ = nullptr;
+    dropped_.clear();
+  }
 
-  json root_;
-  std::vector<json*> open_;       // the objects and arrays not yet closed, innermost last
-  json* slot_ = nullptr;          // the value of the key just read
+  int depth_ = 0;                 // 0: before the header's opening brace; 1: inside it
+  bool not_object_ = false;
+  json entry_;                    // the value of the top-level entry being read
+  std::vector<json*> open_;       // containers of that value not yet closed, innermost last
+  json* slot_ = nullptr;          // where the value of the key just read goes
   std::deque<json> dropped_;      // values of repeated keys (stable addresses)
+  uint64_t keys_seen_ = 0;
+  std::vector<std::string> keys_;  // the top-level keys, in document order
+  std::vector<TopKey> top_keys_;
+  std::vector<std::pair<uint32_t, SafetensorsTensor>> tensors_;  // with their key's index
+  json metadata_ = json::object();
+  std::string error_, error_key_;
+  uint64_t repeated_seq_ = UINT64_MAX;
   std::string repeated_;
 };
 
@@ -119,65 +253,33 @@ Status ParseSafetensorsHeader(const SourceFiles& files, const FileWindow& window
   if (header_len > size - 8) return bad("header length " + std::to_string(header_len) + " runs past the end of the file");
   std::string header(header_len, '\0');
   CKPTFS_RETURN_IF_ERROR(files.ReadExact(window.file, window.base + 8, header_len, header.data()));
-  HeaderDomBuilder builder;
-  const bool parsed = json::sax_parse(header, &builder);
-  json& doc = builder.root();
-  if (!parsed || !doc.is_object()) return bad("header is not a JSON object");
+  HeaderReader reader;
+  if (!json::sax_parse(header, &reader) || !reader.was_object()) return bad("header is not a JSON object");
+  std::string().swap(header);
   // JSON parsers disagree on a repeated key (nlohmann and Python keep the last one, others the
   // first), so a header naming a tensor twice means different tensors to different loaders:
   // refuse it.
-  if (!builder.repeated().empty()) return bad("key '" + builder.repeated() + "' appears twice in the header");
-  if (doc.size() > limits.tensors + 1)  // + __metadata__
-    return Status::Refused(where, "safetensors: header lists " + std::to_string(doc.size()) + " entries, over the limit of " +
-                                      std::to_string(limits.tensors) + " tensors" + LimitHint("max_tensors"));
+  if (std::string repeated = reader.Repeated(); !repeated.empty())
+    return bad("key '" + repeated + "' appears twice in the header");
+  if (reader.entries() > limits.tensors + 1)  // + __metadata__
+    return Status::Refused(where, "safetensors: header lists " + std::to_string(reader.entries()) +
+                                      " entries, over the limit of " + std::to_string(limits.tensors) + " tensors" +
+                                      LimitHint("max_tensors"));
+  if (!reader.error().empty()) return bad(reader.error());
 
   std::vector<SafetensorsTensor> tensors;
-  tensors.reserve(doc.size());
-  out->metadata = json::object();
-  for (auto& [key, value] : doc.items()) {
-    if (key == "__metadata__") {
-      if (!value.is_object()) return bad("__metadata__ is not an object");
-      for (auto& [mk, mv] : value.items())
-        if (!mv.is_string()) return bad("__metadata__ value of '" + mk + "' is not a string");
-      out->metadata = value;
-      continue;
-    }
-    SafetensorsTensor p;
-    p.key = key;
-    uint64_t begin, end;
-    if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets"))
-      return bad("tensor '" + key + "' lacks dtype, shape or data_offsets");
-    const json& dt = value["dtype"];
-    auto dtype = dt.is_string() ? DTypeFromSafetensorsName(dt.get<std::string>()) : std::nullopt;
-    if (!dtype) return bad("tensor '" + key + "' has an unknown dtype " + dt.dump());
-    p.dtype = *dtype;
-    const json& shape = value["shape"];
-    const json& offsets = value["data_offsets"];
-    if (!shape.is_array()) return bad("tensor '" + key + "' has a malformed shape");
-    uint64_t numel = 1;
-    for (const json& d : shape) {
-      uint64_t dim;
-      if (!AsUint(d, &dim)) return bad("tensor '" + key + "' has a malformed shape");
-      if (!CheckedMul(numel, dim, &numel)) return bad("tensor '" + key + "' shape overflows");
-      p.shape.push_back(dim);
-    }
-    if (!offsets.is_array() || offsets.size() != 2 || !AsUint(offsets[0], &begin) || !AsUint(offsets[1], &end) ||
-        end < begin)
-      return bad("tensor '" + key + "' has malformed data_offsets");
-    uint64_t nbytes;
-    if (!CheckedMul(numel, Info(p.dtype).itemsize, &nbytes)) return bad("tensor '" + key + "' size overflows");
-    if (end - begin != nbytes)
-      return bad("tensor '" + key + "' spans " + std::to_string(end - begin) + " bytes but its dtype and shape need " +
-                 std::to_string(nbytes));
-    p.data_offset = begin;  // made absolute below, once the spans are checked
-    p.nbytes = nbytes;
+  tensors.reserve(reader.tensors().size());
+  for (auto& [index, p] : reader.tensors()) {
+    p.key = std::move(reader.keys()[index]);
     tensors.push_back(std::move(p));
   }
+  out->metadata = std::move(reader.metadata());
 
   // Sorted by offsets, tensors must tile the byte buffer exactly: no gaps, no overlaps,
-  // nothing after the last one.
+  // nothing after the last one. Keys break ties, so that an overlap is named alike whatever
+  // the header's order.
   std::sort(tensors.begin(), tensors.end(), [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
-    return std::tie(a.data_offset, a.nbytes) < std::tie(b.data_offset, b.nbytes);
+    return std::tie(a.data_offset, a.nbytes, a.key) < std::tie(b.data_offset, b.nbytes, b.key);
   });
   uint64_t expected = 0;
   for (const SafetensorsTensor& p : tensors) {

@@ -167,6 +167,9 @@ BOOST_AUTO_TEST_CASE(repeated_keys) {
   CheckCorrupt(SafetensorsBytes(R"({"x": [{"y": 1}, {"z": {"w": 1, "w": 2}}], )" + a + "}", PatternBytes(4, 3)),
                "key 'w' appears twice in the header");
   CheckCorrupt(SafetensorsBytes(R"({"x": 1, "x": {"v": 1, "v": 2}})", ""), "key 'x' appears twice in the header");
+  // The first repetition in the text is named, at whatever depth.
+  CheckCorrupt(SafetensorsBytes(R"({"x": {"v": 1, "v": 2}, "x": 1})", ""), "key 'v' appears twice in the header");
+  CheckCorrupt(SafetensorsBytes(R"({"b": 1, "a": 1, "b": 2, "a": 2, "a": 3})", ""), "key 'b' appears twice in the header");
   // Not JSON after the repeated key: that is what is reported.
   CheckCorrupt(SafetensorsBytes(R"({"x": 1, "x": 2, )", ""), "header is not a JSON object");
   CheckCorrupt(SafetensorsBytes(R"([{"x": 1, "x": 2}])", ""), "header is not a JSON object");
