@@ -146,8 +146,11 @@ class HeaderReader : public json::json_sax_t {
     return repeated_;
   }
   size_t entries() const { return keys_.size(); }
-  std::vector<std::string>& keys() { return keys_; }
-  std::vector<std::pair<uint32_t, SafetensorsTensor>>& tensors() { return tensors_; }
+  // The tensors that passed their checks, in document order, their keys moved in.
+  std::vector<SafetensorsTensor> TakeTensors() {
+    for (size_t i = 0; i < tensors_.size(); ++i) tensors_[i].key = std::move(keys_[tensor_keys_[i]]);
+    return std::move(tensors_);
+  }
   json& metadata() { return metadata_; }
   // The entry error that comes first by key (empty when none).
   const std::string& error() const { return error_; }
@@ -201,7 +204,10 @@ class HeaderReader : public json::json_sax_t {
     } else {
       SafetensorsTensor p;
       problem = CheckTensorEntry(key, entry_, &p);
-      if (problem.empty()) tensors_.emplace_back(index, std::move(p));
+      if (problem.empty()) {
+        tensors_.push_back(std::move(p));
+        tensor_keys_.push_back(index);
+      }
     }
     if (!problem.empty() && (error_.empty() || key < error_key_)) {
       error_ = std::move(problem);
@@ -220,7 +226,8 @@ class HeaderReader : public json::json_sax_t {
   uint64_t keys_seen_ = 0;
   std::vector<std::string> keys_;  // the top-level keys, in document order
   std::vector<TopKey> top_keys_;
-  std::vector<std::pair<uint32_t, SafetensorsTensor>> tensors_;  // with their key's index
+  std::vector<SafetensorsTensor> tensors_;  // keys left empty until TakeTensors
+  std::vector<uint32_t> tensor_keys_;       // index of each one's key in keys_
   json metadata_ = json::object();
   std::string error_, error_key_;
   uint64_t repeated_seq_ = UINT64_MAX;
@@ -267,12 +274,7 @@ Status ParseSafetensorsHeader(const SourceFiles& files, const FileWindow& window
                                       LimitHint("max_tensors"));
   if (!reader.error().empty()) return bad(reader.error());
 
-  std::vector<SafetensorsTensor> tensors;
-  tensors.reserve(reader.tensors().size());
-  for (auto& [index, p] : reader.tensors()) {
-    p.key = std::move(reader.keys()[index]);
-    tensors.push_back(std::move(p));
-  }
+  std::vector<SafetensorsTensor> tensors = reader.TakeTensors();
   out->metadata = std::move(reader.metadata());
 
   // Sorted by offsets, tensors must tile the byte buffer exactly: no gaps, no overlaps,
