@@ -307,14 +307,20 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, json* meta
   SafetensorsHeader header;
   CKPTFS_RETURN_IF_ERROR(ParseSafetensorsHeader(*catalog->files, catalog->files->whole(file), limits, &header));
   *metadata = std::move(header.metadata);
+  // Room for them at once: growing by doubling would hold the old and the new array together
+  // at the peak. A folder's shards add to the catalog one file at a time, so the room still
+  // grows geometrically there.
+  std::vector<TensorEntry>& tensors = catalog->tensors;
+  if (const size_t need = tensors.size() + header.tensors.size(); need > tensors.capacity())
+    tensors.reserve(std::max(need, 2 * tensors.capacity()));
   for (SafetensorsTensor& p : header.tensors) {
     TensorEntry t;
-    t.key = p.key;
     t.path = {p.key};
+    t.key = std::move(p.key);
     t.dtype = p.dtype;
     t.shape = std::move(p.shape);
     if (p.nbytes > 0) t.boxes.push_back(Box::Range(file, p.data_offset, 0, t.numel()));
-    catalog->tensors.push_back(std::move(t));
+    tensors.push_back(std::move(t));
   }
   return Status::OK();
 }
