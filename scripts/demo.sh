@@ -14,16 +14,19 @@ set -x
 "$ckptfs" info "$sample"
 "$ckptfs" ls "$sample"
 rm -rf "$root/build/sample-export"
-"$ckptfs" export "$sample" "$root/build/sample-export"
+"$ckptfs" export --write all "$sample" "$root/build/sample-export"
 ls -l "$root/build/sample-export" "$root/build/sample-export/tensors"
 "$ckptfs" cat "$sample" metadata.json
 { set +x; } 2>/dev/null
 
 mnt="$root/build/sample-mount"
-if [ ! -e /dev/fuse ] || ! command -v fusermount3 >/dev/null; then
-  echo "demo: no /dev/fuse or fusermount3 here: skipping the mount (everything above works without it)" >&2
-  exit 0
-fi
+fuse=0
+"$root/scripts/check-fuse.sh" demo || fuse=$?
+case $fuse in
+  0) ;;
+  3) echo "demo: everything above works without a mount" >&2; exit 0 ;;
+  *) exit 1 ;;
+esac
 unmount() {
   if mountpoint -q "$mnt"; then
     # A busy or unresponsive mount is detached lazily rather than left behind.

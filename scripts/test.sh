@@ -14,6 +14,10 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh"
+# Under CI=true a machine that cannot mount fails here, in one line, before any build.
+fuse=0
+"$root/scripts/check-fuse.sh" test.sh || fuse=$?
+[ "$fuse" -ne 1 ] || exit 1
 venv=$("$root/scripts/setup-venv.sh")
 "$root/scripts/build.sh" -DCKPTFS_PYTHON="$venv/bin/python"
 rc=0

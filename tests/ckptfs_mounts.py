@@ -82,6 +82,9 @@ def pytest_collection_modifyitems(config, items):
     reason = fuse_unavailable_reason()
     if reason is None:
         return
+    if os.environ.get("CI") == "true" and any("requires_fuse" in getattr(i, "fixturenames", ()) for i in items):
+        # On CI a machine that lost FUSE must fail, not pass with every mount test skipped.
+        raise pytest.UsageError(f"CI=true and this machine cannot mount: {reason}")
     for item in items:
         if "requires_fuse" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.skip(reason=f"{_suite(item)} mounts for real and cannot run here: {reason}"))

@@ -9,9 +9,10 @@ from safetensors import safe_open as reference_open
 
 import ckptfs
 from ckptfs_testlib import assert_bitwise_equal
-from fusetools import daemon_pids, fuse_unavailable_reason, mount_entry
+from fusetools import daemon_pids, mount_entry
 
-pytestmark = pytest.mark.skipif(fuse_unavailable_reason() is not None, reason=str(fuse_unavailable_reason()))
+# Skips without FUSE, or fails the run under CI=true (tests/ckptfs_mounts.py).
+pytestmark = pytest.mark.usefixtures("requires_fuse")
 
 
 def gone(mountpoint, deadline_s: float = 10.0) -> bool:
