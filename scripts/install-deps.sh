@@ -3,6 +3,7 @@
 set -euo pipefail
 packages=(g++ cmake ninja-build pkg-config libfuse3-dev fuse3 nlohmann-json3-dev libxxhash-dev
           libboost-test-dev python3-venv rsync attr xxhash clang libclang-rt-14-dev)
+packages+=(ccache)  # CMakeLists.txt: the builds of scripts/test.sh and CI share objects
 packages+=(fuse-zip)  # tests/bench/bench_archive_peers.py: the archive-mount peer
 packages+=(libcurl4-openssl-dev)  # remote sources (src/remote): range requests, SigV4
 packages+=(nginx)  # tests/remote, tests/bench/bench_remote.py: the web server on loopback

@@ -16,15 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from ckptfs_testlib import REPO_ROOT, assert_bitwise_equal, ckptfs_path, flatten_tensors  # noqa: F401
+from ckptfs_testlib import REPO_ROOT, assert_bitwise_equal, ckptfs_path, flatten_tensors, scaled  # noqa: F401
 
+# Deadlines on the normal build, scaled for the build under test (ckptfs_testlib.scaled).
 # Starting a mount indexes the source first; even a large checkpoint takes seconds.
-MOUNT_TIMEOUT_S = 60
+MOUNT_TIMEOUT_S = scaled(60)
 # How long a mount may take to show up in /proc/mounts after the command returned (it
 # should already be there: `ckptfs SOURCE MOUNTPOINT` returns once the mount is ready).
-MOUNT_APPEAR_S = 10
-HELPER_TIMEOUT_S = 15  # fusermount3, pgrep, rsync of small trees
-DAEMON_EXIT_S = 10  # how long a daemon may take to exit after its mount went away
+MOUNT_APPEAR_S = scaled(10)
+HELPER_TIMEOUT_S = scaled(15)  # fusermount3, pgrep, rsync of small trees
+DAEMON_EXIT_S = scaled(10)  # how long a daemon may take to exit after its mount went away
 
 
 def fuse_unavailable_reason():
@@ -142,15 +143,19 @@ def mount_entry(mountpoint):
     return found
 
 
-def wait_for_mount(mountpoint, timeout: float = MOUNT_APPEAR_S):
+def wait_for_mount(mountpoint, timeout: float = MOUNT_APPEAR_S, daemon=None):
     """Poll /proc/mounts until MOUNTPOINT is a ckptfs mount; the entry, or None at the
-    deadline."""
+    deadline. With DAEMON (the Popen of a foreground `ckptfs ... -f`, which indexes its
+    source before it mounts) the wait lasts as long as that process runs, up to
+    MOUNT_TIMEOUT_S: it ends on a condition, not on a guess of how long indexing takes."""
+    if daemon is not None:
+        timeout = max(timeout, MOUNT_TIMEOUT_S)
     deadline = time.monotonic() + timeout
     while True:
         e = mount_entry(mountpoint)
         if e is not None and e["fstype"].startswith("fuse"):
             return e
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or (daemon is not None and daemon.poll() is not None):
             return None
         time.sleep(0.05)
 

@@ -21,19 +21,20 @@ from pathlib import Path
 
 import pytest
 
+from ckptfs_testlib import scaled
 from fusetools import mount_entry
 
 SUITE_DIR = Path(__file__).resolve().parent
 CASES_DIR = SUITE_DIR / "cases"
 EXPECTED = json.loads((SUITE_DIR / "expected.json").read_text())
 
-WALL_LIMIT_S = 2.0
+WALL_LIMIT_S = scaled(2.0)
 # Peak RSS of the refusing process. The worst case is the pickle of dicts nested 10^6 deep
 # (3 MB of opcodes, ~185 MB of parsed objects before the nesting check refuses it); every
 # other case stays under 25 MB.
 RSS_LIMIT_BYTES = 256 << 20
-# A hung child is killed after this (the 2 s limit is asserted separately).
-KILL_AFTER_S = 20
+# A hung child is killed after this (WALL_LIMIT_S is asserted separately).
+KILL_AFTER_S = scaled(20)
 
 
 # The child's peak RSS must be measured on a process forked from a small one: the kernel

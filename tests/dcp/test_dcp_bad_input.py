@@ -15,12 +15,13 @@ import pytest
 import torch  # noqa: F401  (the .metadata pickle names torch classes)
 import torch.distributed.checkpoint.metadata as dcp_metadata
 
+from ckptfs_testlib import scaled
 from fusetools import mount_entry
 
 CASE = "fsdp2_ws2"
 # [22, 13] in two row chunks of 11: chunk 1 lives in __1_0.distcp.
 VICTIM = "model.0.weight"
-REFUSE_WITHIN_S = 2.0
+REFUSE_WITHIN_S = scaled(2.0)
 
 
 @pytest.fixture

@@ -10,16 +10,16 @@ import os
 import sys
 import textwrap
 
-from ckptfs_testlib import REPO_ROOT
+from ckptfs_testlib import REPO_ROOT, scaled
 from fusetools import mount_entries, run_bounded
 
 SAMPLE = REPO_ROOT / "tests" / "data" / "sample-mlp-training.pt"
-# Mounting and reading the manifest come out of the same deadline: 2 s was once too short
-# for them on a loaded two-core machine.
-DEADLINE_S = 8
+# Mounting and reading the manifest come out of the same deadline, which must hold on a
+# loaded two-core machine and on the sanitizer builds.
+DEADLINE_S = scaled(8)
 GRACE_S = 1
 # The inner session: interpreter and torch start-up, the deadline and grace, teardown.
-INNER_SESSION_TIMEOUT_S = 90
+INNER_SESSION_TIMEOUT_S = scaled(90)
 
 INNER_TESTS = f'''
 import os

@@ -37,7 +37,7 @@ def test_init_declines_auto_inval_data(ckptfs_bin, mounts, tmp_path):
         proc = subprocess.Popen([str(ckptfs_bin), str(SAMPLE), str(mnt), "-d"], stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            assert wait_for_mount(mnt) is not None, "the -d mount did not appear"
+            assert wait_for_mount(mnt, daemon=proc) is not None, "the -d mount did not appear"
             assert (mnt / "model.safetensors").stat().st_size > 0
         finally:
             mounts.unmount(mnt)

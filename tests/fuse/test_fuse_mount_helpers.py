@@ -145,7 +145,7 @@ def run_foreground_then_sigterm(source, mounts, ckptfs_bin):
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     try:
-        assert wait_for_mount(mnt) is not None, "foreground mount did not appear"
+        assert wait_for_mount(mnt, daemon=proc) is not None, "foreground mount did not appear"
         assert proc.poll() is None, "ckptfs -f exited while mounted"
         assert (mnt / "model.safetensors").stat().st_size > 0
         proc.send_signal(signal.SIGTERM)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from ckptfs_testlib import scaled
 from fusetools import wait_for_mount
 
 PAGE = 4096
@@ -41,7 +42,7 @@ def mount_foreground(ckptfs_bin, mounts, source, log_path, env_extra):
     proc = subprocess.Popen([str(ckptfs_bin), str(source), str(mnt), "-f"], stdin=subprocess.DEVNULL, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True, env=env)
     log.close()
-    assert wait_for_mount(mnt) is not None, f"the mount did not appear: {log_path.read_text(errors='replace')}"
+    assert wait_for_mount(mnt, daemon=proc) is not None, f"the mount did not appear: {log_path.read_text(errors='replace')}"
     return mnt, proc
 
 
@@ -76,7 +77,7 @@ def test_mapped_reads_with_push_ahead(ckptfs_bin, mounts, run_ckptfs_bytes, sour
         got = read_by_faults(served, size)
     finally:
         mounts.unmount(mnt)
-        proc.wait(timeout=30)
+        proc.wait(timeout=scaled(30))
     log = log_path.read_text(errors="replace")
     expected = run_ckptfs_bytes("cat", str(source), "model.safetensors")
     assert len(expected) == size > 32 << 20
@@ -131,7 +132,7 @@ def test_files_released_and_opened_again_while_a_chunk_is_pushed(ckptfs_bin, mou
             whole = served.read_bytes()
         finally:
             mounts.unmount(mnt)
-            proc.wait(timeout=30)
+            proc.wait(timeout=scaled(30))
         log = log_path.read_text(errors="replace")
         assert proc.returncode == 0, log
         assert whole == expected

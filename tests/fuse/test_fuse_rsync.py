@@ -3,9 +3,10 @@ itself a valid ckptfs source whose tensors equal the original's."""
 
 from safetensors.torch import load_file
 
+from ckptfs_testlib import scaled
 from fusetools import assert_bitwise_equal, read_manifest, run_bounded
 
-RSYNC_TIMEOUT_S = 60
+RSYNC_TIMEOUT_S = scaled(60)
 
 
 def rsync(rsync_bin, src_dir, dest_dir) -> list:

@@ -19,11 +19,12 @@ import time
 import pytest
 import torch
 
+from ckptfs_testlib import scaled
 from fusetools import expect_errno, read_manifest
 
 KEYS = [f"layer{i}.weight" for i in range(6)]
 READ_BEFORE = (KEYS[0], KEYS[4])  # read before the change; the others are not
-WATCHER_DEADLINE_S = 5
+WATCHER_DEADLINE_S = scaled(5)
 
 
 def write_checkpoint(path, seed: int) -> dict:

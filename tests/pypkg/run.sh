@@ -5,7 +5,8 @@
 #
 #   CKPTFS_PYTHON   the test environment's python (scripts/setup-venv.sh), which has
 #                   scikit-build-core: the wheel is built in it with --no-build-isolation
-#   CKPTFS_PYPKG_DIR  where the wheel's CMake build, the wheel and the environment go
+#   CKPTFS_PYPKG_DIR  where the wheel and the environment go
+#   CKPTFS_PYPKG_CMAKE_DIR  the wheel's CMake build folder (default CKPTFS_PYPKG_DIR/cmake)
 #   extra arguments go to pytest
 #
 # The fresh environment gets the test environment's site-packages through a .pth file
@@ -21,10 +22,10 @@ work=${CKPTFS_PYPKG_DIR:?set CKPTFS_PYPKG_DIR to a work folder}
 mkdir -p "$work"
 work=$(cd "$work" && pwd)
 
-settings=(--config-settings=build-dir="$work/cmake")
-if command -v ccache >/dev/null; then
-  settings+=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
-fi
+# The wheel's CMake build: CKPTFS_PYPKG_CMAKE_DIR, which CTest puts beside the build folder
+# (build-wheel/ beside build/): at the same depth below the sources, its compile commands are
+# those of build/, and ccache (CMakeLists.txt) serves the objects build/ made.
+settings=(--config-settings=build-dir="${CKPTFS_PYPKG_CMAKE_DIR:-$work/cmake}")
 rm -rf "$work/dist"
 start=$(date +%s)
 "$python" -m pip wheel "$root" --quiet --no-build-isolation --no-deps --no-index --disable-pip-version-check \

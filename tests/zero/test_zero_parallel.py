@@ -23,12 +23,12 @@ import pytest
 import torch
 
 from ckptfs_fixture_cache import PARALLEL_CHECKPOINTS
-from ckptfs_testlib import assert_bitwise_equal, cached_fixtures_or_fail, check_safetensors_file
+from ckptfs_testlib import assert_bitwise_equal, cached_fixtures_or_fail, check_safetensors_file, scaled
 
 if importlib.util.find_spec("deepspeed") is None:  # imported lazily: it takes seconds
     pytest.skip("tests/zero need deepspeed (tests/requirements.txt)", allow_module_level=True)
 
-COMMAND_TIMEOUT_S = 60
+COMMAND_TIMEOUT_S = scaled(60)
 TAG = "global_step2"  # two training steps in every case
 
 
