@@ -68,6 +68,7 @@ BENCHES = {
             ["--vocab", "1000", "--hidden", "256", "--ffn", "512", "--layers", "1"], 1800, 300),
 }
 LEGACY = {"ls", "bf16", "zero", "dcp"}  # report their own PASS/FAIL; no JSON of their own
+WORD_IDS = LEGACY | {"scale"}  # ids that are words; the others are sets of one-letter ids
 
 
 def selected(only: str) -> list[str]:
@@ -76,10 +77,10 @@ def selected(only: str) -> list[str]:
     want = set(x.strip() for x in only.split(",") if x.strip())
     out = []
     for name, (_, letters, *_r) in BENCHES.items():
-        if name in want or (letters in LEGACY and letters in want) or \
-                (letters and letters not in LEGACY and any(w in letters for w in want if len(w) == 1)):
+        if name in want or (letters in WORD_IDS and letters in want) or \
+                (letters and letters not in WORD_IDS and any(w in letters for w in want if len(w) == 1)):
             out.append(name)
-    unknown = [w for w in want if w not in BENCHES and w not in LEGACY and not (len(w) == 1 and w in "abcdefgh")]
+    unknown = [w for w in want if w not in BENCHES and w not in WORD_IDS and not (len(w) == 1 and w in "abcdefgh")]
     if unknown:
         raise SystemExit(f"unknown --only ids: {unknown}")
     return out
@@ -138,7 +139,7 @@ def main() -> int:
     ap.add_argument("--ckptfs", default=str(ROOT / "build" / "ckptfs"))
     ap.add_argument("--workdir", default="/tmp/ckptfs-bench")
     ap.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke test (~3 min)")
-    ap.add_argument("--only", default="", help="comma list: a,b,c,d,e,f,g,h,ls,bf16,zero,ttm or bench names")
+    ap.add_argument("--only", default="", help="comma list: a,b,c,d,e,f,g,h,ls,bf16,zero,dcp,scale,ttm or bench names")
     ap.add_argument("--repeats", type=int, default=0, help="override every bench's repeat count")
     ap.add_argument("--keep", action="store_true", help="keep generated checkpoints for the next run")
     ap.add_argument("--table", action="store_true", help="print the table of WORKDIR/results.jsonl and stop")
