@@ -25,8 +25,8 @@
 
 namespace ckptfs {
 
-// A tensor's shape: inline up to rank 4 (every tensor has one; a heap allocation each was
-// ~50 bytes of a million-tensor catalog's ~500 per tensor).
+// A tensor's shape: inline up to rank 4 (every tensor has one; a heap allocation each would
+// add ~50 bytes per tensor to a catalog).
 using Shape = SmallVector<uint64_t, 4>;
 // A box's offsets, extents or strides: inline up to rank 2 (contiguous tensors have one
 // rank-1 box).
@@ -36,8 +36,8 @@ using BoxDims = SmallVector<uint64_t, 2>;
 using PathElement = std::variant<std::string, int64_t>;
 
 // A tensor's original location, its elements packed into one string (a vector of variants
-// was ~100 bytes and two allocations per tensor of a million-tensor catalog; packed, a
-// typical path fits one allocation or none). Elements are decoded on access.
+// would be ~100 bytes and two allocations per tensor; packed, a typical path fits one
+// allocation or none). Elements are decoded on access.
 class KeyPath {
  public:
   class const_iterator {
@@ -149,8 +149,8 @@ struct Box {
 
 // A tensor's boxes, contiguous like a std::vector's. Nearly every tensor has one (a
 // contiguous range of one file), kept inline; a heap vector holds them only when there are
-// more. (As a std::vector<Box> the one box was a heap block of its own: one of the three
-// allocations per tensor that decoding a cached million-tensor catalog spent its time on.)
+// more. (As a std::vector<Box> the one box would be a heap block of its own, and per-tensor
+// allocations are where decoding a cached million-tensor catalog spends its time.)
 class BoxList {
  public:
   using value_type = Box;

@@ -1,7 +1,7 @@
 // SmallVector: a vector of trivially copyable values kept inline up to N of them.
 //
 // A catalog holds a shape and a box's offsets, extents and strides for every tensor: as
-// std::vectors each was a heap allocation (a million-tensor catalog made five million),
+// std::vectors each would be a heap allocation (five million for a million-tensor catalog),
 // while nearly all have rank 1 to 4. Only what the catalog's users need of std::vector is
 // here.
 #ifndef CKPTFS_SMALL_VECTOR_HPP_
@@ -39,7 +39,7 @@ class SmallVector {
   SmallVector() = default;
   SmallVector(std::initializer_list<T> values) { assign(values.begin(), values.end()); }
   SmallVector(size_t count, const T& value) { assign(count, value); }
-  // From any std::vector (readers build them): implicit, as assignments from vectors were.
+  // From any std::vector (readers build them): implicit, so a vector assigns as it is.
   SmallVector(const std::vector<T>& values) { assign(values.begin(), values.end()); }  // NOLINT
   template <typename It, typename = decltype(*std::declval<It>())>
   SmallVector(It first, It last) {

@@ -42,7 +42,7 @@ Status ApplyViewOptions(std::shared_ptr<const Catalog> catalog, const ViewOption
 // A piece of a small virtual file (metadata.json, the shard index, a sibling file, a
 // checksummed manifest.json). Model files, manifest.json and per-tensor files have none:
 // their bytes are made from the catalog on read (View::ReadModelFile, ReadManifest,
-// ReadTensorFile); a segment each per tensor was ~64 MB of a million-tensor View.
+// ReadTensorFile); a segment each per tensor would be ~64 MB of a million-tensor View.
 struct Segment {
   enum class Kind : uint8_t { kLiteral, kExtent };
   Kind kind = Kind::kLiteral;
@@ -60,7 +60,7 @@ class View {
   static constexpr NodeId kRoot = 0;
 
   // A node as the tree shows it, made on request: the per-tensor files of tensors/ are not
-  // held as nodes (a node and a name string each were ~130 MB of a million-tensor View) but
+  // held as nodes (a node and a name string each would be ~130 MB of a million-tensor View) but
   // made from their catalog entries.
   struct Node {
     std::string name;
@@ -186,7 +186,7 @@ class View {
   mutable std::once_flag model_once_;
 
   // manifest.json without checksums: a head literal, one entry per tensor made again on
-  // each read (kept, a million entries were ~250 MB), a tail literal; laid out on first need.
+  // each read (kept, a million entries would be ~250 MB), a tail literal; laid out on first need.
   NodeId manifest_ = kRoot;
   std::string manifest_head_, manifest_tail_;
   mutable std::vector<uint64_t> manifest_entry_end_;  // tensor index -> end of its entry in the file

@@ -168,7 +168,7 @@ class Source:
         pages of source files that hold them as stored are mapped there (a ZeRO-3 parameter
         is maps of every rank file whose pages line up), and the bytes no map supplies are
         read into place by the library. One call for all of them: per-tensor work in Python
-        (an allocation, a read call, a thread hand-off) cost more than the maps
+        (an allocation, a read call, a thread hand-off) costs more than the maps
         (tests/bench/README.md)."""
         import numpy as np
         import torch

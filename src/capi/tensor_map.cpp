@@ -114,8 +114,8 @@ struct PopulateRange {
 // would raise SIGBUS (a file truncated since it was checked). It is called on each huge page
 // that can be mapped whole, and elsewhere on one page every kFaultAround bytes, since each
 // fault maps that many cached pages around the faulting one. One call over a whole range would
-// walk every 4 KiB page a second time in the kernel's get_user_pages loop, which measured 2-3x
-// the cost of the faults themselves. An older kernel refuses; the pages are then mapped when
+// walk every 4 KiB page a second time in the kernel's get_user_pages loop, which costs 2-3x
+// as much as the faults themselves. An older kernel refuses; the pages are then mapped when
 // first touched, as without this.
 void Populate(const std::vector<PopulateRange>& ranges, uint64_t page, uint64_t huge) {
   constexpr uint64_t kTask = 16 << 20;  // bytes per unit of work handed to a thread

@@ -256,8 +256,8 @@ std::optional<size_t> FindRepeatedKey(const std::vector<TensorEntry>& tensors, s
     packed[i] = (XXH3_64bits(key.data(), key.size()) & ~uint64_t{0xFFFFFFFF}) | i;
   }
   std::sort(packed.begin(), packed.end());
-  // Within a run of equal hashes the indices ascend, as they did with pairs: the later of
-  // the first pair found is the one reported.
+  // Within a run of equal hashes the indices (the low word) ascend, so the later of the
+  // first pair found is the one reported.
   constexpr uint64_t kIndexBits = 0xFFFFFFFF;
   for (size_t k = 0; k < n;) {
     size_t end = k + 1;

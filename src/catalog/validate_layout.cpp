@@ -44,7 +44,7 @@ class LayoutCheck {
   const TensorEntry& tensor_;
   const SourceFiles& files_;
   const std::string& source_;
-  // What the boxes tile (TiledDims); inline, as a std::vector it was an allocation for
+  // What the boxes tile (TiledDims); inline: a std::vector would be an allocation for
   // every tensor of a catalog.
   Shape dims_;
 };

@@ -80,7 +80,7 @@ int RunLs(const Args& args) {
   if (Status s = OpenPresented(positional[0], options, &catalog); !s.ok()) return Fail(s);
 
   // Output goes out in pieces of about a megabyte: one string of a million tensors' lines
-  // was ~100 MB of a listing's peak memory.
+  // would be ~100 MB of a listing's peak memory.
   constexpr size_t kFlushBytes = size_t{1} << 20;
   std::string text;
   auto flush_if_full = [&text] {

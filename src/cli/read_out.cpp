@@ -140,7 +140,7 @@ class ProgressBar {
 
 // Export never leaves a partial file under a final name: each file is written to
 // a temporary name in its own folder and renamed into place only when complete. Durability
-// comes from one syncfs at the end: an fsync per file made a 70,000-tensor export take
+// comes from one syncfs at the end: an fsync per file makes a 70,000-tensor export take
 // minutes instead of seconds.
 // SIGINT, SIGTERM and SIGHUP remove the temporary file being written and then end the
 // process as the signal would have; after SIGKILL or a crash at most one `.*.ckptfs-tmp-PID`

@@ -170,8 +170,8 @@ class DcpReader {
   // Reopened for every chunk: its buffers are reused, not reallocated a million times.
   TorchArchive chunk_archive_;
   // Per data file, bytes read ahead of its next chunk: torch writes a rank's chunks one after
-  // another, so one read serves dozens of small chunk archives (a million chunks were a
-  // million reads). 64 KiB per file: 16 MiB for 256 ranks.
+  // another, so one read serves dozens of small chunk archives (a read per chunk would be a
+  // million reads for a million chunks). 64 KiB per file: 16 MiB for 256 ranks.
   static constexpr uint64_t kReadAhead = 64 << 10;
   struct ReadBuffer {
     uint64_t start = 0;

@@ -1070,8 +1070,8 @@ bool Pickle::Arena::Locate(const void* p, size_t* block, size_t* offset8, bool r
   if (recent_only) return false;
   // Else a value made long ago (an interned tuple a million tensors share): the block
   // whose start is the last at or before `p`, by a search of the blocks sorted by
-  // address. A scan from the newest block took time in proportion to the arena's size,
-  // for every such lookup.
+  // address. A scan from the newest block would take time in proportion to the arena's
+  // size, for every such lookup.
   if (by_address_.size() != blocks_.size()) {
     by_address_.clear();
     for (size_t k = 0; k < blocks_.size(); ++k) by_address_.push_back(k);

@@ -69,8 +69,8 @@ std::string CheckTensorEntry(const std::string& key, const json& value, Safetens
 
 // Reads the header in one SAX pass without a DOM of the whole: each top-level entry's value is
 // built as a small DOM of its own, checked (CheckTensorEntry, CheckMetadata) and dropped when it
-// closes. A DOM of a million-tensor header cost ~700 bytes per tensor (950 MB peak for `ckptfs
-// ls`) and its build and teardown most of the parse.
+// closes. A DOM of a million-tensor header would cost ~700 bytes per tensor (950 MB peak for
+// `ckptfs ls`), and its build and teardown would be most of the parse.
 //
 // Refused, as the reference parser (serde) does not define them: a key that one object holds
 // twice (parsers disagree on which one wins). Nested objects find theirs as their DOM is built

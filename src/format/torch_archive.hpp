@@ -174,8 +174,8 @@ class TorchArchive : public StorageResolver {
   bool released_ = false;
   uint64_t max_entries_ = 0;
   // Which storage records a lookup has checked (compression, size), by the index of their
-  // zip entry: a bit each where a memo of data offsets took 8 bytes (8 MB of the peak of a
-  // million-record parse).
+  // zip entry: a bit each where a memo of data offsets would take 8 bytes (8 MB at the peak
+  // of a million-record parse).
   mutable std::vector<bool> checked_;
   // Data offsets of records referenced again (storages shared by several tensors), by
   // entry index modulo its size, made on the first such reference: a scattered repeat

@@ -181,8 +181,8 @@ Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t ma
   CKPTFS_RETURN_IF_ERROR(ParseCentralDirectory(cd_offset, cd_size, entry_count));
   // The name index and the check that records lie apart only read the entries: a large
   // directory (a million entries: ~40 ms of the two) builds its index on a second thread
-  // meanwhile. A duplicate name is reported before an overlap, as when one ran after the
-  // other.
+  // meanwhile. A duplicate name is reported before an overlap, whichever thread finishes
+  // first.
   Status indexed, apart;
   const size_t workers = entries_.size() >= kThreadedIndexEntries ? 2 : 1;
   RunOnWorkers(workers, [&](size_t w) {
@@ -200,9 +200,9 @@ Status ZipArchive::CheckRecordsApart(uint64_t cd_offset) const {
   // pt-entries-overlap, pt-entry-overlaps-central-dir). Each entry is taken as its local
   // header, name and data; the local extra field is not known yet, so this is a lower bound.
   // Writers list the records in the order they wrote them (torch.save does): then the
-  // directory's order is the sorted one and no sort is needed (a million entries took ~15 ms).
-  // Strictly increasing only: equal offsets are sorted, so that a message names the same
-  // pair as it did.
+  // directory's order is the sorted one and no sort is needed (a million entries take ~15 ms
+  // to sort). Strictly increasing only: equal offsets take the sorted path, so the pair a
+  // message names does not depend on the directory's order.
   bool in_order = true;
   for (size_t i = 1; i < entries_.size() && in_order; ++i)
     in_order = entries_[i - 1].local_header_offset < entries_[i].local_header_offset;

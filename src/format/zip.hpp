@@ -86,7 +86,7 @@ class ZipArchive {
   char* name_cursor_ = nullptr;
   size_t name_left_ = 0;
   // Open addressing over name hashes: entry index + 1, 0 for an empty slot; a power of two
-  // at least twice the entry count (8 bytes per entry where a node map took ~50).
+  // at least twice the entry count (8 bytes per entry where a node map would take ~50).
   std::vector<uint32_t> by_name_;
   mutable std::string header_cache_;  // bytes of the window starting at header_cache_start_
   mutable uint64_t header_cache_start_ = 0;

@@ -110,8 +110,8 @@ std::string MountedDevice(const std::string& mountpoint) {
 
 // The sysfs file of the mount's readahead window (see Filesystem::readahead_knob), found
 // through mountinfo, not stat() of the mountpoint, which would wait for this daemon's own
-// answer (done from a thread, as before, it held the mount busy whenever an unmount came
-// first). Empty when the mount is not found.
+// answer (and, done from a thread, hold the mount busy whenever an unmount came first).
+// Empty when the mount is not found.
 std::string ReadaheadKnob(const std::string& mountpoint) {
   char resolved[PATH_MAX];
   const std::string device = MountedDevice(::realpath(mountpoint.c_str(), resolved) ? resolved : mountpoint);
@@ -119,14 +119,15 @@ std::string ReadaheadKnob(const std::string& mountpoint) {
 }
 
 // Bytes pushed ahead of each reader of a served file (push_ahead.hpp): 256 MiB unless
-// CKPTFS_PUSH_AHEAD_MIB says otherwise (0: off). Measured on a quiet machine
-// (tests/bench/README.md, issue 14): mapped loaders gain 11-13 % (`from_pretrained` + touch
-// 0.65 s instead of 0.75 s, `load_file` 0.58 instead of 0.65 s) and `dd` of the mount stays
-// within noise (1.04x its time; 1.06x its rate in bench_read_throughput). On a loaded machine
-// `dd`/`cp` lost up to 20 %: the pushes cost the daemon about 0.26 CPU-seconds per 2.2 GB, and
-// a reader that catches up with them waits for a READ the kernel's readahead would have sent
-// ahead. Loaders are what the mount is mostly read by, hence on by default. Remote sources are
-// never pushed: their Env has its own readahead, and a push would fetch bytes nobody may read.
+// CKPTFS_PUSH_AHEAD_MIB says otherwise (0: off). On a quiet 2-vCPU machine
+// (tests/bench/README.md, "Mapped loaders"), mapped loaders gain 11-13 % (`from_pretrained` +
+// touch 0.65 s instead of 0.75 s, `load_file` 0.58 instead of 0.65 s) and `dd` of the mount
+// stays within noise (1.04x its time; 1.06x its rate in bench_read_throughput). On a loaded
+// machine `dd`/`cp` can lose up to 20 %: the pushes cost the daemon about 0.26 CPU-seconds
+// per 2.2 GB, and a reader that catches up with them waits for a READ the kernel's readahead
+// would have sent ahead. Loaders are what the mount is mostly read by, hence on by default.
+// Remote sources are never pushed: their Env has its own readahead, and a push would fetch
+// bytes nobody may read.
 uint64_t PushAheadWindow(const std::string& source) {
   if (IsRemoteSource(source)) return 0;
   constexpr uint64_t kDefaultMib = 256;

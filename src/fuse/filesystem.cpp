@@ -83,8 +83,8 @@ void RaiseReadaheadAfterInit(Filesystem& fs) {
 void OpInit(void* userdata, fuse_conn_info* conn) {
   // libfuse derives max_pages from max_write; 1 MiB requests cut per-request overhead.
   conn->max_write = kMaxRequestBytes;
-  // Replies are copied from a per-thread buffer: splicing from the source descriptor
-  // measured 2x slower on the 2-core VM (tests/bench/README.md, commit a13dc47).
+  // Replies are copied from a per-thread buffer: splicing from the source descriptor is 2x
+  // slower on a 2-core VM (tests/bench/README.md, "What bounds each missed goal").
   conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
   // libfuse asks for auto_inval_data by default: the kernel then re-fetches attributes on
   // reads once they expire and drops a file's cached pages when mtime or size differ. The

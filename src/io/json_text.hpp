@@ -14,7 +14,7 @@ namespace ckptfs {
 // each byte of an invalid sequence becomes \ufffd.
 void AppendJsonString(std::string* out, std::string_view s);
 
-// `value` in decimal, without allocating (to_string did, once per number of a million-entry header).
+// `value` in decimal, without allocating (to_string would, once per number of a million-entry header).
 void AppendDecimal(std::string* out, uint64_t value);
 
 // `[a,b,c]`

@@ -141,7 +141,7 @@ float LoadAsFloat(DType t, const char* p) {
 // Built twice, for AVX2 and for the baseline (SSE2), and picked at load time by the CPU
 // (an ifunc): the AVX2 loop converts 8 elements per step instead of 4. Not under
 // ThreadSanitizer, which instruments the ifunc's resolver: that runs during relocation,
-// before the sanitizer's runtime exists, and crashed every program at start.
+// before the sanitizer's runtime exists, and would crash every program at start.
 #if defined(__SANITIZE_THREAD__)
 #define CKPTFS_AVX2_CLONE
 #else

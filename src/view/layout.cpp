@@ -185,7 +185,7 @@ void ViewBuilder::BuildModelFiles(View::NodeId root) {
 // only the order (4 bytes per tensor) and makes a name again when it is asked for one.
 //
 // A large catalog is cut into a few consecutive parts whose names are made and sorted on
-// threads of their own (for a million tensors each step was ~50 ms on one core), then
+// threads of their own (for a million tensors each step is ~50 ms on one core), then
 // merged; ties go to the earlier part, so the order is the one a stable sort of the whole
 // gives, whatever the number of threads.
 Status ViewBuilder::SortTensorFiles() {
@@ -196,7 +196,7 @@ Status ViewBuilder::SortTensorFiles() {
   // the part every name shares ("layers." of "layers.0.weight", "layers.1.weight", ...), so
   // most comparisons are one integer compare and not a memcmp of the shared part. A merge
   // sort: on such a folder (names that differ only in their numbers, "layers.1",
-  // "layers.10") std::sort spent its time in its heap-sort fallback.
+  // "layers.10") std::sort spends its time in its heap-sort fallback.
   // 24 bytes (a string_view would make it 32): a million of them are sorted.
   struct Keyed {
     uint64_t prefix;
@@ -293,8 +293,8 @@ Status ViewBuilder::BuildManifest(View::NodeId id) {
   if (!options_.root.empty()) m["root"] = options_.root;
   if (options_.shard_size) m["shard_size"] = options_.shard_size;
   if (!hidden_siblings_.empty()) m["hidden_sibling_files"] = hidden_siblings_;
-  // The per-tensor entries are written as text: a json tree of 100,000 entries took most
-  // of a mount's start-up time and doubled its peak memory.
+  // The per-tensor entries are written as text: a json tree of 100,000 entries would take
+  // most of a mount's start-up time and double its peak memory.
   std::string head = m.dump(1, ' ', false, json::error_handler_t::replace);
   head.pop_back();  // the closing brace; "tensors" goes last
   head += ",\n \"tensors\": [";

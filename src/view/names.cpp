@@ -15,7 +15,7 @@ std::string TensorFileName(std::string_view key, bool* shortened) {
 void AppendTensorFileName(std::string* out, std::string_view key, bool* shortened) {
   const size_t start = out->size();
   // Runs without a character to escape are appended whole: a byte at a time, making the
-  // names of a million tensors was a tenth of a remount's View build.
+  // names of a million tensors would be a tenth of a remount's View build.
   size_t done = 0;
   for (size_t i = 0; i < key.size(); ++i) {
     const char c = key[i];

@@ -1,8 +1,8 @@
 // The files with a part per tensor, laid out on first need and made again on read:
 // model files (header pieces from the catalog, then each tensor's data) and manifest.json
-// (one entry per tensor). Only offsets are kept: for a million tensors the header text was
-// ~70 MB and the manifest entries ~250 MB, and laying them out ~0.4 s a mount that is only
-// listed never needs.
+// (one entry per tensor). Only offsets are kept: for a million tensors the header text would
+// be ~70 MB and the manifest entries ~250 MB, and laying them out takes ~0.4 s that a mount
+// that is only listed never needs.
 #include <algorithm>
 #include <cstring>
 
@@ -133,8 +133,8 @@ void View::LayOutManifest() const {
   const auto& tensors = catalog_->tensors;
   // Storage shared by several tensors (tied weights): the manifest names the group on each
   // member. Found by sorting (hash of id, tensor) pairs and comparing the ids only within a
-  // run of equal hashes: a map of a million ids took ~100 MB and a second, and sorting the
-  // ids as strings (a cache miss per comparison) most of a remount's View build.
+  // run of equal hashes: a map of a million ids would take ~100 MB and a second, and sorting
+  // the ids as strings (a cache miss per comparison) most of a remount's View build.
   shares_storage_.assign(tensors.size(), false);
   {
     std::vector<std::pair<uint64_t, uint32_t>> ids;

@@ -178,8 +178,7 @@ class Results:
             ratio = ckptfs / alternative
         row = {"bench": self.bench, "id": fid, "figure": figure, "ckptfs": ckptfs,
                "alternative": alternative, "alt_name": alt_name, "unit": unit, "ratio": ratio,
-               "goal": goal, "met": met, "detail": detail or {},
-               "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+               "goal": goal, "met": met, "detail": detail or {}, **provenance()}
         self.rows.append(row)
         r = f"{ratio:.3f}" if isinstance(ratio, (int, float)) else "-"
         m = {True: "yes", False: "NO", None: "-"}[met]
@@ -391,6 +390,54 @@ def touch_pages(tensors) -> int:
 
 # touch_pages as source text, for the loaders run with `python -c` in fresh processes.
 TOUCH_PAGES_SOURCE = inspect.getsource(touch_pages)
+
+
+def _commit() -> str:
+    """`git rev-parse --short HEAD` of this source tree, plus "-dirty" when tracked files
+    differ from it; "unknown" outside a git checkout. safe.directory: the benches run as root
+    in a tree another user owns, which git otherwise refuses."""
+    git = ["git", "-c", f"safe.directory={_ROOT}", "-C", str(_ROOT)]
+    try:
+        head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=60)
+        return head.stdout.strip() + ("-dirty" if dirty.returncode != 0 or dirty.stdout.strip() else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def _machine() -> dict:
+    """CPU model, logical CPUs, RAM and kernel, from /proc."""
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                cpu = value.strip()
+                break
+        ram_kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                       if line.startswith("MemTotal:"))
+        kernel = Path("/proc/sys/kernel/osrelease").read_text().strip()
+    except (OSError, StopIteration, ValueError):
+        ram_kib, kernel = 0, ""
+    return {"cpu": cpu or "unknown CPU", "cpus": os.cpu_count(), "ram_gib": round(ram_kib / (1 << 20), 1),
+            "kernel": kernel}
+
+
+_ROOT = Path(__file__).resolve().parents[2]
+_PROVENANCE: dict = {}
+
+
+def provenance() -> dict:
+    """What a result row records besides its figure: when ("time"), the source tree's commit
+    ("commit"), the machine ("machine") and the load average then ("load": 1, 5 and 15
+    minutes). The commit and machine are read once per process."""
+    if not _PROVENANCE:
+        _PROVENANCE.update(commit=_commit(), machine=_machine())
+    return {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **_PROVENANCE,
+            "load": [round(x, 2) for x in os.getloadavg()]}
 
 
 def machine_note() -> str:

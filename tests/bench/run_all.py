@@ -24,10 +24,12 @@ Benchmarks (ids for --only):
 Every benchmark appends JSON lines to WORKDIR/results.jsonl; a rerun of one benchmark
 replaces its earlier lines, so `--only d` after a full run refreshes just that part, and the
 table always shows the latest figure of every benchmark (`--table` prints it without
-running anything). The three older benches report pass/fail of their own targets plus the
-tail of their output (in the JSON detail). Each benchmark runs under a deadline; generated
-data live under --workdir (default /tmp/ckptfs-bench) and are deleted afterwards unless
---keep. Needs root (page-cache control, bdi read-ahead) and /dev/fuse.
+running anything). Every row records its time, the commit (`-dirty` when tracked files
+had uncommitted changes), the machine and the load average; the table's header sums them
+up. The four benches with checks of their own (ls, bf16, zero, dcp) report pass/fail plus
+the tail of their output (in the JSON detail). Each benchmark runs under a deadline;
+generated data live under --workdir (default /tmp/ckptfs-bench) and are deleted afterwards
+unless --keep. Needs root (page-cache control, bdi read-ahead) and /dev/fuse.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import benchlib
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -68,6 +72,7 @@ BENCHES = {
             ["--vocab", "1000", "--hidden", "256", "--ffn", "512", "--layers", "1"], 1800, 300),
 }
 LEGACY = {"ls", "bf16", "zero", "dcp"}  # report their own PASS/FAIL; no JSON of their own
+WORD_IDS = LEGACY | {"scale"}  # ids that are words; the others are sets of one-letter ids
 
 
 def selected(only: str) -> list[str]:
@@ -76,10 +81,10 @@ def selected(only: str) -> list[str]:
     want = set(x.strip() for x in only.split(",") if x.strip())
     out = []
     for name, (_, letters, *_r) in BENCHES.items():
-        if name in want or (letters in LEGACY and letters in want) or \
-                (letters and letters not in LEGACY and any(w in letters for w in want if len(w) == 1)):
+        if name in want or (letters in WORD_IDS and letters in want) or \
+                (letters and letters not in WORD_IDS and any(w in letters for w in want if len(w) == 1)):
             out.append(name)
-    unknown = [w for w in want if w not in BENCHES and w not in LEGACY and not (len(w) == 1 and w in "abcdefgh")]
+    unknown = [w for w in want if w not in BENCHES and w not in WORD_IDS and not (len(w) == 1 and w in "abcdefgh")]
     if unknown:
         raise SystemExit(f"unknown --only ids: {unknown}")
     return out
@@ -112,6 +117,43 @@ def fmt(v, unit):
     return f"{s} {unit}".strip()
 
 
+def spans(rows: list[dict], value) -> str:
+    """The distinct values of value(row) over rows, each with the benches it covers when
+    there are several (a bench rerun with --only at another commit shows as such)."""
+    by_value: dict[str, list[str]] = {}
+    for r in rows:
+        benches = by_value.setdefault(value(r), [])
+        if r["bench"] not in benches:
+            benches.append(r["bench"])
+    if len(by_value) == 1:
+        return next(iter(by_value))
+    return "; ".join(f"{v} ({', '.join(b)})" for v, b in by_value.items())
+
+
+def machine_text(m) -> str:
+    if not m:
+        return "not recorded"
+    return f"{m['cpu']}, {m['cpus']} CPUs, {m['ram_gib']:g} GiB RAM, Linux {m['kernel']}"
+
+
+def header(rows: list[dict]) -> str:
+    """Where and when the figures of the table were measured, from what each row recorded
+    (benchlib.provenance): machine, dates, commit, and the range of the 1-minute load
+    average at the moments the figures were taken."""
+    latest = list({(r["bench"], r["id"]): r for r in rows}.values())
+    times = sorted(r["time"].replace("T", " ")[:16] for r in latest if r.get("time"))
+    dates = times[0] if times and times[0] == times[-1] else (f"{times[0]} to {times[-1]}" if times else "-")
+    loads = [r["load"][0] for r in latest if r.get("load")]
+    load = (f"{min(loads):.2f}" + (f" to {max(loads):.2f}" if max(loads) > min(loads) else "")) if loads \
+        else "not recorded"
+    return "\n".join([
+        f"- machine: {spans(latest, lambda r: machine_text(r.get('machine')))}",
+        f"- results of: {dates}",
+        f"- commit: {spans(latest, lambda r: r.get('commit', 'not recorded'))}",
+        f"- load average (1 min) when the figures were taken: {load}",
+    ])
+
+
 def table(rows: list[dict]) -> str:
     order = {"read_throughput": 0, "archive_peers": 1, "mount_ls": 2, "load_file": 3, "loader_mount": 4,
              "time_to_model": 5, "ls": 6, "bf16": 7, "zero": 8}
@@ -138,7 +180,7 @@ def main() -> int:
     ap.add_argument("--ckptfs", default=str(ROOT / "build" / "ckptfs"))
     ap.add_argument("--workdir", default="/tmp/ckptfs-bench")
     ap.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke test (~3 min)")
-    ap.add_argument("--only", default="", help="comma list: a,b,c,d,e,f,g,h,ls,bf16,zero,ttm or bench names")
+    ap.add_argument("--only", default="", help="comma list: a,b,c,d,e,f,g,h,ls,bf16,zero,dcp,scale,ttm or bench names")
     ap.add_argument("--repeats", type=int, default=0, help="override every bench's repeat count")
     ap.add_argument("--keep", action="store_true", help="keep generated checkpoints for the next run")
     ap.add_argument("--table", action="store_true", help="print the table of WORKDIR/results.jsonl and stop")
@@ -149,7 +191,11 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     results = workdir / "results.jsonl"
     if args.table:
-        print(table(load_rows(results)))
+        rows = load_rows(results)
+        if not rows:
+            print(f"run_all: no results in {results}", file=sys.stderr)
+            return 1
+        print(header(rows) + "\n\n" + table(rows))
         return 0
     if os.geteuid() != 0:
         print("run_all: needs root (drop_caches, read-ahead, fuse mounts of the peers)", file=sys.stderr)
@@ -229,7 +275,7 @@ def main() -> int:
                    "ckptfs": "PASS" if rc == 0 else ("FAIL" if isinstance(rc, int) else str(rc)),
                    "alternative": None, "alt_name": "", "unit": "", "ratio": None,
                    "goal": "exit 0", "met": rc == 0, "detail": {"tail": tail, "seconds": wall},
-                   "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                   **benchlib.provenance()}
             with open(results, "a") as f:
                 f.write(json.dumps(row) + "\n")
         if rc != 0:
@@ -244,7 +290,8 @@ def main() -> int:
     print(f"\nckptfs benchmarks, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cpus, load "
           f"{load0[0]:.1f} -> {load1[0]:.1f}, {'quick' if args.quick else 'full'} run, "
           f"{(time.time() - started) / 60:.1f} min; results in {results}\n")
-    print(table(load_rows(results)))
+    rows = load_rows(results)
+    print(header(rows) + "\n\n" + table(rows))
     return status
 
 
