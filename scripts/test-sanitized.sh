@@ -42,8 +42,8 @@ export CKPTFS_SANITIZED=address,undefined
 # Deselected here, and only here: the tests whose point is a bound on the daemon's or CLI's
 # memory. Under ASan that memory is mostly the sanitizer's (shadow, redzones, and the
 # quarantine that holds freed blocks back, up to 256 MB: under the 16-reader load the daemon's
-# RSS climbs ~0.5 MB/s, right at the test's 16 MB slack; before 526d1fd it swung +-100 MB), so
-# these bounds measure ASan, not ckptfs. Every other test in these
+# RSS climbs ~0.5 MB/s, right at the test's 16 MB slack), so these bounds measure ASan, not
+# ckptfs. Every other test in these
 # files (the 16-reader load itself excepted, see below) still runs; the normal pass
 # (scripts/test.sh) asserts the bounds on the normal build.
 #  - corpus, the 10^6-deep nested dict: peak RSS 181 MB normally, 310 MB under ASan (limit 256).

@@ -19,7 +19,7 @@ the bench prints both medians and their ratio. It prints CPU seconds for every a
 the load, the CPU seconds much less.
 
 Five runs each (--repeats), the alternatives in turn; median and spread (max - min over twice
-the median). Goals (issue 14): from_pretrained through the mount at >= 0.8x dd's first-read
+the median). Goals: from_pretrained through the mount at >= 0.8x dd's first-read
 rate through the same mount, spread under 25%, <= 4x the source folder's time; load_file of
 the mount <= 5x the real file's.
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark: `ckptfs ls` of a DCP folder of a million chunks, wall time, CPU time and peak
-RSS (issue 13's scale acceptance).
+RSS (the goal for a million chunks).
 
   dcp-1m    a DCP folder of 1,023,744 chunks: tests/scale/make_dcp_scale.py (torch's own
             metadata classes, a 256-rank FSDP-shaped save of a 3,999-parameter model,

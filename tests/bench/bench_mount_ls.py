@@ -11,7 +11,7 @@ the run lasts):
   meta-5k      5,000 small float32 tensors and ~200 KB of nested non-tensor values (config
                dicts, lists, strings, floats), real torch.save
 
-With --tensors 1000000 (issue 14: goal < 2 s and < 500 MB; torch.save takes ~5 minutes to
+With --tensors 1000000 (goal < 2 s and < 500 MB; torch.save takes ~5 minutes to
 write it, so the checkpoints are kept in --workdir when --keep is given) the large case is a
 million tensors. The large case is also remounted with `-o catalog_cache=WORKDIR/catalogs`:
 one untimed mount writes the entry, then each timed remount reads it (goal < 0.3 s for the
@@ -142,7 +142,7 @@ def main() -> int:
     w = {n: median(walls[n]) for n in specs}
     res.add("f.1k", "mount + first ls, 1,000 tensors", w["1k"], None, "s", "info", None, detail=detail)
     res.add("f.1k.rss", "daemon peak RSS, 1,000 tensors", mb["1k"], None, "MB", "info", None, detail=detail)
-    # Goals: issue 7's for 100,000 tensors, issue 14's for a million.
+    # Goals for 100,000 tensors and for a million.
     goal_s, goal_mb = (2.0, 500.0) if big >= 1_000_000 else (1.0, 200.0)
     full = big >= 100_000
     res.add(f"f.{bigname}", f"mount + first ls, {big:,} tensors", w[bigname], goal_s, "s",

@@ -25,7 +25,7 @@ of each method (interleaved, so a change in the machine's load hits every method
                           library through bounded buffers into the bf16 tensors
   torch.load mmap         torch.load(SOURCE, mmap=True, weights_only=True)     (.pt only)
   ckptfs.load mmap=False  (ZeRO, DCP) every tensor copied by buffered pread into torch.empty
-                          tensors (two threads): what ckptfs.load did for ZeRO before its maps
+                          tensors (two threads): the loader without its maps
   new memory              (ZeRO, DCP) torch.empty(N bytes).fill_(1), N = the copy's size: the
                           page faults and zeroing that any loader copying into new memory pays
   memcpy into faulted     (ZeRO, DCP) the tensors of load_file, made resident, copied into

@@ -1,4 +1,4 @@
-"""Remote sources (issue 15), side by side with what a user would do instead, in one run:
+"""Remote sources, side by side with what a user would do instead, in one run:
 
   ls     time to the first `ckptfs ls` of a remote 1 GiB torch.save .pt (nginx on loopback)
          and of a DeepSpeed ZeRO folder in an S3 bucket (moto's server on loopback), and the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Profile: where the CPU of a first read through a fresh mount goes (issue 14, the read path).
+"""Profile: where the CPU of a first read through a fresh mount goes (the read path).
 
 For each push-ahead setting (CKPTFS_PUSH_AHEAD_MIB) and repeat: the source is read into the
 page cache, a fresh mount is made, and `perf record -a -g` runs while `dd bs=1M` reads the

@@ -1,4 +1,4 @@
-"""Access (issue #6 item 6):
+"""Access:
 - a default mount is usable by the mounting user only (root here; another uid gets EACCES);
 - `-o allow_other` opens it to other users, and permission bits apply (ckptfs always mounts
   with default_permissions): files 0444, folders 0555, owned by the mounting user, so other

@@ -1,4 +1,4 @@
-"""Faults (issue #6 item 5):
+"""Faults:
 - the daemon killed with SIGKILL leaves a dead mount that `fusermount3 -u` clears, and a
   remount at the same mountpoint serves the right bytes;
 - reads in flight during a lazy unmount, or while the source file is deleted or replaced,

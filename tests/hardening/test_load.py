@@ -1,4 +1,4 @@
-"""Load test (issue #6 acceptance): 16 reader threads read random byte ranges (unaligned, many
+"""Load test: 16 reader threads read random byte ranges (unaligned, many
 across tensor and header boundaries, some past the end) of model.safetensors and of the tensor
 files of a mounted ~256 MB torch.save checkpoint for 60 s, and compare every byte with an
 independent reference built in Python from the tensors torch.load returns. The page cache of
