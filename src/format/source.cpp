@@ -55,7 +55,59 @@ bool IsWeightIndexName(std::string_view path) {
   return ends_with(".safetensors.index.json") || ends_with(".bin.index.json");
 }
 
+// The number of OpenCatalog's choice of reader: bump it whenever a source may go to another
+// reader than before (a format told apart differently, a new reader), so that no cached
+// catalog built by the reader it went to is served.
+constexpr uint32_t kDetectionFormat = 1;
+
+struct ReaderNumber {
+  std::string_view reader;  // empty: none
+  uint32_t number = 0;
+};
+constexpr ReaderNumber kTorchZip{"torch-zip", kTorchZipFormat};
+constexpr ReaderNumber kTorchLegacy{"torch-legacy", kTorchLegacyFormat};
+constexpr ReaderNumber kTorchScript{"torchscript", kTorchScriptFormat};
+constexpr ReaderNumber kTorchExport{"torch-export", kTorchExportFormat};
+constexpr ReaderNumber kSafetensors{"safetensors", kSafetensorsFormat};
+constexpr ReaderNumber kFolder{"folder", kCheckpointFolderFormat};
+constexpr ReaderNumber kDeepSpeed{"deepspeed", kDeepSpeedFormat};
+constexpr ReaderNumber kDcp{"dcp", kDcpFormat};
+constexpr ReaderNumber kDcpHfShards{"dcp-hf-shards", kDcpHfShardsFormat};
+
+// Each Catalog::format a reader sets, and the readers whose output such a catalog holds:
+// the one that builds it first, then those it reads files through.
+struct FormatReaders {
+  std::string_view format;
+  ReaderNumber readers[4];
+};
+constexpr FormatReaders kFormatReaders[] = {
+    {"torch-zip", {kTorchZip}},
+    {"torch-legacy", {kTorchLegacy}},
+    {"torchscript", {kTorchScript}},
+    {"torch-export", {kTorchExport}},
+    {"safetensors", {kSafetensors}},
+    // A folder's weight files are read by the file readers.
+    {"safetensors-folder", {kFolder, kSafetensors, kTorchZip, kTorchLegacy}},
+    {"torch-zip-folder", {kFolder, kSafetensors, kTorchZip, kTorchLegacy}},
+    {"deepspeed-zero", {kDeepSpeed}},
+    {"deepspeed-pipeline", {kDeepSpeed}},
+    // The non-tensor values of the torch_save serialization are torch.save archives.
+    {"dcp", {kDcp, kTorchZip}},
+    {"dcp-hf-shards", {kDcpHfShards}},
+};
+
 }  // namespace
+
+std::string ReaderStamp(std::string_view format) {
+  for (const FormatReaders& f : kFormatReaders) {
+    if (f.format != format) continue;
+    std::string stamp = std::string("ckptfs ") + CKPTFS_VERSION + "; detection " + std::to_string(kDetectionFormat);
+    for (const ReaderNumber& r : f.readers)
+      if (!r.reader.empty()) stamp += std::string("; ").append(r.reader) + " " + std::to_string(r.number);
+    return stamp;
+  }
+  return "";
+}
 
 bool CatalogCacheHit(const std::string& source, const SourceOptions& options) {
   // As OpenCatalog decides below: only local files are cached (the entry's recorded files

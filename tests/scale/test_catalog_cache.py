@@ -5,12 +5,15 @@ source afresh, never a stale or damaged entry.
 Checkpoints are real torch.save files. To show that a hit really skips the source's pickle,
 one test edits a cached entry (a tensor key renamed, the entry's XXH3-64 checksum recomputed
 with the system's libxxhash) and sees the edit in the listing: nothing else could produce it.
+An entry records the ckptfs version and the format numbers of the readers that built it; one
+edited to look written by another is stale and rewritten.
 """
 
 import ctypes
 import ctypes.util
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -244,3 +247,45 @@ def test_a_tampered_hit_that_cannot_be_served_leaves_no_mount(tmp_path, mounts, 
     res = mounts.start([mounts.binary, source, mnt, "-o", f"catalog_cache={cache}"], mnt)
     assert res.returncode == 0, res.describe()
     assert gone_within(mnt, 30), "the mount stayed with no tree behind it"
+
+
+# ---- the readers that built an entry ----------------------------------------------------
+
+def ckptfs_version(run_ckptfs) -> str:
+    return run_ckptfs("--version").stdout.decode().split()[1]
+
+
+def changed_digit(body: bytes, field: bytes) -> bytes:
+    """BODY with the last digit of FIELD (found once) changed: another number, same length."""
+    assert body.count(field) == 1, field
+    at = body.index(field) + len(field) - 1
+    digit = body[at:at + 1]
+    assert digit.isdigit()
+    return body[:at] + (b"1" if digit == b"0" else bytes([digit[0] - 1])) + body[at + 1:]
+
+
+@pytest.mark.parametrize("written_by", ["an older torch-zip reader", "another ckptfs version",
+                                        "another choice of readers"])
+def test_an_entry_of_other_readers_is_read_afresh_and_rewritten(checkpoint, tmp_path, run_ckptfs, written_by):
+    """Stale, as an entry of a changed file is: silently not used, the source parsed again and
+    the entry rewritten as this build writes it."""
+    cache = tmp_path / "cache"
+    reference, _ = listing(run_ckptfs, checkpoint)
+    listing(run_ckptfs, checkpoint, "--catalog-cache", cache)
+    [entry] = entries(cache)
+    written = entry.read_bytes()
+    version = ckptfs_version(run_ckptfs)
+    stamp = re.search(rb"ckptfs [^;]+; detection \d+; torch-zip \d+", written)
+    assert stamp and stamp.group(0).startswith(f"ckptfs {version}; ".encode()), written[:200]
+    field = {"an older torch-zip reader": stamp.group(0),
+             "another ckptfs version": f"ckptfs {version}".encode(),
+             "another choice of readers": re.search(rb"; detection \d+", written).group(0)}[written_by]
+    rewrite_entry(entry, lambda body: changed_digit(body, field))
+    assert entry.read_bytes() != written
+    got, err = listing(run_ckptfs, checkpoint, "--catalog-cache", cache)
+    assert got == reference and err == ""
+    assert entry.read_bytes() == written, "the stale entry was not rewritten"
+    # Rewritten: a hit, and the edit trick shows the hit is the entry's.
+    rewrite_entry(entry, lambda b: b.replace(b"model.embed.weight", b"model.EMBED.weight"))
+    assert "model.EMBED.weight" in {e["key"] for e in listing(run_ckptfs, checkpoint, "--catalog-cache", cache)[0]}
+
