@@ -113,6 +113,7 @@ void WriteOptions(Writer* w, const SourceOptions& options) {
   w->U64(options.limits.tensors);
 }
 
+// A local source's path as entries record it (only local files are cached).
 std::string AbsolutePath(const std::string& source) {
   std::error_code ec;
   std::filesystem::path p = std::filesystem::absolute(source, ec);

@@ -10,8 +10,10 @@
 // were no cache, and write a new entry. Written under a temporary name and renamed, so a
 // reader never sees half of one.
 //
-// Only single-file sources (torch.save archives, safetensors files) are cached: a folder can
-// gain files that no recorded identity would reveal.
+// Only local single-file sources (torch.save archives, safetensors files) are cached: a
+// folder, or the folder of a weight index, can gain files that no recorded identity would
+// reveal, and a URL's object has an identity the URL does not hold (OpenCatalog's
+// CacheableSource says why).
 // Layout: doc/FORMATS.md, "Catalog cache".
 #ifndef CKPTFS_FORMAT_CATALOG_CACHE_HPP_
 #define CKPTFS_FORMAT_CATALOG_CACHE_HPP_

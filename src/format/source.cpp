@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "ckptfs/remote.hpp"
 #include "format/catalog_cache.hpp"
 #include "format/limit_hint.hpp"
 #include "format/readers.hpp"
@@ -53,6 +54,18 @@ bool IsWeightIndexName(std::string_view path) {
     return path.size() > suffix.size() && path.substr(path.size() - suffix.size()) == suffix;
   };
   return ends_with(".safetensors.index.json") || ends_with(".bin.index.json");
+}
+
+// Whether the catalog of `source`, when it is a file, may come from and go into the catalog
+// cache: local checkpoint files only, reached through the local file system (an entry's
+// files are opened again through it). Not a weight index: its folder is listed for the
+// files served beside the weights, and a file added there is in no recorded identity. Not a
+// URL: an object is more than its URL (an s3:// URL's endpoint and region come from the
+// environment), an object without an ETag has no identity finer than its size and
+// Last-Modified second, and the remote Envs keep the bytes a reader parses in their own
+// cache (cache_dir), keyed by URL, ETag and size.
+bool CacheableSource(const std::string& source, const SourceOptions& options) {
+  return !options.catalog_cache.empty() && !options.env && !IsRemoteSource(source) && !IsWeightIndexName(source);
 }
 
 // The number of OpenCatalog's choice of reader: bump it whenever a source may go to another
@@ -110,10 +123,8 @@ std::string ReaderStamp(std::string_view format) {
 }
 
 bool CatalogCacheHit(const std::string& source, const SourceOptions& options) {
-  // As OpenCatalog decides below: only local files are cached (the entry's recorded files
-  // are opened through the local Env, so a folder or a remote source never matches).
-  if (options.env || options.catalog_cache.empty()) return false;
-  return CachedCatalogUsable(source, options);
+  // As OpenCatalog decides below (no entry is ever written for a folder).
+  return CacheableSource(source, options) && CachedCatalogUsable(source, options);
 }
 
 Status OpenCatalog(const std::string& source, const SourceOptions& options, std::shared_ptr<const Catalog>* out) {
@@ -126,8 +137,8 @@ Status OpenCatalog(const std::string& source, const SourceOptions& options, std:
   PathType type;
   CKPTFS_RETURN_IF_ERROR(env.Stat(source, &type));
   if (type == PathType::kMissing) return Status::FromErrno(source, "cannot access", ENOENT);
-  // Local files only: a folder can gain files that no recorded identity reveals.
-  const bool cacheable = type == PathType::kFile && !options.env && !options.catalog_cache.empty();
+  // Files only: a folder can gain files that no recorded identity reveals.
+  const bool cacheable = type == PathType::kFile && CacheableSource(source, options);
   bool from_cache = false;
   if (cacheable) {
     std::shared_ptr<Catalog> cached;

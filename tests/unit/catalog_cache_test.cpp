@@ -3,7 +3,8 @@
 // decode; an entry whose chunk table is damaged (its checksum made right again, so that
 // only the table's own checks or the decoding can catch it), of an older version, or
 // written by another ckptfs version or reader format number, is not used: the source is
-// read instead and the entry replaced.
+// read instead and the entry replaced. A weight index's catalog is never cached (its folder
+// can gain a file served beside the weights); URLs: tests/remote/test_remote_catalog_cache.py.
 #define BOOST_TEST_MODULE catalog_cache_test
 #include <boost/test/unit_test.hpp>
 
@@ -373,4 +374,24 @@ BOOST_AUTO_TEST_CASE(reader_stamps) {
   BOOST_TEST(!s.ok());
   BOOST_TEST(Contains(s.message(), "no reader format number"), s.message());
   BOOST_TEST(!std::filesystem::exists(dir.File("cache")));
+}
+
+// A weight index read as the source: its folder's other files are served beside the
+// weights, so a file added there shows on the next open; no entry is ever written.
+BOOST_AUTO_TEST_CASE(weight_index_is_not_cached) {
+  TempDir dir;
+  WriteSafetensors(dir.File("model-00001-of-00001.safetensors"), 3);
+  WriteFile(dir.File("model.safetensors.index.json"),
+            R"({"metadata": {}, "weight_map": {"w.0": "model-00001-of-00001.safetensors",
+                "w.1": "model-00001-of-00001.safetensors", "w.2": "model-00001-of-00001.safetensors"}})");
+  WriteFile(dir.File("config.json"), "{}");
+  const std::string index = dir.File("model.safetensors.index.json");
+  const std::string cache = dir.File("cache");
+  const SourceOptions options = CacheOptions(cache);
+  BOOST_REQUIRE_EQUAL(MustOpen(index, options)->sibling_files.size(), 1u);
+  WriteFile(dir.File("tokenizer.json"), "{}");
+  std::shared_ptr<const Catalog> again = MustOpen(index, options);
+  BOOST_TEST(again->sibling_files.size() == 2u);
+  BOOST_TEST(!std::filesystem::exists(cache));
+  BOOST_TEST(!ckptfs::CatalogCacheHit(index, options));
 }
