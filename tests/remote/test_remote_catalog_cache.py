@@ -1,10 +1,12 @@
 """The catalog cache and URL sources, against a real nginx on loopback: a URL's catalog is
 never cached (an object's identity is more than its URL: doc/FORMATS.md, "Catalog cache"), so
-opening one with the cache on writes no entry, wherever it is opened from."""
+opening one with the cache on writes no entry, wherever it is opened from, and `ls`, `export`
+and a mount serve the same bytes as with the cache off."""
 
 from pathlib import Path
 
 from fusetools import MOUNT_TIMEOUT_S, run_bounded
+from served import served
 
 
 def no_entries(cache: Path) -> bool:
@@ -26,3 +28,12 @@ def test_a_url_source_is_never_cached(training_pt, nginx, ckptfs_bin, tmp_path):
         assert no_entries(cache), sorted(cache.iterdir())
         assert not any(cwd.iterdir()), sorted(cwd.iterdir())
 
+
+def test_a_url_source_serves_the_same_with_the_cache_on_and_off(training_pt, nginx, mounts, ckptfs_bin, tmp_path):
+    url = nginx.url("training.pt")
+    cache = tmp_path / "cache"
+    off = served(ckptfs_bin, mounts, url, tmp_path / "off")
+    assert off["mount"] and off["export"]
+    for name in ("first", "second"):
+        assert served(ckptfs_bin, mounts, url, tmp_path / name, cache=cache) == off
+        assert no_entries(cache)
