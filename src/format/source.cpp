@@ -68,9 +68,9 @@ bool CacheableSource(const std::string& source, const SourceOptions& options) {
   return !options.catalog_cache.empty() && !options.env && !IsRemoteSource(source) && !IsWeightIndexName(source);
 }
 
-// The number of OpenCatalog's choice of reader: bump it whenever a source may go to another
-// reader than before (a format told apart differently, a new reader), so that no cached
-// catalog built by the reader it went to is served.
+// The number of OpenCatalog's choice of reader: bump it whenever the choice changes (a format
+// told apart differently, a new reader), so that no catalog cached from a reader a source no
+// longer goes to is served.
 constexpr uint32_t kDetectionFormat = 1;
 
 struct ReaderNumber {
