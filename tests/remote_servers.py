@@ -61,7 +61,7 @@ class Nginx:
     """nginx serving ROOT on 127.0.0.1:PORT, over TLS with a self-signed certificate when
     `tls` (its CA file is `ca_file`). One process (master_process off), so it runs as
     whoever starts it and reads whatever that user can. Its access log has one line per
-    request: method, URI, status, body bytes sent."""
+    request: method, URI, status, body bytes sent; its agents log the User-Agent of each."""
 
     def __init__(self, root: Path, workdir: Path, tls: bool = False):
         self.nginx = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -72,6 +72,7 @@ class Nginx:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.access_log = self.workdir / "access.log"
+        self.agents_log = self.workdir / "agents.log"
         self.error_log = self.workdir / "error.log"
         temp = {k: self.workdir / k for k in ("body", "proxy", "fastcgi", "uwsgi", "scgi")}
         for p in temp.values():
@@ -93,6 +94,8 @@ events {{ worker_connections 1024; }}
 http {{
   log_format bytes '$request_method $uri $status $body_bytes_sent';
   access_log {self.access_log} bytes;
+  log_format agents '$http_user_agent';
+  access_log {self.agents_log} agents;
   client_body_temp_path {temp['body']};
   proxy_temp_path {temp['proxy']};
   fastcgi_temp_path {temp['fastcgi']};
@@ -130,6 +133,15 @@ http {{
             method, uri, status, sent = line.split(" ")
             out.append((method, uri, int(status), int(sent)))
         return out
+
+    def agents_since(self, mark: int) -> list:
+        """The User-Agent of each request logged after MARK (a log_mark of the agents log)."""
+        with open(self.agents_log, "rb") as f:
+            f.seek(mark)
+            return f.read().decode().splitlines()
+
+    def agents_mark(self) -> int:
+        return self.agents_log.stat().st_size if self.agents_log.exists() else 0
 
     def bytes_since(self, mark: int, uri: str = None) -> int:
         return sum(b for (_, u, _, b) in self.requests_since(mark) if uri is None or u == uri)

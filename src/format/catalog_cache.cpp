@@ -19,6 +19,7 @@
 
 #include "format/byte_reader.hpp"
 #include "format/page_prefault.hpp"
+#include "format/readers.hpp"
 #include "io/parallel.hpp"
 
 namespace ckptfs {
@@ -28,7 +29,8 @@ namespace {
 constexpr char kMagic[16] = {'C', 'K', 'P', 'T', 'F', 'S', ' ', 'c', 'a', 't', 'a', 'l', 'o', 'g', '\n', '\0'};
 // 2: a tensor's path as KeyPath's packed bytes (one string), not element by element.
 // 3: the tensors in chunks whose ends are recorded before them, so that threads decode them.
-constexpr uint32_t kVersion = 3;
+// 4: the reader stamp (ReaderStamp) after the format name.
+constexpr uint32_t kVersion = 4;
 // Boxes have the rank of their tensor; a rank above this is a damaged entry.
 constexpr uint64_t kMaxRank = 64;
 // The fewest bytes a tensor's record takes (key, path, dtype, rank, storage id, box count).
@@ -111,6 +113,7 @@ void WriteOptions(Writer* w, const SourceOptions& options) {
   w->U64(options.limits.tensors);
 }
 
+// A local source's path as entries record it (only local files are cached).
 std::string AbsolutePath(const std::string& source) {
   std::error_code ec;
   std::filesystem::path p = std::filesystem::absolute(source, ec);
@@ -189,9 +192,10 @@ struct RecordedFile {
   FileIdentity identity;
 };
 
-// An entry's head: what it was written for, its files, whether its keys are distinct.
+// An entry's head: what it was written for, by which readers, its files, whether its keys
+// are distinct.
 struct EntryHead {
-  std::string source, options, format, layout_file;
+  std::string source, options, format, reader, layout_file;
   std::vector<RecordedFile> files;
   bool keys_distinct = false;
 };
@@ -199,8 +203,8 @@ struct EntryHead {
 // False: damaged.
 bool ReadEntryHead(Reader& r, EntryHead* head) {
   uint64_t n;
-  if (!r.Str(&head->source) || !r.Str(&head->options) || !r.Str(&head->format) || !r.Str(&head->layout_file) ||
-      !r.Count(8, &n))
+  if (!r.Str(&head->source) || !r.Str(&head->options) || !r.Str(&head->format) || !r.Str(&head->reader) ||
+      !r.Str(&head->layout_file) || !r.Count(8, &n))
     return false;
   head->files.resize(n);
   for (RecordedFile& f : head->files)
@@ -211,12 +215,19 @@ bool ReadEntryHead(Reader& r, EntryHead* head) {
   return true;
 }
 
-// Whether `head` is an entry of `source` read with `options_bytes` whose files, opened
-// afresh into catalog->files, are unchanged; if not, why not.
+// Whether `head` is an entry of `source` read with `options_bytes`, built by the readers
+// this build has, whose files, opened afresh into catalog->files, are unchanged; if not,
+// why not.
 bool HeadMatches(const EntryHead& head, const std::string& source, const std::string& options_bytes, Catalog* catalog,
                  std::string* why) {
   if (head.source != AbsolutePath(source) || head.options != options_bytes) {
     *why = "it was written for another source or other options";
+    return false;
+  }
+  // A reader that is fixed or changed builds another catalog from the same bytes: an entry
+  // of another ckptfs version or reader format number is stale, like one of a changed file.
+  if (head.reader != ReaderStamp(head.format)) {
+    *why = "it was written by " + head.reader + ", not " + ReaderStamp(head.format);
     return false;
   }
   for (size_t i = 0; i < head.files.size(); ++i) {
@@ -507,6 +518,9 @@ Status StoreCachedCatalog(const std::string& source, const SourceOptions& option
   const std::string folder = CatalogCacheFolder(options);
   if (folder.empty()) return Status::OK();
   if (chunk_tensors == 0) return Status::InvalidArgument(source, "catalog cache chunks of 0 tensors");
+  const std::string reader = ReaderStamp(catalog.format);
+  if (reader.empty())
+    return Status::NotSupported(source, "no reader format number for catalogs of format '" + catalog.format + "'");
   const std::string options_bytes = OptionsBytes(options);
   Writer w;
   w.bytes().append(kMagic, sizeof kMagic);
@@ -514,6 +528,7 @@ Status StoreCachedCatalog(const std::string& source, const SourceOptions& option
   w.Str(AbsolutePath(source));
   w.Str(options_bytes);
   w.Str(catalog.format);
+  w.Str(reader);
   w.Str(catalog.layout_file);
   const SourceFiles& files = *catalog.files;
   w.U64(files.count());

@@ -3,13 +3,17 @@
 //
 // One file per source and reading options, in a folder the user names (-o catalog_cache=DIR;
 // never beside the source). It holds the identity (device, inode, size, mtime, ctime, version)
-// of every source file the catalog reads and is used only when each file, opened afresh,
-// still has it; any difference, a damaged or foreign cache file, or options that differ make
-// OpenCatalog parse the source as if there were no cache, and write a new entry. Written
-// under a temporary name and renamed, so a reader never sees half of one.
+// of every source file the catalog reads and the ckptfs version and reader format numbers
+// that built it (ReaderStamp), and is used only when each file, opened afresh, still has its
+// identity and the readers of this build would have built it; any difference, a damaged or
+// foreign cache file, or options that differ make OpenCatalog parse the source as if there
+// were no cache, and write a new entry. Written under a temporary name and renamed, so a
+// reader never sees half of one.
 //
-// Only single-file sources (torch.save archives, safetensors files) are cached: a folder can
-// gain files that no recorded identity would reveal.
+// Only local single-file sources (torch.save archives, safetensors files) are cached: a
+// folder, or the folder of a weight index, can gain files that no recorded identity would
+// reveal, and a URL's object has an identity the URL does not hold (OpenCatalog's
+// CacheableSource says why).
 // Layout: doc/FORMATS.md, "Catalog cache".
 #ifndef CKPTFS_FORMAT_CATALOG_CACHE_HPP_
 #define CKPTFS_FORMAT_CATALOG_CACHE_HPP_

@@ -1,9 +1,18 @@
 // Format readers: each appends what it learns from its source files to a Catalog.
 // They parse metadata only (zip directories, pickles, headers) and never read or
 // execute tensor data. See doc/FORMATS.md for the rules each one enforces.
+//
+// Each reader has a format number (k...Format, beside its declaration). The catalog cache
+// records the numbers of the readers that built a catalog with it (ReaderStamp) and serves
+// the catalog only while they are the same, so bump a reader's number whenever the catalog
+// it builds from the same bytes changes: a tensor added, dropped, renamed, reshaped or placed
+// at other bytes, metadata or sibling files changed, a file accepted that was refused. A
+// change in code that readers share (the pickle machine, the zip directory, the safetensors
+// header) bumps the number of each reader whose catalogs it changes.
 #ifndef CKPTFS_FORMAT_READERS_HPP_
 #define CKPTFS_FORMAT_READERS_HPP_
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -25,6 +34,7 @@ Status ReadTorchZip(const std::string& path, Catalog* catalog, nlohmann::json* m
 // (a chunk of a larger file): tensor offsets are offsets in that file.
 Status ReadTorchZip(const FileWindow& window, Catalog* catalog, nlohmann::json* metadata,
                     const ReadLimits& limits = ReadLimits{});
+inline constexpr uint32_t kTorchZipFormat = 1;
 
 // True when a file's first bytes (`head`, the first 512 or all when shorter) start a legacy
 // torch.save stream (a pickle) or a tar archive (torch <= 0.3 saved tar files).
@@ -33,16 +43,19 @@ bool IsTorchLegacy(std::string_view head);
 // like a torch.save zip; the tar-based format of torch <= 0.3 is refused by name.
 Status ReadTorchLegacy(const std::string& path, std::string_view head, Catalog* catalog, nlohmann::json* metadata,
                        const ReadLimits& limits = ReadLimits{});
+inline constexpr uint32_t kTorchLegacyFormat = 1;
 
 // A TorchScript archive (torch.jit.save): the module tree's tensors under the names
 // Module.state_dict() gives them, constants under "CONSTANTS.c<i>"; code is never read.
 Status ReadTorchScript(const std::string& path, Catalog* catalog, nlohmann::json* metadata,
                        const ReadLimits& limits = ReadLimits{});
+inline constexpr uint32_t kTorchScriptFormat = 1;
 
 // A torch.export.save package (.pt2): parameters, buffers and constants by their
 // state-dict names, from the package's weight and constant configs.
 Status ReadTorchExport(const std::string& path, Catalog* catalog, nlohmann::json* metadata,
                        const ReadLimits& limits = ReadLimits{});
+inline constexpr uint32_t kTorchExportFormat = 1;
 
 // Which reader a zip file needs: "torchscript" (it holds <archive>/constants.pkl),
 // "torch-export" (<archive>/archive_format says pt2) or "torch-zip". The directory it reads
@@ -52,6 +65,7 @@ Status TorchZipKind(const std::string& path, SourceFiles* files, std::string* ki
 // One .safetensors file; its "__metadata__" strings go to `*metadata`.
 Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, nlohmann::json* metadata,
                            const ReadLimits& limits = ReadLimits{});
+inline constexpr uint32_t kSafetensorsFormat = 1;
 
 // Reads the checkpoint in folder `dir` (through the Env of catalog->files): sharded safetensors with an index, a folder of
 // .safetensors files, or torch .bin/.pt files (with or without pytorch_model.bin.index.json).
@@ -61,6 +75,7 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, nlohmann::
 // Hugging Face layout give.
 Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const ReadLimits& limits = ReadLimits{},
                             const std::string& index_name = {});
+inline constexpr uint32_t kCheckpointFolderFormat = 1;
 
 // True when `dir` is a DeepSpeed save folder (it has `latest`) or tag folder (it holds
 // ZeRO rank files or pipeline layer files).
@@ -71,6 +86,7 @@ bool IsDeepSpeedFolder(Env& env, const std::string& dir);
 // Consolidates ZeRO 1/2/3 partitions (one subtree per model-parallel rank when there are
 // several) or pipeline per-layer files.
 Status ReadDeepSpeedCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);
+inline constexpr uint32_t kDeepSpeedFormat = 1;
 
 // True when `dir` holds a torch.distributed.checkpoint `.metadata` file, or is a parent
 // whose step folders (step-N/, iter_NNNNNNN/, ...) hold one.
@@ -81,6 +97,7 @@ bool IsDcpFolder(Env& env, const std::string& dir);
 // the Env of catalog->files. Tensor chunks become boxes of the full tensors; non-tensor
 // entries are decoded into the catalog's metadata; metadata["dcp"] says what was served.
 Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);
+inline constexpr uint32_t kDcpFormat = 1;
 
 // True when `dir` holds shard-<rank>-model-<i>-of-<n>.safetensors files: what torch's
 // HuggingFaceStorageWriter(save_distributed=True) writes, with no .metadata.
@@ -90,6 +107,14 @@ bool IsDcpHfShardFolder(Env& env, const std::string& dir);
 // saved_offsets of their DCP_SHARDING_INFO (the full shape is where the chunks end). Other
 // files in the folder are served as they are.
 Status ReadDcpHfShards(const std::string& dir, const SourceOptions& options, Catalog* catalog);
+inline constexpr uint32_t kDcpHfShardsFormat = 1;
+
+// What identifies the code that builds a catalog whose Catalog::format is `format`, as the
+// catalog cache records and compares it: the project version, the number of OpenCatalog's
+// choice of reader, and the format numbers of the reader that builds such a catalog and of
+// the readers it reads files through ("ckptfs 0.1.0; detection 1; torch-zip 1"). Empty when
+// no reader builds `format`.
+std::string ReaderStamp(std::string_view format);
 
 }  // namespace ckptfs
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "ckptfs/remote.hpp"
 #include "format/catalog_cache.hpp"
 #include "format/limit_hint.hpp"
 #include "format/readers.hpp"
@@ -55,13 +56,75 @@ bool IsWeightIndexName(std::string_view path) {
   return ends_with(".safetensors.index.json") || ends_with(".bin.index.json");
 }
 
+// Whether the catalog of `source`, when it is a file, may come from and go into the catalog
+// cache: local checkpoint files only, reached through the local file system (an entry's
+// files are opened again through it). Not a weight index: its folder is listed for the
+// files served beside the weights, and a file added there is in no recorded identity. Not a
+// URL: an object is more than its URL (an s3:// URL's endpoint and region come from the
+// environment), an object without an ETag has no identity finer than its size and
+// Last-Modified second, and the remote Envs keep the bytes a reader parses in their own
+// cache (cache_dir), keyed by URL, ETag and size.
+bool CacheableSource(const std::string& source, const SourceOptions& options) {
+  return !options.catalog_cache.empty() && !options.env && !IsRemoteSource(source) && !IsWeightIndexName(source);
+}
+
+// The number of OpenCatalog's choice of reader: bump it whenever the choice changes (a format
+// told apart differently, a new reader), so that no catalog cached from a reader a source no
+// longer goes to is served.
+constexpr uint32_t kDetectionFormat = 1;
+
+struct ReaderNumber {
+  std::string_view reader;  // empty: none
+  uint32_t number = 0;
+};
+constexpr ReaderNumber kTorchZip{"torch-zip", kTorchZipFormat};
+constexpr ReaderNumber kTorchLegacy{"torch-legacy", kTorchLegacyFormat};
+constexpr ReaderNumber kTorchScript{"torchscript", kTorchScriptFormat};
+constexpr ReaderNumber kTorchExport{"torch-export", kTorchExportFormat};
+constexpr ReaderNumber kSafetensors{"safetensors", kSafetensorsFormat};
+constexpr ReaderNumber kFolder{"folder", kCheckpointFolderFormat};
+constexpr ReaderNumber kDeepSpeed{"deepspeed", kDeepSpeedFormat};
+constexpr ReaderNumber kDcp{"dcp", kDcpFormat};
+constexpr ReaderNumber kDcpHfShards{"dcp-hf-shards", kDcpHfShardsFormat};
+
+// Each Catalog::format a reader sets, and the readers whose output such a catalog holds:
+// the one that builds it first, then those it reads files through.
+struct FormatReaders {
+  std::string_view format;
+  ReaderNumber readers[4];
+};
+constexpr FormatReaders kFormatReaders[] = {
+    {"torch-zip", {kTorchZip}},
+    {"torch-legacy", {kTorchLegacy}},
+    {"torchscript", {kTorchScript}},
+    {"torch-export", {kTorchExport}},
+    {"safetensors", {kSafetensors}},
+    // A folder's weight files are read by the file readers.
+    {"safetensors-folder", {kFolder, kSafetensors, kTorchZip, kTorchLegacy}},
+    {"torch-zip-folder", {kFolder, kSafetensors, kTorchZip, kTorchLegacy}},
+    {"deepspeed-zero", {kDeepSpeed}},
+    {"deepspeed-pipeline", {kDeepSpeed}},
+    // The non-tensor values of the torch_save serialization are torch.save archives.
+    {"dcp", {kDcp, kTorchZip}},
+    {"dcp-hf-shards", {kDcpHfShards}},
+};
+
 }  // namespace
 
+std::string ReaderStamp(std::string_view format) {
+  for (const FormatReaders& f : kFormatReaders) {
+    if (f.format != format) continue;
+    std::string stamp = std::string("ckptfs ") + CKPTFS_VERSION + "; detection " + std::to_string(kDetectionFormat);
+    for (const ReaderNumber& r : f.readers)
+      if (!r.reader.empty()) stamp += std::string("; ").append(r.reader) + " " + std::to_string(r.number);
+    return stamp;
+  }
+  return "";
+}
+
 bool CatalogCacheHit(const std::string& source, const SourceOptions& options) {
-  // As OpenCatalog decides below: only local files are cached (the entry's recorded files
-  // are opened through the local Env, so a folder or a remote source never matches).
-  if (options.env || options.catalog_cache.empty()) return false;
-  return CachedCatalogUsable(source, options);
+  // As OpenCatalog decides below (no entry is ever written for a folder).
+  return CacheableSource(source, options) && CachedCatalogUsable(source, options);
 }
 
 Status OpenCatalog(const std::string& source, const SourceOptions& options, std::shared_ptr<const Catalog>* out) {
@@ -74,8 +137,8 @@ Status OpenCatalog(const std::string& source, const SourceOptions& options, std:
   PathType type;
   CKPTFS_RETURN_IF_ERROR(env.Stat(source, &type));
   if (type == PathType::kMissing) return Status::FromErrno(source, "cannot access", ENOENT);
-  // Local files only: a folder can gain files that no recorded identity reveals.
-  const bool cacheable = type == PathType::kFile && !options.env && !options.catalog_cache.empty();
+  // Files only: a folder can gain files that no recorded identity reveals.
+  const bool cacheable = type == PathType::kFile && CacheableSource(source, options);
   bool from_cache = false;
   if (cacheable) {
     std::shared_ptr<Catalog> cached;

@@ -165,7 +165,8 @@ Status HttpClient::TryOnce(const HttpRequest& req, HttpResponse* resp, bool* tra
   curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, static_cast<long>(options_.timeout_seconds));
   curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
-  curl_easy_setopt(h, CURLOPT_USERAGENT, "ckptfs/0.1");
+  // The project's one version number (CMakeLists.txt), so a server's logs tell releases apart.
+  curl_easy_setopt(h, CURLOPT_USERAGENT, "ckptfs/" CKPTFS_VERSION);
   if (!options_.ca_file.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, options_.ca_file.c_str());
   // Fewer, larger writes into the block buffers on fast links.
   curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);

@@ -1,18 +1,20 @@
 """http:// and https:// sources served by a real nginx on loopback: a remote mount serves
 exactly the bytes of the same checkpoint mounted from disk, the real loaders read it (torch,
 safetensors, transformers' from_pretrained), building a catalog fetches a small part of the
-object, a missing object or an untrusted certificate is one line at mount, and a remount with
-the disk cache fetches nothing."""
+object, a missing object or an untrusted certificate is one line at mount, a remount with the
+disk cache fetches nothing, and every request names the project's version in its User-Agent."""
 
 import json
 import os
+import re
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from ckptfs_testlib import flatten_tensors
-from fusetools import mount_entry, tree_files
+from fusetools import MOUNT_TIMEOUT_S, mount_entry, run_bounded, tree_files
 from minilm import encode, load_model
 
 
@@ -191,3 +193,22 @@ def test_https_with_an_untrusted_certificate_is_one_line_and_no_mount(nginx_tls,
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and str(missing) in lines[0] and "ca_file" in lines[0], res.stderr
     assert mount_entry(mp) is None
+
+
+def project_version() -> str:
+    """The version project() gives in the top-level CMakeLists.txt."""
+    cmake = Path(__file__).resolve().parents[2] / "CMakeLists.txt"
+    found = re.search(r"project\(ckptfs VERSION (\S+)", cmake.read_text())
+    assert found, f"no project(ckptfs VERSION ...) in {cmake}"
+    return found.group(1)
+
+
+def test_requests_name_the_project_version(training_pt, nginx, ckptfs_bin):
+    version = project_version()
+    res = run_bounded([ckptfs_bin, "--version"], MOUNT_TIMEOUT_S)
+    assert res.stdout.strip() == f"ckptfs {version}", res.describe()
+    mark = nginx.agents_mark()
+    res = run_bounded([ckptfs_bin, "ls", nginx.url("training.pt")], MOUNT_TIMEOUT_S)
+    assert res.returncode == 0, res.describe()
+    agents = nginx.agents_since(mark)
+    assert agents and set(agents) == {f"ckptfs/{version}"}, agents

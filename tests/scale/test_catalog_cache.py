@@ -5,12 +5,19 @@ source afresh, never a stale or damaged entry.
 Checkpoints are real torch.save files. To show that a hit really skips the source's pickle,
 one test edits a cached entry (a tensor key renamed, the entry's XXH3-64 checksum recomputed
 with the system's libxxhash) and sees the edit in the listing: nothing else could produce it.
+An entry records the ckptfs version and the format numbers of the readers that built it; one
+edited to look written by another is stale and rewritten.
+
+Every source kind that the writers of torch, safetensors and DeepSpeed make (the ZeRO save from
+the fixture cache, tests/ckptfs_fixture_cache.py) is served the same with the cache on and off,
+by `ls`, `export` and a mount; only single local files get an entry. URLs: tests/remote.
 """
 
 import ctypes
 import ctypes.util
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -19,8 +26,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ckptfs_testlib import ckptfs_bin, run_ckptfs  # noqa: E402,F401
+from ckptfs_testlib import ckptfs_bin, run_ckptfs, zero_fixtures_root  # noqa: E402,F401
 from fusetools import mount_entry  # noqa: E402
+from served import served  # noqa: E402
 
 
 def save_checkpoint(path: Path, scale: float = 1.0) -> dict:
@@ -244,3 +252,134 @@ def test_a_tampered_hit_that_cannot_be_served_leaves_no_mount(tmp_path, mounts, 
     res = mounts.start([mounts.binary, source, mnt, "-o", f"catalog_cache={cache}"], mnt)
     assert res.returncode == 0, res.describe()
     assert gone_within(mnt, 30), "the mount stayed with no tree behind it"
+
+
+# ---- the readers that built an entry ----------------------------------------------------
+
+def ckptfs_version(run_ckptfs) -> str:
+    return run_ckptfs("--version").stdout.decode().split()[1]
+
+
+def changed_digit(body: bytes, field: bytes) -> bytes:
+    """BODY with the last digit of FIELD (found once) changed: another number, same length."""
+    assert body.count(field) == 1, field
+    at = body.index(field) + len(field) - 1
+    digit = body[at:at + 1]
+    assert digit.isdigit()
+    return body[:at] + (b"1" if digit == b"0" else bytes([digit[0] - 1])) + body[at + 1:]
+
+
+@pytest.mark.parametrize("written_by", ["an older torch-zip reader", "another ckptfs version",
+                                        "another choice of readers"])
+def test_an_entry_of_other_readers_is_read_afresh_and_rewritten(checkpoint, tmp_path, run_ckptfs, written_by):
+    """Stale, as an entry of a changed file is: silently not used, the source parsed again and
+    the entry rewritten as this build writes it."""
+    cache = tmp_path / "cache"
+    reference, _ = listing(run_ckptfs, checkpoint)
+    listing(run_ckptfs, checkpoint, "--catalog-cache", cache)
+    [entry] = entries(cache)
+    written = entry.read_bytes()
+    version = ckptfs_version(run_ckptfs)
+    stamp = re.search(rb"ckptfs [^;]+; detection \d+; torch-zip \d+", written)
+    assert stamp and stamp.group(0).startswith(f"ckptfs {version}; ".encode()), written[:200]
+    field = {"an older torch-zip reader": stamp.group(0),
+             "another ckptfs version": f"ckptfs {version}".encode(),
+             "another choice of readers": re.search(rb"; detection \d+", written).group(0)}[written_by]
+    rewrite_entry(entry, lambda body: changed_digit(body, field))
+    assert entry.read_bytes() != written
+    got, err = listing(run_ckptfs, checkpoint, "--catalog-cache", cache)
+    assert got == reference and err == ""
+    assert entry.read_bytes() == written, "the stale entry was not rewritten"
+    # Rewritten: a hit, and the edit trick shows the hit is the entry's.
+    rewrite_entry(entry, lambda b: b.replace(b"model.embed.weight", b"model.EMBED.weight"))
+    assert "model.EMBED.weight" in {e["key"] for e in listing(run_ckptfs, checkpoint, "--catalog-cache", cache)[0]}
+
+
+# ---- every source kind, the cache on and off ---------------------------------------------
+
+# Single local files: the only sources with an entry.
+CACHED_KINDS = ("torch zip", "legacy torch.save", "TorchScript", "torch.export", "safetensors file")
+KINDS = CACHED_KINDS + ("safetensors folder", "safetensors index", "DeepSpeed ZeRO", "DCP torch_save",
+                        "DCP safetensors", "DCP Hugging Face shards")
+
+
+def write_source_kinds(out: Path) -> dict:
+    """{kind: source} of each kind but ZeRO, written by torch, safetensors and torch's DCP
+    writers (one process, no process group)."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+    from torch import nn
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import SerializationFormat
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
+
+    torch.manual_seed(0)
+    state = {"model": {"w": torch.randn(6, 4), "ids": torch.arange(5), "half": torch.randn(3, 2).half()},
+             "step": 3, "name": "kinds"}
+    module = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    kinds = {kind: out / name for kind, name in [
+        ("torch zip", "zip.pt"), ("legacy torch.save", "legacy.pt"), ("TorchScript", "script.pt"),
+        ("torch.export", "program.pt2"), ("safetensors file", "file.safetensors"), ("safetensors folder", "folder"),
+        ("safetensors index", "sharded/model.safetensors.index.json"), ("DCP torch_save", "dcp-torch-save"),
+        ("DCP safetensors", "dcp-safetensors"), ("DCP Hugging Face shards", "dcp-hf")]}
+    torch.save(state, kinds["torch zip"])
+    torch.save(state, kinds["legacy torch.save"], _use_new_zipfile_serialization=False)
+    torch.jit.save(torch.jit.script(module), str(kinds["TorchScript"]))
+    torch.export.save(torch.export.export(module, (torch.randn(1, 4),)), str(kinds["torch.export"]))
+    save_file(state["model"], str(kinds["safetensors file"]), metadata={"note": "kinds"})
+    folder = kinds["safetensors folder"]
+    folder.mkdir()
+    save_file({"a": torch.randn(3, 2)}, str(folder / "a.safetensors"))
+    save_file({"b": torch.randn(4)}, str(folder / "b.safetensors"))
+    (folder / "config.json").write_text('{"model_type": "kinds"}')
+    sharded = kinds["safetensors index"].parent
+    sharded.mkdir()
+    shards = {"model-00001-of-00002.safetensors": {"a": torch.randn(3, 2)},
+              "model-00002-of-00002.safetensors": {"b": torch.randn(4), "c": torch.ones(2, dtype=torch.int32)}}
+    for name, tensors in shards.items():
+        save_file(tensors, str(sharded / name), metadata={"format": "pt"})
+    kinds["safetensors index"].write_text(json.dumps(
+        {"metadata": {"total_size": 44}, "weight_map": {k: n for n, t in shards.items() for k in t}}))
+    (sharded / "config.json").write_text('{"model_type": "kinds"}')
+    dcp_state = {"w": torch.randn(6, 4), "ids": torch.arange(5), "step": 7}
+    dcp.save(dcp_state, storage_writer=FileSystemWriter(str(kinds["DCP torch_save"])))
+    dcp.save(dcp_state, storage_writer=FileSystemWriter(str(kinds["DCP safetensors"]),
+                                                        serialization_format=SerializationFormat.SAFETENSORS))
+    dcp.save({"w": torch.randn(6, 4), "b": torch.randn(5)},
+             storage_writer=HuggingFaceStorageWriter(str(kinds["DCP Hugging Face shards"]), save_distributed=True))
+    return kinds
+
+
+@pytest.fixture(scope="module")
+def source_kinds(tmp_path_factory) -> dict:
+    return write_source_kinds(tmp_path_factory.mktemp("kinds"))
+
+
+def stamped_entries(cache: Path) -> list:
+    return [(e, e.stat().st_mtime_ns, e.read_bytes()) for e in entries(cache)] if cache.exists() else []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_source_kind_serves_the_same_with_the_cache_on_and_off(kind, source_kinds, zero_fixtures_root,
+                                                                     tmp_path, mounts, ckptfs_bin, run_ckptfs):
+    """ls, export and a mount: the same bytes without the cache, when the entry is written, and
+    when it is read (the second round, which rewrites nothing)."""
+    if kind == "DeepSpeed ZeRO":
+        source = zero_fixtures_root / "w2-s2-bf16" / "checkpoint"
+        assert source.is_dir(), source
+    else:
+        source = source_kinds[kind]
+    cache = tmp_path / "cache"
+    off = served(ckptfs_bin, mounts, source, tmp_path / "off")
+    assert off["mount"] and off["export"] and json.loads(off["ls"])
+    assert served(ckptfs_bin, mounts, source, tmp_path / "writing", cache=cache) == off
+    written = stamped_entries(cache)
+    assert len(written) == (1 if kind in CACHED_KINDS else 0), written
+    if written:
+        # Stamped by this build and by the reader that built it (file readers share the
+        # name of the format they build).
+        format_name = json.loads(run_ckptfs("info", "--json", source).stdout)["format"]
+        stamp = rf"ckptfs {re.escape(ckptfs_version(run_ckptfs))}; detection \d+; {re.escape(format_name)} \d+\b"
+        assert re.search(stamp.encode(), written[0][2]), written[0][2][:300]
+    assert served(ckptfs_bin, mounts, source, tmp_path / "reading", cache=cache) == off
+    assert stamped_entries(cache) == written, "an entry was written again or added"

@@ -1,8 +1,10 @@
 // The catalog cache's entries (src/format/catalog_cache.cpp): a catalog comes back from an
 // entry exactly as it was stored, also when its tensors span several chunks that threads
 // decode; an entry whose chunk table is damaged (its checksum made right again, so that
-// only the table's own checks or the decoding can catch it), or of an older version, is not
-// used: the source is read instead and the entry replaced.
+// only the table's own checks or the decoding can catch it), of an older version, or
+// written by another ckptfs version or reader format number, is not used: the source is
+// read instead and the entry replaced. A weight index's catalog is never cached (its folder
+// can gain a file served beside the weights); URLs: tests/remote/test_remote_catalog_cache.py.
 #define BOOST_TEST_MODULE catalog_cache_test
 #include <boost/test/unit_test.hpp>
 
@@ -13,6 +15,7 @@
 #include <random>
 
 #include "format/catalog_cache.hpp"
+#include "format/readers.hpp"
 #include "test_util.hpp"
 
 using ckptfs::Box;
@@ -130,7 +133,7 @@ Catalog MakeCatalog(const std::string& source, size_t n) {
   WriteFile(source, PatternBytes(1 << 16, 3));
   Catalog catalog;
   catalog.source = source;
-  catalog.format = "test";
+  catalog.format = "safetensors";
   catalog.files = std::make_shared<ckptfs::SourceFiles>(ckptfs::Env::Local());
   uint32_t file;
   BOOST_REQUIRE(catalog.files->Add(source, &file).ok());
@@ -269,8 +272,8 @@ BOOST_AUTO_TEST_CASE(damaged_chunk_table_reads_the_source) {
   }
 }
 
-// An entry of version 2 (tensors not in chunks) is of another version: not used, and
-// replaced by one of the current version.
+// An entry of version 3 (no reader stamp) is of another version: not used, and replaced by
+// one of the current version.
 BOOST_AUTO_TEST_CASE(older_version_entry_is_replaced) {
   TempDir dir;
   const std::string source = dir.File("ckpt.safetensors");
@@ -280,8 +283,8 @@ BOOST_AUTO_TEST_CASE(older_version_entry_is_replaced) {
   std::shared_ptr<const Catalog> fresh = MustOpen(source, options);
   const std::string entry = EntryFile(cache);
   std::string bytes = ReadFile(entry);
-  BOOST_REQUIRE_EQUAL(GetLE64(bytes, 16) & 0xFFFFFFFF, 3u);
-  PatchLE(&bytes, 16, 2, 4);
+  BOOST_REQUIRE_EQUAL(GetLE64(bytes, 16) & 0xFFFFFFFF, 4u);
+  PatchLE(&bytes, 16, 3, 4);
   Reseal(&bytes);
   WriteFile(entry, bytes);
   std::string note;
@@ -289,7 +292,106 @@ BOOST_AUTO_TEST_CASE(older_version_entry_is_replaced) {
   BOOST_TEST(Contains(note, "of another version"), note);
   BOOST_TEST(!ckptfs::CachedCatalogUsable(source, options));
   RequireSameCatalog(*MustOpen(source, options), *fresh);
-  BOOST_TEST((GetLE64(ReadFile(entry), 16) & 0xFFFFFFFF) == 3u);
+  BOOST_TEST((GetLE64(ReadFile(entry), 16) & 0xFFFFFFFF) == 4u);
   BOOST_TEST(ckptfs::CachedCatalogUsable(source, options));
   BOOST_TEST(Load(source, options, &note));
+}
+
+// The stamp the entry's head records, replaced by `other` of the same length (the chunk
+// table's offsets stay right), with the checksum made right again.
+void ReplaceStamp(std::string* bytes, const std::string& stamp, const std::string& other) {
+  BOOST_REQUIRE_EQUAL(other.size(), stamp.size());
+  const std::string field = LE64(stamp.size()) + stamp;
+  const size_t at = bytes->find(field);
+  BOOST_REQUIRE(at != std::string::npos);
+  BOOST_REQUIRE(bytes->find(field, at + 1) == std::string::npos);
+  bytes->replace(at + 8, other.size(), other);
+  Reseal(bytes);
+}
+
+// An entry written by an older safetensors reader, another ckptfs version, or another choice
+// of readers (everything else in it intact, its checksum right) is stale: not used, silently,
+// as for a changed file; the source is read and the entry rewritten with this build's stamp.
+BOOST_AUTO_TEST_CASE(entry_of_another_reader_is_replaced) {
+  TempDir dir;
+  const std::string source = dir.File("ckpt.safetensors");
+  WriteSafetensors(source, 300);
+  const std::string cache = dir.File("cache");
+  const SourceOptions options = CacheOptions(cache);
+  std::shared_ptr<const Catalog> fresh = MustOpen(source, options);
+  BOOST_REQUIRE_EQUAL(fresh->format, "safetensors");
+  const std::string stamp = ckptfs::ReaderStamp("safetensors");
+  const std::string number = "; safetensors " + std::to_string(ckptfs::kSafetensorsFormat);
+  BOOST_REQUIRE_EQUAL(stamp, std::string("ckptfs ") + CKPTFS_VERSION + "; detection 1" + number);
+  const std::string entry = EntryFile(cache);
+  const std::string written = ReadFile(entry);
+  std::string note;
+  BOOST_REQUIRE(Load(source, options, &note));  // intact, it is a hit
+
+  // The stamp with the last digit of `part` changed: another number of the same length.
+  auto changed = [&](std::string_view part) {
+    std::string other = stamp;
+    char& digit = other[other.find(part) + part.size() - 1];
+    BOOST_REQUIRE(digit >= '0' && digit <= '9');
+    digit = digit == '0' ? '1' : digit - 1;
+    return other;
+  };
+  const std::string others[] = {changed(number), changed(CKPTFS_VERSION), changed("detection 1")};
+  for (const std::string& other : others) {
+    BOOST_TEST_CONTEXT("written by '" << other << "'") {
+      std::string bytes = written;
+      ReplaceStamp(&bytes, stamp, other);
+      WriteFile(entry, bytes);
+      BOOST_TEST(!Load(source, options, &note));
+      BOOST_TEST(note.empty(), note);
+      BOOST_TEST(!ckptfs::CachedCatalogUsable(source, options));
+      RequireSameCatalog(*MustOpen(source, options), *fresh);
+      BOOST_TEST((ReadFile(entry) == written));  // rewritten as this build writes it
+      std::shared_ptr<Catalog> again = Load(source, options, &note);
+      BOOST_REQUIRE_MESSAGE(again, note);
+      RequireSameCatalog(*again, *fresh);
+    }
+  }
+}
+
+// Every format a reader sets has a stamp, and readers that read files through others count
+// theirs; a catalog of a format no reader builds is not stored.
+BOOST_AUTO_TEST_CASE(reader_stamps) {
+  for (const char* format : {"torch-zip", "torch-legacy", "torchscript", "torch-export", "safetensors",
+                             "safetensors-folder", "torch-zip-folder", "deepspeed-zero", "deepspeed-pipeline", "dcp",
+                             "dcp-hf-shards"})
+    BOOST_TEST(StartsWith(ckptfs::ReaderStamp(format), std::string("ckptfs ") + CKPTFS_VERSION + "; "), format);
+  BOOST_TEST(Contains(ckptfs::ReaderStamp("safetensors-folder"), "; safetensors "));
+  BOOST_TEST(Contains(ckptfs::ReaderStamp("dcp"), "; torch-zip "));
+  BOOST_TEST(ckptfs::ReaderStamp("unknown").empty());
+
+  TempDir dir;
+  const std::string source = dir.File("data.bin");
+  Catalog catalog = MakeCatalog(source, 10);
+  catalog.format = "unknown";
+  const SourceOptions options = CacheOptions(dir.File("cache"));
+  Status s = ckptfs::StoreCachedCatalog(source, options, catalog);
+  BOOST_TEST(!s.ok());
+  BOOST_TEST(Contains(s.message(), "no reader format number"), s.message());
+  BOOST_TEST(!std::filesystem::exists(dir.File("cache")));
+}
+
+// A weight index read as the source: its folder's other files are served beside the
+// weights, so a file added there shows on the next open; no entry is ever written.
+BOOST_AUTO_TEST_CASE(weight_index_is_not_cached) {
+  TempDir dir;
+  WriteSafetensors(dir.File("model-00001-of-00001.safetensors"), 3);
+  WriteFile(dir.File("model.safetensors.index.json"),
+            R"({"metadata": {}, "weight_map": {"w.0": "model-00001-of-00001.safetensors",
+                "w.1": "model-00001-of-00001.safetensors", "w.2": "model-00001-of-00001.safetensors"}})");
+  WriteFile(dir.File("config.json"), "{}");
+  const std::string index = dir.File("model.safetensors.index.json");
+  const std::string cache = dir.File("cache");
+  const SourceOptions options = CacheOptions(cache);
+  BOOST_REQUIRE_EQUAL(MustOpen(index, options)->sibling_files.size(), 1u);
+  WriteFile(dir.File("tokenizer.json"), "{}");
+  std::shared_ptr<const Catalog> again = MustOpen(index, options);
+  BOOST_TEST(again->sibling_files.size() == 2u);
+  BOOST_TEST(!std::filesystem::exists(cache));
+  BOOST_TEST(!ckptfs::CatalogCacheHit(index, options));
 }
