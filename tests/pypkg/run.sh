@@ -7,6 +7,7 @@
 #                   scikit-build-core: the wheel is built in it with --no-build-isolation
 #   CKPTFS_PYPKG_DIR  where the wheel and the environment go
 #   CKPTFS_PYPKG_CMAKE_DIR  the wheel's CMake build folder (default CKPTFS_PYPKG_DIR/cmake)
+#   CKPTFS_PYPKG_CXX  the C++ compiler to build the wheel with (default: the backend's choice)
 #   extra arguments go to pytest
 #
 # The fresh environment gets the test environment's site-packages through a .pth file
@@ -25,7 +26,13 @@ work=$(cd "$work" && pwd)
 # The wheel's CMake build: CKPTFS_PYPKG_CMAKE_DIR, which CTest puts beside the build folder
 # (build-wheel/ beside build/): at the same depth below the sources, its compile commands are
 # those of build/, and ccache (CMakeLists.txt) serves the objects build/ made.
+# It is compiled by CKPTFS_PYPKG_CXX, build/'s compiler, where given: ccache tells compilers
+# apart by the name they are called by, and the build backend would otherwise pick Python's
+# own (x86_64-linux-gnu-g++ on Debian).
 settings=(--config-settings=build-dir="${CKPTFS_PYPKG_CMAKE_DIR:-$work/cmake}")
+if [ -n "${CKPTFS_PYPKG_CXX:-}" ]; then
+  settings+=(--config-settings=cmake.define.CMAKE_CXX_COMPILER="$CKPTFS_PYPKG_CXX")
+fi
 rm -rf "$work/dist"
 start=$(date +%s)
 "$python" -m pip wheel "$root" --quiet --no-build-isolation --no-deps --no-index --disable-pip-version-check \
