@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the Debian package build-deb/ckptfs_<version>_<arch>.deb and prints its path.
+# Builds the Debian package build-deb/ckptfs_<version>_<arch>.deb and prints its path (the
+# only line on stdout).
 #
 # The package gets a build folder of its own, configured from nothing each time: build/ is the
 # developers' and the tests', and its CMake cache may hold anything (the test environment's
@@ -12,6 +13,6 @@ build="$root/build-deb"
 rm -rf "$build"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
   -DCKPTFS_BUILD_TESTS=OFF >/dev/null
-cmake --build "$build" -j"$(nproc)"
+cmake --build "$build" -j"$(nproc)" >&2
 (cd "$build" && cpack -G DEB >&2)
 ls "$build"/ckptfs_*.deb
