@@ -100,20 +100,30 @@ struct CuFileApi {
 };
 
 // Loads the CUDA runtime once per process: an already loaded libcudart (torch's), then
-// $CKPTFS_CUDART, libcudart.so.12, libcudart.so.13, libcudart.so, then the copies in a
-// Python environment (nvidia/cuda_runtime/lib, nvidia/cu1*/lib under $VIRTUAL_ENV and the
-// build's test environment). A runtime that is too new for the driver is passed over for
-// the next candidate. The error says what was tried.
+// $CKPTFS_CUDART, libcudart.so.12, libcudart.so.13, libcudart.so (LD_LIBRARY_PATH and the
+// system's), then the copies in Python environments' NVIDIA wheels (PythonEnvLibraries). A
+// runtime that is too new for the driver is passed over for the next candidate. The error
+// says what was tried.
 Status LoadCudaRuntime(const CudaRuntime** out);
 // The first of `candidates` (sonames or paths) that loads, has every entry point, and whose
 // cudaGetDeviceCount does not answer cudaErrorInsufficientDriver; if every runtime that
 // loads answers that, the first of them (its error is then what the caller reports).
 // Libraries already in the process are preferred (RTLD_NOLOAD).
 Status OpenCudaRuntimeFrom(const std::vector<std::string>& candidates, CudaRuntime* out);
-// Loads cuFile ($CKPTFS_CUFILE, libcufile.so.0, the Python environment's copy) once. Unless
+// Loads cuFile ($CKPTFS_CUFILE, libcufile.so.0, the Python environments' copies) once. Unless
 // the user chose one, cuFile's log goes to $TMPDIR (cufile.json's default is the current
 // directory).
 Status LoadCuFile(const CuFileApi** out);
+
+// The site-packages folders searched for NVIDIA's wheels (nvidia-cuda-runtime, nvidia-cufile
+// and their cu12/cu13 bundles), in this order, each once: the one holding the code running
+// (libckptfs.so, or the ckptfs binary, installed from the wheel), those holding the other
+// shared objects in the process (an interpreter's torch and numpy), then those of
+// $VIRTUAL_ENV. Nothing of the machine that built ckptfs is searched.
+std::vector<std::string> PythonSitePackages();
+// The files matching the glob PATTERN in the NVIDIA wheels' lib folders (nvidia/cuda_runtime,
+// nvidia/cu13, nvidia/cu12, nvidia/cufile) of PythonSitePackages(), in that order.
+std::vector<std::string> PythonEnvLibraries(const char* pattern);
 
 }  // namespace ckptfs::device
 

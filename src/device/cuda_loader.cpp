@@ -1,9 +1,12 @@
 // Finding and loading the CUDA runtime and cuFile at run time.
 #include <dlfcn.h>
-#include <glob.h>
+#include <fnmatch.h>
+#include <link.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -14,27 +17,84 @@
 namespace ckptfs::device {
 namespace {
 
-// Python environments whose nvidia-* wheels may carry the libraries: the active one, and
-// the one the build's tests use (CMake passes it).
-std::vector<std::string> PythonEnvLibraries(const std::string& pattern) {
-  std::vector<std::string> roots;
-  if (const char* v = std::getenv("VIRTUAL_ENV"); v && *v) roots.push_back(v);
-#ifdef CKPTFS_PYTHON_ENV
-  roots.push_back(CKPTFS_PYTHON_ENV);
-#endif
+// The site-packages (Debian's python: dist-packages) folder that holds PATH, or "".
+std::string SitePackagesHolding(const std::string& path) {
+  for (std::filesystem::path p(path); p.has_relative_path(); p = p.parent_path()) {
+    if (p.filename() == "site-packages" || p.filename() == "dist-packages") return p.string();
+  }
+  return {};
+}
+
+// The file of the object this code is in: libckptfs.so, or the program it is linked into
+// (whose link map has no name).
+std::string OwnObjectFile() {
+  Dl_info info{};
+  link_map* map = nullptr;
+  if (::dladdr1(reinterpret_cast<void*>(&OwnObjectFile), &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) &&
+      map && map->l_name && *map->l_name)
+    return map->l_name;
+  std::error_code ec;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : exe.string();
+}
+
+// The files of the shared objects in the process, in load order.
+std::vector<std::string> LoadedObjectFiles() {
+  std::vector<std::string> files;
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        auto* names = static_cast<std::vector<std::string>*>(out);
+        if (info->dlpi_name && *info->dlpi_name) names->push_back(info->dlpi_name);
+        return 0;
+      },
+      &files);
+  return files;
+}
+
+// The entries of DIR whose names match the glob PATTERN, sorted. DIR itself is taken
+// literally (a folder may have glob characters in its name).
+std::vector<std::string> Matching(const std::string& dir, const char* pattern) {
   std::vector<std::string> found;
-  for (const std::string& root : roots) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (::fnmatch(pattern, name.c_str(), 0) == 0) found.push_back(it->path().string());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+}  // namespace
+
+std::vector<std::string> PythonSitePackages() {
+  std::vector<std::string> folders;
+  auto add = [&](const std::string& folder) {
+    if (folder.empty() || std::find(folders.begin(), folders.end(), folder) != folders.end()) return;
+    folders.push_back(folder);
+  };
+  // A wheel's ckptfs runs with the CUDA wheels installed beside it.
+  add(SitePackagesHolding(OwnObjectFile()));
+  // In a Python process, the environments its modules came from (torch's, numpy's).
+  for (const std::string& file : LoadedObjectFiles()) add(SitePackagesHolding(file));
+  // The active environment of the shell that started a program outside any environment
+  // (/usr/bin/ckptfs).
+  if (const char* v = std::getenv("VIRTUAL_ENV"); v && *v) {
+    for (const std::string& lib : Matching(std::string(v) + "/lib", "python3*")) add(lib + "/site-packages");
+  }
+  return folders;
+}
+
+std::vector<std::string> PythonEnvLibraries(const char* pattern) {
+  std::vector<std::string> found;
+  for (const std::string& root : PythonSitePackages()) {
     for (const char* sub : {"nvidia/cuda_runtime/lib", "nvidia/cu13/lib", "nvidia/cu12/lib", "nvidia/cufile/lib"}) {
-      const std::string g = root + "/lib/python3*/site-packages/" + sub + "/" + pattern;
-      glob_t gl{};
-      if (::glob(g.c_str(), 0, nullptr, &gl) == 0) {
-        for (size_t i = 0; i < gl.gl_pathc; ++i) found.push_back(gl.gl_pathv[i]);
-      }
-      ::globfree(&gl);
+      for (std::string& path : Matching(root + "/" + sub, pattern)) found.push_back(std::move(path));
     }
   }
   return found;
 }
+
+namespace {
 
 // dlopen the first of `names` that loads; *tried lists them all.
 void* OpenFirst(const std::vector<std::string>& names, std::string* loaded, std::string* tried) {

@@ -36,6 +36,17 @@ def ckptfs_library():
     return lib
 
 
+@pytest.fixture(scope="session", autouse=True)
+def active_environment():
+    """The test environment as the active one ($VIRTUAL_ENV), as a user's shell has it: `ckptfs
+    load` (a program outside any environment) finds the CUDA runtime of torch's NVIDIA wheels
+    there. CTest runs the environment's python without activating it."""
+    with pytest.MonkeyPatch.context() as patch:
+        if sys.prefix != sys.base_prefix:
+            patch.setenv("VIRTUAL_ENV", sys.prefix)
+        yield
+
+
 def _torch_checkpoint() -> dict:
     g = torch.Generator().manual_seed(8)
     big = torch.randn(300, 257, generator=g)  # about 300 KiB: many 4 KiB buffers

@@ -1,5 +1,13 @@
 """The Debian package built by CPack holds a working ckptfs, its man page and the
-mount.ckptfs helper link, and depends on fuse3."""
+mount.ckptfs helper link, depends on fuse3, and names no folder of the machine that built it.
+
+The package is made from the build the suite runs against (CKPTFS_BUILD_DIR): cpack only
+installs and packs it (seconds), where scripts/build-deb.sh's clean build would compile
+everything again (minutes), for every run of the suite. Both builds use the same build type
+and flags (scripts/build.sh's and build-deb.sh's); the suite's build adds the test options
+(the test environment's python, the tests), so whatever those options let into an installed
+file shows up here, which makes the folder check stricter than it would be on the clean
+build. A sanitized build is not what ships: the folder check is skipped there."""
 
 import os
 import re
@@ -9,13 +17,27 @@ from pathlib import Path
 
 import pytest
 
+from machine_paths import machine_folders, strings_naming
+
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "tests" / "data" / "sample-mlp-training.pt"
 
 
+def build_dir() -> Path:
+    return Path(os.environ.get("CKPTFS_BUILD_DIR", REPO / "build"))
+
+
+def cache_value(name: str) -> str:
+    """The value of NAME in the build's CMakeCache.txt ("" when unset)."""
+    for line in (build_dir() / "CMakeCache.txt").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return line.split("=", 1)[1]
+    return ""
+
+
 @pytest.fixture(scope="module")
 def deb(tmp_path_factory):
-    build = Path(os.environ.get("CKPTFS_BUILD_DIR", REPO / "build"))
+    build = build_dir()
     out = tmp_path_factory.mktemp("deb")
     subprocess.run(["cpack", "-G", "DEB", "-B", str(out)], cwd=build, check=True,
                    capture_output=True, timeout=300)
@@ -71,3 +93,16 @@ def test_one_version(deb, tmp_path):
     out = subprocess.run([str(root / "usr/bin/ckptfs"), "--version"], check=True, capture_output=True, text=True,
                          timeout=60).stdout
     assert out == f"ckptfs {project}\n"
+
+
+def test_no_folder_of_the_build_machine(deb, tmp_path):
+    """No file in the package (the binary, the man page, the examples) names the source tree,
+    the build folder, the test environment or $HOME."""
+    if cache_value("CKPTFS_SANITIZE"):
+        pytest.skip("a sanitized build: the package is built without sanitizers")
+    root = tmp_path / "root"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True, timeout=60)
+    python = cache_value("CKPTFS_PYTHON")
+    folders = machine_folders(build_dir(), Path(python).parents[1] if python else None)
+    found = strings_naming(root, folders)
+    assert not found, f"{found} (looked for {folders})"

@@ -1,5 +1,6 @@
-"""The wheel: what it holds, its `ckptfs` console command, and the one version number it
-shares with the binary and the CMake project."""
+"""The wheel: what it holds, that none of it names a folder of the machine that built it, its
+`ckptfs` console command, and the one version number it shares with the binary and the CMake
+project."""
 
 import importlib.metadata
 import re
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import ckptfs
 from ckptfs_testlib import REPO_ROOT
+from machine_paths import machine_folders, strings_naming
 
 # Every format ckptfs reads, as --help names it.
 FORMATS = ("torch .pt/.bin", "legacy torch.save", "TorchScript", "torch.export", "safetensors", "DeepSpeed ZeRO",
@@ -35,6 +37,20 @@ def test_wheel_holds_binary_library_and_package_only(installed):
     strays = [n for n in names if not n.startswith(("ckptfs/", "ckptfs-"))]
     assert not strays, strays
     assert not [n for n in names if re.search(r"_test$|fake|fuzz", n)]
+
+
+def test_no_folder_of_the_build_machine(installed, tmp_path):
+    """No file in the wheel (the binary, the library, the modules, the metadata) names the
+    source tree, the wheel's build folder, the environment it was built in, this one or $HOME."""
+    import os
+
+    wheel = Path(os.environ["CKPTFS_PYPKG_WHEEL"])
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(tmp_path / "wheel")
+    # run.sh builds in CKPTFS_PYPKG_DIR/cmake and puts the wheel in CKPTFS_PYPKG_DIR/dist.
+    folders = machine_folders(wheel.parents[1], installed, Path(os.environ["CKPTFS_PYTHON"]).parents[1])
+    found = strings_naming(tmp_path / "wheel", folders)
+    assert not found, f"{found} (looked for {folders})"
 
 
 def test_console_command_runs_the_bundled_binary(installed):

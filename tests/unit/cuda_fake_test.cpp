@@ -4,7 +4,8 @@
 // that succeed and fail, reported errors are cleared from the runtime, the load waits for
 // the caller's stream, cuFileRead gets the registered base and the offset apart, the driver
 // opens once per process and never when /proc/modules cannot be read, "auto" leaves cuFile
-// alone in compatibility mode, and a runtime too new for the driver is passed over.
+// alone in compatibility mode, a runtime too new for the driver is passed over, and the
+// Python environments searched for NVIDIA's wheels are the process's and $VIRTUAL_ENV's.
 #define BOOST_TEST_MODULE cuda_fake_test
 #include <boost/test/unit_test.hpp>
 
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 #include <vector>
 
@@ -346,4 +348,47 @@ BOOST_FIXTURE_TEST_CASE(runtime_too_new_for_the_driver_is_passed_over, FreshFake
   BOOST_TEST(rt.library == FAKE_CUDART_TOO_NEW);
   s = ckptfs::device::OpenCudaRuntimeFrom({"libckptfs-no-such-cudart.so"}, &rt);
   BOOST_TEST(s.message().rfind("no CUDA device: ", 0) == 0u, s.message());
+}
+
+// Where NVIDIA's wheels are looked for, from the process itself: the site-packages holding a
+// loaded shared object (an interpreter's torch), then $VIRTUAL_ENV's; a folder that is no
+// site-packages adds nothing, and each folder comes once.
+BOOST_AUTO_TEST_CASE(python_environments_come_from_the_process_and_virtual_env) {
+  namespace fs = std::filesystem;
+  TempDir tmp;
+  const std::string interpreter_site = tmp.File("interp/lib/python3.11/site-packages");
+  const std::string venv = tmp.File("venv");
+  const std::string venv_site = venv + "/lib/python3.12/site-packages";
+  // A loaded object of the interpreter's environment (a copy of a fake: a library with no
+  // thread_locals, so one more copy in the process is harmless), and one outside any.
+  fs::create_directories(interpreter_site + "/torch/lib");
+  fs::create_directories(tmp.File("elsewhere/lib"));
+  fs::copy_file(FAKE_CUFILE, interpreter_site + "/torch/lib/libtorch_stand_in.so");
+  fs::copy_file(FAKE_CUFILE, tmp.File("elsewhere/lib/libother.so"));
+  void* in_site = ::dlopen((interpreter_site + "/torch/lib/libtorch_stand_in.so").c_str(), RTLD_NOW | RTLD_LOCAL);
+  void* outside = ::dlopen(tmp.File("elsewhere/lib/libother.so").c_str(), RTLD_NOW | RTLD_LOCAL);
+  BOOST_REQUIRE(in_site && outside);
+  // The wheels' libraries in both environments.
+  for (const std::string& lib : {interpreter_site + "/nvidia/cu13/lib", venv_site + "/nvidia/cuda_runtime/lib"}) {
+    fs::create_directories(lib);
+    WriteFile(lib + "/libcudart.so.13", "");
+  }
+  WriteFile(venv_site + "/nvidia/cuda_runtime/lib/libcudart.so.12", "");
+
+  const char* old = std::getenv("VIRTUAL_ENV");
+  const std::string saved = old ? old : "";
+  ::setenv("VIRTUAL_ENV", venv.c_str(), 1);
+  const std::vector<std::string> sites = ckptfs::device::PythonSitePackages();
+  const std::vector<std::string> runtimes = ckptfs::device::PythonEnvLibraries("libcudart.so.1*");
+  if (old) ::setenv("VIRTUAL_ENV", saved.c_str(), 1); else ::unsetenv("VIRTUAL_ENV");
+  ::dlclose(outside);
+  ::dlclose(in_site);
+
+  // The test program lies in no site-packages, and neither do its libraries.
+  const std::vector<std::string> want_sites{interpreter_site, venv_site};
+  BOOST_TEST(sites == want_sites, boost::test_tools::per_element());
+  const std::vector<std::string> want_runtimes{interpreter_site + "/nvidia/cu13/lib/libcudart.so.13",
+                                               venv_site + "/nvidia/cuda_runtime/lib/libcudart.so.12",
+                                               venv_site + "/nvidia/cuda_runtime/lib/libcudart.so.13"};
+  BOOST_TEST(runtimes == want_runtimes, boost::test_tools::per_element());
 }
