@@ -272,29 +272,39 @@ BOOST_AUTO_TEST_CASE(damaged_chunk_table_reads_the_source) {
   }
 }
 
+// A safetensors file of 300 tensors opened once with the cache on: its entry is written.
+struct CachedSafetensors {
+  TempDir dir;
+  const std::string source = dir.File("ckpt.safetensors");
+  const std::string cache = dir.File("cache");
+  const SourceOptions options = CacheOptions(cache);
+  std::shared_ptr<const Catalog> fresh;
+  std::string entry;
+
+  CachedSafetensors() {
+    WriteSafetensors(source, 300);
+    fresh = MustOpen(source, options);
+    entry = EntryFile(cache);
+  }
+};
+
 // An entry of version 3 (no reader stamp) is of another version: not used, and replaced by
 // one of the current version.
 BOOST_AUTO_TEST_CASE(older_version_entry_is_replaced) {
-  TempDir dir;
-  const std::string source = dir.File("ckpt.safetensors");
-  WriteSafetensors(source, 300);
-  const std::string cache = dir.File("cache");
-  const SourceOptions options = CacheOptions(cache);
-  std::shared_ptr<const Catalog> fresh = MustOpen(source, options);
-  const std::string entry = EntryFile(cache);
-  std::string bytes = ReadFile(entry);
+  const CachedSafetensors c;
+  std::string bytes = ReadFile(c.entry);
   BOOST_REQUIRE_EQUAL(GetLE64(bytes, 16) & 0xFFFFFFFF, 4u);
   PatchLE(&bytes, 16, 3, 4);
   Reseal(&bytes);
-  WriteFile(entry, bytes);
+  WriteFile(c.entry, bytes);
   std::string note;
-  BOOST_TEST(!Load(source, options, &note));
+  BOOST_TEST(!Load(c.source, c.options, &note));
   BOOST_TEST(Contains(note, "of another version"), note);
-  BOOST_TEST(!ckptfs::CachedCatalogUsable(source, options));
-  RequireSameCatalog(*MustOpen(source, options), *fresh);
-  BOOST_TEST((GetLE64(ReadFile(entry), 16) & 0xFFFFFFFF) == 4u);
-  BOOST_TEST(ckptfs::CachedCatalogUsable(source, options));
-  BOOST_TEST(Load(source, options, &note));
+  BOOST_TEST(!ckptfs::CachedCatalogUsable(c.source, c.options));
+  RequireSameCatalog(*MustOpen(c.source, c.options), *c.fresh);
+  BOOST_TEST((GetLE64(ReadFile(c.entry), 16) & 0xFFFFFFFF) == 4u);
+  BOOST_TEST(ckptfs::CachedCatalogUsable(c.source, c.options));
+  BOOST_TEST(Load(c.source, c.options, &note));
 }
 
 // The stamp the entry's head records, replaced by `other` of the same length (the chunk
@@ -313,20 +323,14 @@ void ReplaceStamp(std::string* bytes, const std::string& stamp, const std::strin
 // of readers (everything else in it intact, its checksum right) is stale: not used, silently,
 // as for a changed file; the source is read and the entry rewritten with this build's stamp.
 BOOST_AUTO_TEST_CASE(entry_of_another_reader_is_replaced) {
-  TempDir dir;
-  const std::string source = dir.File("ckpt.safetensors");
-  WriteSafetensors(source, 300);
-  const std::string cache = dir.File("cache");
-  const SourceOptions options = CacheOptions(cache);
-  std::shared_ptr<const Catalog> fresh = MustOpen(source, options);
-  BOOST_REQUIRE_EQUAL(fresh->format, "safetensors");
+  const CachedSafetensors c;
+  BOOST_REQUIRE_EQUAL(c.fresh->format, "safetensors");
   const std::string stamp = ckptfs::ReaderStamp("safetensors");
   const std::string number = "; safetensors " + std::to_string(ckptfs::kSafetensorsFormat);
   BOOST_REQUIRE_EQUAL(stamp, std::string("ckptfs ") + CKPTFS_VERSION + "; detection 1" + number);
-  const std::string entry = EntryFile(cache);
-  const std::string written = ReadFile(entry);
+  const std::string written = ReadFile(c.entry);
   std::string note;
-  BOOST_REQUIRE(Load(source, options, &note));  // intact, it is a hit
+  BOOST_REQUIRE(Load(c.source, c.options, &note));  // intact, it is a hit
 
   // The stamp with the last digit of `part` changed: another number of the same length.
   auto changed = [&](std::string_view part) {
@@ -341,15 +345,15 @@ BOOST_AUTO_TEST_CASE(entry_of_another_reader_is_replaced) {
     BOOST_TEST_CONTEXT("written by '" << other << "'") {
       std::string bytes = written;
       ReplaceStamp(&bytes, stamp, other);
-      WriteFile(entry, bytes);
-      BOOST_TEST(!Load(source, options, &note));
+      WriteFile(c.entry, bytes);
+      BOOST_TEST(!Load(c.source, c.options, &note));
       BOOST_TEST(note.empty(), note);
-      BOOST_TEST(!ckptfs::CachedCatalogUsable(source, options));
-      RequireSameCatalog(*MustOpen(source, options), *fresh);
-      BOOST_TEST((ReadFile(entry) == written));  // rewritten as this build writes it
-      std::shared_ptr<Catalog> again = Load(source, options, &note);
+      BOOST_TEST(!ckptfs::CachedCatalogUsable(c.source, c.options));
+      RequireSameCatalog(*MustOpen(c.source, c.options), *c.fresh);
+      BOOST_TEST((ReadFile(c.entry) == written));  // rewritten as this build writes it
+      std::shared_ptr<Catalog> again = Load(c.source, c.options, &note);
       BOOST_REQUIRE_MESSAGE(again, note);
-      RequireSameCatalog(*again, *fresh);
+      RequireSameCatalog(*again, *c.fresh);
     }
   }
 }
