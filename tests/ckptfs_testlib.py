@@ -5,6 +5,7 @@ the import path."""
 
 import json
 import os
+import re
 import struct
 import subprocess
 from pathlib import Path
@@ -17,6 +18,14 @@ from safetensors.torch import load_file
 from ckptfs_fixture_cache import ZERO_CHECKPOINTS, FixtureGenerationError, cached_fixtures
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def project_version() -> str:
+    """The version project() gives in the top-level CMakeLists.txt: the one version number of
+    the binary, the library, the .deb, the wheel and the User-Agent."""
+    found = re.search(r"project\(ckptfs\s+VERSION\s+([0-9][0-9.]*)", (REPO_ROOT / "CMakeLists.txt").read_text())
+    assert found, "no project(ckptfs VERSION ...) in CMakeLists.txt"
+    return found.group(1)
 
 
 def deadline_scale() -> float:

@@ -27,9 +27,6 @@ namespace {
 
 // "CKPTFS catalog", then the format version: bump it whenever what is written changes.
 constexpr char kMagic[16] = {'C', 'K', 'P', 'T', 'F', 'S', ' ', 'c', 'a', 't', 'a', 'l', 'o', 'g', '\n', '\0'};
-// 2: a tensor's path as KeyPath's packed bytes (one string), not element by element.
-// 3: the tensors in chunks whose ends are recorded before them, so that threads decode them.
-// 4: the reader stamp (ReaderStamp) after the format name.
 constexpr uint32_t kVersion = 4;
 // Boxes have the rank of their tensor; a rank above this is a damaged entry.
 constexpr uint64_t kMaxRank = 64;

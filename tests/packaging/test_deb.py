@@ -10,13 +10,13 @@ file shows up here, which makes the folder check stricter than it would be on th
 build. A sanitized build is not what ships: the folder check is skipped there."""
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from ckptfs_testlib import project_version
 from machine_paths import machine_folders, strings_naming
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def test_man_page_renders(deb, tmp_path):
 
 def test_one_version(deb, tmp_path):
     """The .deb, the binary it holds and the CMake project carry one version number."""
-    project = re.search(r"project\(ckptfs\s+VERSION\s+([0-9.]+)", (REPO / "CMakeLists.txt").read_text()).group(1)
+    project = project_version()
     assert field(deb, "Version") == project
     root = tmp_path / "root"
     subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True, timeout=60)

@@ -3,6 +3,7 @@
 project."""
 
 import importlib.metadata
+import os
 import re
 import shutil
 import subprocess
@@ -11,16 +12,12 @@ import zipfile
 from pathlib import Path
 
 import ckptfs
-from ckptfs_testlib import REPO_ROOT
+from ckptfs_testlib import REPO_ROOT, project_version
 from machine_paths import machine_folders, strings_naming
 
 # Every format ckptfs reads, as --help names it.
 FORMATS = ("torch .pt/.bin", "legacy torch.save", "TorchScript", "torch.export", "safetensors", "DeepSpeed ZeRO",
            "torch.distributed.checkpoint")
-
-
-def project_version() -> str:
-    return re.search(r"project\(ckptfs\s+VERSION\s+([0-9.]+)", (REPO_ROOT / "CMakeLists.txt").read_text()).group(1)
 
 
 def run(*argv) -> subprocess.CompletedProcess:
@@ -42,8 +39,6 @@ def test_wheel_holds_binary_library_and_package_only(installed):
 def test_no_folder_of_the_build_machine(installed, tmp_path):
     """No file in the wheel (the binary, the library, the modules, the metadata) names the
     source tree, the wheel's build folder, the environment it was built in, this one or $HOME."""
-    import os
-
     wheel = Path(os.environ["CKPTFS_PYPKG_WHEEL"])
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(tmp_path / "wheel")

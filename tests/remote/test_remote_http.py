@@ -6,14 +6,12 @@ disk cache fetches nothing, and every request names the project's version in its
 
 import json
 import os
-import re
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from ckptfs_testlib import flatten_tensors
+from ckptfs_testlib import flatten_tensors, project_version
 from fusetools import MOUNT_TIMEOUT_S, mount_entry, run_bounded, tree_files
 from minilm import encode, load_model
 
@@ -193,14 +191,6 @@ def test_https_with_an_untrusted_certificate_is_one_line_and_no_mount(nginx_tls,
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and str(missing) in lines[0] and "ca_file" in lines[0], res.stderr
     assert mount_entry(mp) is None
-
-
-def project_version() -> str:
-    """The version project() gives in the top-level CMakeLists.txt."""
-    cmake = Path(__file__).resolve().parents[2] / "CMakeLists.txt"
-    found = re.search(r"project\(ckptfs VERSION (\S+)", cmake.read_text())
-    assert found, f"no project(ckptfs VERSION ...) in {cmake}"
-    return found.group(1)
 
 
 def test_requests_name_the_project_version(training_pt, nginx, ckptfs_bin):
