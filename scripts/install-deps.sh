@@ -8,6 +8,7 @@ packages+=(fuse-zip)  # tests/bench/bench_archive_peers.py: the archive-mount pe
 packages+=(libcurl4-openssl-dev)  # remote sources (src/remote): range requests, SigV4
 packages+=(nginx)  # tests/remote, tests/bench/bench_remote.py: the web server on loopback
 packages+=(openssl)  # tests/remote: the self-signed certificate of the https:// server
+packages+=(patchelf)  # scripts/device-pack.sh: the packed build finds its libraries inside the pack
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,12 +13,12 @@ from safetensors.torch import load_file
 
 import ckptfs
 from ckptfs_testlib import assert_bitwise_equal
+from device_sources import DTYPES, KINDS
 
 # The whole suite drives libckptfs.so through the ckptfs package.
 pytestmark = pytest.mark.loads_libckptfs
 
-SOURCES = ("pt", "safetensors", "sharded", "zero2", "zero3")
-DTYPES = (None, "bf16", "fp16", "fp32")
+SOURCES = KINDS
 TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -77,9 +77,9 @@ def test_python_load_equals_torch(sources, name, dtype):
         assert_bitwise_equal(got[key], want, f"{name}[{key}] dtype={dtype}")
 
 
-@pytest.mark.parametrize("name", ("zero2", "zero3"))
+@pytest.mark.parametrize("name", ("zero2", "zero3", "dcp"))
 def test_zero_tensors_span_rank_files(run_ckptfs, sources, view_tensors, name):
-    """Several rank files back the ZeRO view; every buffer size gives the same bytes."""
+    """Several rank files back the ZeRO and DCP views; every buffer size gives the same bytes."""
     source = sources[name][0]
     info = run_ckptfs("info", source).stdout.decode()
     assert "rank" in info.lower() or "optim" in info.lower(), info
@@ -155,19 +155,17 @@ def test_cli_without_gpu_says_so(run_ckptfs, sources, backend):
     assert result.stdout == b""
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: torch.cuda.is_available() is False")
 @pytest.mark.parametrize("backend", ("cuda", "auto"))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", SOURCES)
-def test_gpu_load_equals_view(sources, view_tensors, name, dtype, backend):
+def test_gpu_load_equals_view(cuda_device, sources, view_tensors, name, dtype, backend):
     want = view_tensors(name, dtype)
-    got = ckptfs.load(sources[name][0], device="cuda:0", dtype=dtype, backend=backend, buffer_size=4096, verify=True)
+    got = ckptfs.load(sources[name][0], device=cuda_device, dtype=dtype, backend=backend, buffer_size=4096, verify=True)
     for key, tensor in want.items():
         assert got[key].device.type == "cuda"
         assert_bitwise_equal(got[key].cpu(), tensor, f"{name}[{key}] on cuda dtype={dtype}")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: torch.cuda.is_available() is False")
-def test_gpu_cli_load(run_ckptfs, sources):
+def test_gpu_cli_load(cuda_device, run_ckptfs, sources):
     out = run_ckptfs("load", "--backend", "cuda", "--verify", sources["zero3"][0]).stdout.decode()
     assert "verified" in out
