@@ -5,6 +5,8 @@
 #
 #   scripts/device-pack.sh [--build-dir DIR] [--out DIR]      (default: build/, device-pack/)
 #
+# Without --build-dir it brings build/ up to date first (scripts/build.sh), so the pack is the
+# commit checked out.
 # The pack is laid out like a build folder, so the device suite runs from it unchanged:
 #   ckptfs, libckptfs.so          stripped; their run path is $ORIGIN/lib
 #   lib/                          every shared library they need beyond the C and C++ runtimes
@@ -20,7 +22,7 @@
 # The device machine takes at most 64 MiB of working tree, the pack included: checked here.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build="$root/build"
+build=""
 out="$root/device-pack"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -33,6 +35,10 @@ done
 FASTSAFETENSORS=fastsafetensors==0.5.0
 DEVICE_PYTHON_VERSION=3.12
 
+if [ -z "$build" ]; then
+  build="$root/build"
+  "$root/scripts/build.sh" >&2
+fi
 command -v patchelf >/dev/null || { echo "device-pack: patchelf not found (scripts/install-deps.sh installs it)" >&2; exit 1; }
 for f in ckptfs libckptfs.so tests/libfake_cudart.so; do
   [ -f "$build/$f" ] || { echo "device-pack: $build/$f not found: build first (scripts/build.sh)" >&2; exit 1; }

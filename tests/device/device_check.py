@@ -91,6 +91,14 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def last_json(text: str) -> dict:
+    """The last line of TEXT that is a JSON object (stderr's notes may follow it)."""
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise StepFailed(f"no JSON in the output: {last_line(text)}")
+
+
 def step(check: Check, name: str, fn, *args):
     """Runs FN(*ARGS) -> details dict; records ok/seconds/details or the failure."""
     check.say(f"\n=== {name} ({check.left():.0f} s of the budget left)")
@@ -202,7 +210,7 @@ def build_here(check: Check) -> Path:
 def probe_backend(check: Check, binary: Path, backend: str, source: Path) -> dict:
     result = check.run([binary, "load", "--backend", backend, "--json", source], 60)
     if result.returncode == 0:
-        stats = json.loads(result.stdout.strip().splitlines()[-1])
+        stats = last_json(result.stdout)
         return {"opens": True, "backend": stats["backend"], "device": stats["device"]}
     return {"opens": False, "error": last_line(result.stdout)}
 
@@ -236,9 +244,9 @@ def choose_ckptfs(check: Check, pack: Path, dry_run: bool, state: dict) -> dict:
     details["backends"] = {b: probe_backend(check, binary, b, probe) for b in ("cuda", "cufile", "auto")}
     for name, result in details["backends"].items():
         check.say(f"backend {name}: {result.get('device') or result.get('error')}")
+    state["backends"] = ["host"] if dry_run else [b for b in ("cuda", "cufile") if details["backends"][b]["opens"]]
     if not dry_run and not details["backends"]["cuda"]["opens"]:
         raise StepFailed(f"the cuda back end does not open: {details['backends']['cuda']['error']}")
-    state["backends"] = ["host"] if dry_run else [b for b in ("cuda", "cufile") if details["backends"][b]["opens"]]
     return details
 
 
@@ -293,6 +301,8 @@ def verify_loads(check: Check, state: dict, dry_run: bool) -> dict:
     root = state["work"] / "sources"
     root.mkdir()
     sources = make_sources(root)
+    if not state.get("backends"):
+        raise StepFailed("no back end opens (the ckptfs step says why)")
     binary = state["build"] / "ckptfs"
     results, failed = [], []
     for backend in state["backends"]:
@@ -304,7 +314,7 @@ def verify_loads(check: Check, state: dict, dry_run: bool) -> dict:
                 r = check.run(argv, 60)
                 row = {"backend": backend, "kind": kind, "dtype": dtype or "as stored"}
                 if r.returncode == 0:
-                    stats = json.loads(r.stdout.strip().splitlines()[-1])
+                    stats = last_json(r.stdout)
                     row.update(ok=stats["verified"] is True, tensors=stats["tensors"], bytes=stats["bytes"],
                                direct_bytes=stats["direct_bytes"], view_bytes=stats["view_bytes"])
                 else:
@@ -377,13 +387,17 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     size_mb = args.bench_size_mb or (64 if args.dry_run else 4096)
     check = Check(args.out, args.budget_s, args.dry_run)
+    # `ckptfs load` finds the CUDA runtime of NVIDIA's wheels in the active environment, as a
+    # user's shell has it; this Python may have been run without activating its own.
+    if sys.prefix != sys.base_prefix:
+        os.environ.setdefault("VIRTUAL_ENV", sys.prefix)
     with tempfile.TemporaryDirectory(prefix="ckptfs-device-check-") as work:
         state = {"pack": args.pack.resolve(), "work": Path(work)}
         env = step(check, "environment", environment, args.dry_run)
         check.summary["machine"] = (env.get("details", {}).get("gpu", {}).get("name")
                                     or ("no GPU (dry run)" if args.dry_run else "no GPU found"))
-        build = step(check, "ckptfs", choose_ckptfs, args.pack.resolve(), args.dry_run, state)
-        if build["ok"]:
+        step(check, "ckptfs", choose_ckptfs, args.pack.resolve(), args.dry_run, state)
+        if "build" in state:  # a back end that does not open still leaves the suite to say more
             step(check, "suite", device_suite, state, args.dry_run)
             step(check, "verify", verify_loads, state, args.dry_run)
             step(check, "bench", bench, state, args.dry_run, size_mb)
