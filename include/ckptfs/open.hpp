@@ -36,8 +36,8 @@ struct OpenRequest {
 };
 
 struct OpenedSource {
-  std::shared_ptr<const Catalog> catalog;  // as presented
-  std::unique_ptr<View> view;              // OpenStage::kView
+  std::shared_ptr<const Catalog> catalog;  // OpenStage::kPresentedCatalog: the catalog as presented
+  std::unique_ptr<View> view;              // OpenStage::kView (its catalog: view->catalog())
   std::vector<std::string> notes;          // warnings, one line each, for the caller to show
 };
 

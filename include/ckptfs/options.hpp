@@ -140,7 +140,7 @@ std::string MountHelp(unsigned groups);
 // load_into.
 nlohmann::json DescribeOptions();
 // The formats ckptfs reads, one help line per reader of the registry: the formats `ckptfs
-// info` names its catalogs by, and what it reads ("  torch-zip         torch.save zip ...").
+// info` names its catalogs by, and what it reads ("  torch-zip         torch .pt/.bin: ...").
 std::string FormatsHelp();
 
 }  // namespace ckptfs

@@ -49,7 +49,7 @@ Status CheckTensorLimit(const Catalog& catalog, const std::string& source, const
 // A format reader of the registry, as help texts and the README's table of sources name it.
 struct ReaderDescription {
   std::string_view name;                  // "torch-zip"
-  std::string_view description;           // "torch.save zip (.pt, .bin; torch >= 1.6)"
+  std::string_view description;           // "torch .pt/.bin: a torch.save zip (torch >= 1.6)"
   std::vector<std::string_view> formats;  // the Catalog::format values of its catalogs
 };
 // Every reader, in the order detection tries them.

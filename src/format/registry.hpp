@@ -65,7 +65,7 @@ class SourceProbe {
 struct ReaderEntry {
   // The reader's name, in the catalog cache's stamps (ReaderStamp) and the README's table.
   std::string_view name;
-  // What it reads, for help texts: "torch.save zip (.pt, .bin; torch >= 1.6)".
+  // What it reads, for help texts: "torch .pt/.bin: a torch.save zip (torch >= 1.6)".
   std::string_view description;
   // The values of Catalog::format its catalogs have (empty entries: none).
   std::string_view formats[2] = {};

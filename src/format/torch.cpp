@@ -488,7 +488,7 @@ Status ReadTorchZip(const std::string& path, Catalog* catalog, json* metadata, c
 // Any zip the TorchScript and torch.export readers (tried first) did not take.
 extern const ReaderEntry kTorchZipReader = {
     .name = "torch-zip",
-    .description = "torch.save zip (.pt, .bin; torch >= 1.6)",
+    .description = "torch .pt/.bin: a torch.save zip (torch >= 1.6)",
     .formats = {"torch-zip"},
     .number = kTorchZipFormat,
     .detect = [](SourceProbe& probe, bool* is_format) {

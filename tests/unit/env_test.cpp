@@ -339,3 +339,21 @@ BOOST_AUTO_TEST_CASE(missing_and_unrecognized_sources_in_memory) {
   CheckCode(source.OpenCatalog("/m/odd.bin", &catalog), Status::Code::kInvalidArgument,
             "/m/odd.bin: not a recognized checkpoint (expected a torch zip or safetensors file)");
 }
+
+// What each Env says of itself, so that nothing above it tests which kind it is.
+BOOST_AUTO_TEST_CASE(envs_describe_themselves) {
+  const std::shared_ptr<Env> local = Env::Local();
+  BOOST_TEST(local->traits().local_files);
+  BOOST_TEST(local->traits().push_ahead);
+  ckptfs::FetchCounters counters;
+  BOOST_TEST(!local->fetch_counters(&counters));
+  char cwd[4096];
+  BOOST_REQUIRE(::getcwd(cwd, sizeof cwd) != nullptr);
+  BOOST_TEST(local->CanonicalName(".") == std::string(cwd));
+  BOOST_TEST(local->CanonicalName("/no/such/path") == "/no/such/path");
+  MemoryEnv memory;
+  BOOST_TEST(!memory.traits().local_files);
+  BOOST_TEST(!memory.traits().push_ahead);
+  BOOST_TEST(memory.CanonicalName("m/x.pt") == "m/x.pt");
+  BOOST_TEST(!memory.fetch_counters(&counters));
+}
