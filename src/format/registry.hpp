@@ -4,7 +4,8 @@
 // table of sources are made from it (or checked against it: tests/unit/registry_test.cpp).
 //
 // Adding a format: a reader file that defines `extern const ReaderEntry kMyReader` (detect
-// and read below), its line in registry.cpp, its file in the format layer's CMake list.
+// and read below), its name in registry.cpp (declaration and list), its file in the format
+// layer's CMake list, its row in the README's table of sources.
 #ifndef CKPTFS_FORMAT_REGISTRY_HPP_
 #define CKPTFS_FORMAT_REGISTRY_HPP_
 
