@@ -37,9 +37,9 @@ const ReaderEntry* FindReader(std::string_view name) {
 std::span<const ReaderEntry* const> Readers() { return kReaders; }
 
 std::string ReaderStamp(std::string_view format) {
+  if (format.empty()) return "";
   for (const ReaderEntry* r : kReaders) {
-    if (std::find(std::begin(r->formats), std::end(r->formats), format) == std::end(r->formats) || format.empty())
-      continue;
+    if (std::find(std::begin(r->formats), std::end(r->formats), format) == std::end(r->formats)) continue;
     std::string stamp = std::string("ckptfs ") + CKPTFS_VERSION + "; detection " + std::to_string(kDetectionFormat);
     stamp += std::string("; ").append(r->name) + " " + std::to_string(r->number);
     for (std::string_view other : r->reads_through)

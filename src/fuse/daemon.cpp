@@ -274,16 +274,16 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
   Filesystem fs;
   fs.uid = ::getuid();
   fs.gid = ::getgid();
+  if (!env_status.ok()) {
+    std::fprintf(stderr, "ckptfs: %s\n", StatusText(env_status, OptionSpelling::kMount).c_str());
+    return 1;
+  }
   // With a usable catalog cache entry the catalog and View are made in the daemon, after
   // the mount: the command returns once the entry is checked (~0.1 s for a million tensors
   // instead of ~0.5 s), and the first request waits for the rest. Only where nothing left
   // can fail for a reason the user must see: the entry is intact, its files unchanged, its
   // keys distinct (no two files of one name), and no root= prefix (which may match nothing)
   // or checksums (which read every tensor) are asked for.
-  if (!env_status.ok()) {
-    std::fprintf(stderr, "ckptfs: %s\n", StatusText(env_status, OptionSpelling::kMount).c_str());
-    return 1;
-  }
   const ViewOptions& view_options = request.view;
   const bool open_in_daemon =
       view_options.root.empty() && !view_options.checksums && CatalogCacheHit(source, request.source);
