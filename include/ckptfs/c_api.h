@@ -92,8 +92,8 @@ int ckptfs_load_into_stream(ckptfs_handle* handle, size_t count, const uint64_t*
 /* JSON of the calling thread's last successful load, with the keys `ckptfs load --json`
  * prints: {"backend", "device", "tensors", "bytes", "bytes_read", "direct_bytes",
  * "view_bytes", "buffers_filled", "o_direct", "seconds", "gb_per_s", "verified"}; after
- * ckptfs_load_mapped (backend "map") also "mapped_bytes" and "maps". Since API version 6
- * (version 5 had a subset, and "read_bytes" for a mapped load's "bytes_read"). */
+ * ckptfs_load_mapped (backend "map") also "mapped_bytes" and "maps". These keys since API
+ * version 6; version 5 gives fewer, and "read_bytes" for a mapped load's "bytes_read". */
 const char* ckptfs_last_load_stats(void);
 
 /* Places COUNT tensors (INDICES into ckptfs_tensor_info) in one new region of private memory
