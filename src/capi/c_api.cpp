@@ -1,8 +1,6 @@
 // libckptfs.so: the C ABI of include/ckptfs/c_api.h.
 #include "ckptfs/c_api.h"
 
-#include "capi/tensor_map.hpp"
-
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -13,6 +11,7 @@
 
 #include "ckptfs/device.hpp"
 #include "ckptfs/options.hpp"
+#include "ckptfs/tensor_map.hpp"
 #include "ckptfs/view.hpp"
 
 #define CKPTFS_EXPORT extern "C" __attribute__((visibility("default")))
@@ -22,6 +21,7 @@ struct ckptfs_handle {
   std::string info;          // ckptfs_tensor_info
   std::string source_files;  // ckptfs_source_files
   std::string metadata;      // ckptfs_metadata
+  std::string loading;       // ckptfs_tensor_loading, made when first asked for
 };
 
 namespace {
@@ -32,6 +32,7 @@ using ckptfs::Status;
 thread_local std::string g_error;
 thread_local std::string g_stats = "{}";
 thread_local std::string g_map_layout;
+thread_local std::string g_selection;
 
 void SetError(const std::string& message) { g_error = message; }
 
@@ -43,15 +44,6 @@ Status ParseOptionsText(const char* text, unsigned groups, OptionValues* out) {
   if (options.is_discarded() || !options.is_object())
     return Status::InvalidArgument("options", std::string("not a JSON object: ") + text);
   return ParseJsonOptions(options, groups, out);
-}
-
-// Where tensor `t`'s served bytes lie when they are one byte range of a local file, as
-// stored: what a caller may map instead of reading (ckptfs_tensor_info's "extent").
-std::optional<ckptfs::Extent> MappableExtent(const ckptfs::TensorEntry& t, const ckptfs::SourceFiles& files) {
-  if (ckptfs::RouteOf(t) != ckptfs::ReadRoute::kExtents) return std::nullopt;
-  const std::vector<ckptfs::Extent> extents = ckptfs::ExtentsOf(t);
-  if (extents.size() != 1 || files.file(extents[0].file).local_path().empty()) return std::nullopt;
-  return extents[0];
 }
 
 nlohmann::json TensorInfo(const ckptfs::View& view) {
@@ -70,6 +62,18 @@ nlohmann::json TensorInfo(const ckptfs::View& view) {
     info.push_back(std::move(entry));
   }
   return info;
+}
+
+nlohmann::json TensorLoading(const ckptfs::View& view) {
+  nlohmann::json loading = nlohmann::json::array();
+  const ckptfs::SourceFiles& files = *view.catalog().files;
+  for (const ckptfs::TensorEntry& t : view.catalog().tensors) {
+    const ckptfs::DTypeInfo& served = ckptfs::Info(ckptfs::ServedAs(t.served_dtype()).dtype);
+    loading.push_back({{"itemsize", served.itemsize},
+                       {"torch_dtype", std::string(served.torch_name)},
+                       {"cpu", ckptfs::CpuPlacementName(ckptfs::PlaceOnCpu(t, files))}});
+  }
+  return loading;
 }
 
 nlohmann::json SourceFilesInfo(const ckptfs::SourceFiles& files) {
@@ -185,15 +189,7 @@ int LoadInto(ckptfs_handle* handle, size_t count, const uint64_t* indices, void*
     s = LoadIntoDevice(view, *be, options.load, dests, &stats);
     if (s.ok() && options.verify) s = VerifyDeviceTensors(view, *be, check);
     if (!s.ok()) return SetError(s.message()), -1;
-    g_stats = nlohmann::json{{"tensors", stats.tensors},
-                             {"bytes", stats.bytes},
-                             {"bytes_read", stats.bytes_read},
-                             {"direct_bytes", stats.direct_bytes},
-                             {"view_bytes", stats.view_bytes},
-                             {"seconds", stats.seconds},
-                             {"backend", be->name()},
-                             {"o_direct", stats.used_o_direct}}
-                  .dump();
+    g_stats = LoadStatsJson(stats, be->name(), be->Describe(), options.verify);
     return 0;
   } catch (const std::exception& e) {
     SetError(std::string("ckptfs_load_into: ") + e.what());
@@ -250,21 +246,12 @@ CKPTFS_EXPORT int ckptfs_load_mapped(ckptfs_handle* handle, size_t count, const 
     *region = nullptr;
     *region_size = 0;
     if (!handle) return SetError("ckptfs_load_mapped: null handle"), -1;
-    const std::vector<size_t> positions(indices, indices + count);
     TensorRegion mapped;
-    Status s = MapTensors(*handle->view, positions, &mapped);
-    if (s.ok()) s = ReadUnmapped(*handle->view, positions, &mapped);
-    if (!s.ok()) {
-      UnmapRegion(mapped.base, mapped.size);
+    DeviceLoadStats stats;
+    if (Status s = LoadMapped(*handle->view, std::vector<size_t>(indices, indices + count), &mapped, &stats); !s.ok())
       return SetError(s.message()), -1;
-    }
-    uint64_t bytes = 0, read_bytes = 0;
-    for (size_t i = 0; i < count; ++i) bytes += handle->view->catalog().tensors[positions[i]].served_nbytes();
-    for (const TensorRead& r : mapped.reads) read_bytes += r.length;
     try {
-      g_stats = nlohmann::json{{"tensors", count},         {"bytes", bytes}, {"mapped_bytes", mapped.mapped_bytes},
-                               {"read_bytes", read_bytes}, {"maps", mapped.maps}, {"backend", "map"}}
-                    .dump();
+      g_stats = LoadStatsJson(stats, kMapLoadBackend, "host memory (private maps of the source files)", false);
     } catch (...) {
       UnmapRegion(mapped.base, mapped.size);
       throw;
@@ -275,6 +262,62 @@ CKPTFS_EXPORT int ckptfs_load_mapped(ckptfs_handle* handle, size_t count, const 
     return 0;
   } catch (const std::exception& e) {
     SetError(std::string("ckptfs_load_mapped: ") + e.what());
+    return -1;
+  }
+}
+
+CKPTFS_EXPORT const char* ckptfs_tensor_loading(ckptfs_handle* handle) {
+  if (!handle) return "[]";
+  try {
+    if (handle->loading.empty()) handle->loading = TensorLoading(*handle->view).dump();
+    return handle->loading.c_str();
+  } catch (const std::exception& e) {
+    SetError(std::string("ckptfs_tensor_loading: ") + e.what());
+    return nullptr;
+  }
+}
+
+CKPTFS_EXPORT const char* ckptfs_select(ckptfs_handle* handle, const char* patterns_json) {
+  using namespace ckptfs;
+  try {
+    if (!handle) return SetError("ckptfs_select: null handle"), nullptr;
+    const nlohmann::json patterns =
+        patterns_json ? nlohmann::json::parse(patterns_json, nullptr, false) : nlohmann::json(nullptr);
+    std::vector<size_t> indices;
+    if (patterns.is_null()) {
+      for (size_t i = 0; i < handle->view->catalog().tensors.size(); ++i) indices.push_back(i);
+    } else {
+      std::vector<std::string> select;
+      if (patterns.is_string()) select.push_back(patterns.get<std::string>());
+      if (patterns.is_array())
+        for (const nlohmann::json& p : patterns) {
+          if (!p.is_string()) return SetError("select: not a list of keys or globs: " + patterns.dump()), nullptr;
+          select.push_back(p.get<std::string>());
+        }
+      if (!patterns.is_string() && !patterns.is_array())
+        return SetError(std::string("select: not a key, a glob or a list of them: ") + patterns_json), nullptr;
+      // An empty list selects nothing (SelectTensors reads no patterns as all of them).
+      if (!select.empty())
+        if (Status s = SelectTensors(*handle->view, select, &indices); !s.ok()) return SetError(s.message()), nullptr;
+    }
+    g_selection = nlohmann::json(indices).dump();
+    return g_selection.c_str();
+  } catch (const std::exception& e) {
+    SetError(std::string("ckptfs_select: ") + e.what());
+    return nullptr;
+  }
+}
+
+CKPTFS_EXPORT int ckptfs_open_source_file(ckptfs_handle* handle, uint32_t file) {
+  using namespace ckptfs;
+  try {
+    if (!handle) return SetError("ckptfs_open_source_file: null handle"), -1;
+    int fd = -1;
+    if (Status s = OpenUnchangedForMap(*handle->view->catalog().files, file, &fd); !s.ok())
+      return SetError(s.message()), -1;
+    return fd;
+  } catch (const std::exception& e) {
+    SetError(std::string("ckptfs_open_source_file: ") + e.what());
     return -1;
   }
 }

@@ -19,10 +19,6 @@ namespace {
 // entry), so a piece is a little more than a typical read.
 constexpr uint32_t kEntriesPerPiece = 1024;
 
-// Bytes of the header before its first entry: the 8-byte length and the metadata.
-constexpr char kHeaderStart[] = "\0\0\0\0\0\0\0\0" R"({"__metadata__":{"format":"pt"})";
-constexpr uint64_t kHeaderStartSize = sizeof kHeaderStart - 1;
-
 void FillHeaderEntry(const TensorEntry& t, uint64_t data_begin, HeaderEntry* e) {
   e->key = t.key;
   ServedDTypeAndShape(t, &e->dtype, &e->shape);
@@ -41,7 +37,7 @@ void View::LayOutModelFiles() const {
   HeaderEntry e;
   for (ModelFile& f : model_files_) {
     f.pieces.clear();
-    uint64_t pos = kHeaderStartSize, data = 0;
+    uint64_t pos = kSafetensorsHeaderStartSize, data = 0;
     for (uint32_t k = 0; k < f.members.size(); ++k) {
       if (k % kEntriesPerPiece == 0 && k > 0) f.pieces.push_back(HeaderPiece{k, pos});
       if (k == 0) f.pieces.push_back(HeaderPiece{0, 0});
@@ -67,7 +63,7 @@ void View::MakeHeaderPiece(const ModelFile& f, size_t p, std::string* out) const
   const uint32_t first = f.pieces[p].first_member;
   const uint32_t end = p + 1 < f.pieces.size() ? f.pieces[p + 1].first_member : static_cast<uint32_t>(f.members.size());
   if (p == 0) {
-    out->append(kHeaderStart, kHeaderStartSize);
+    AppendSafetensorsHeaderStart(out);
     const uint64_t json_size = f.header_size - 8;
     for (int b = 0; b < 8; ++b) (*out)[b] = static_cast<char>((json_size >> (8 * b)) & 0xFF);
   }

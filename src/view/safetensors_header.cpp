@@ -11,10 +11,9 @@ void ServedDTypeAndShape(const TensorEntry& t, std::string_view* dtype, std::vec
   if (served.extra_dim) shape->push_back(2);
 }
 
-// Bytes of the header before its first entry: the 8-byte length and the metadata.
-constexpr char kHeaderStart[] = "\0\0\0\0\0\0\0\0" R"({"__metadata__":{"format":"pt"})";
-
-void AppendSafetensorsHeaderStart(std::string* out) { out->append(kHeaderStart, sizeof kHeaderStart - 1); }
+void AppendSafetensorsHeaderStart(std::string* out) {
+  out->append(kSafetensorsHeaderStart, kSafetensorsHeaderStartSize);
+}
 
 void AppendSafetensorsHeaderEntry(const HeaderEntry& e, std::string* out) {
   *out += ',';

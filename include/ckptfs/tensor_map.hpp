@@ -1,16 +1,34 @@
-// Tensors as private memory maps of their source files, composed from several maps where a
-// tensor's bytes are several byte ranges (a ZeRO-3 parameter split over the rank files).
-#ifndef CKPTFS_CAPI_TENSOR_MAP_HPP_
-#define CKPTFS_CAPI_TENSOR_MAP_HPP_
+// Loading tensors into CPU memory as private memory maps of their source files: the CPU
+// load of the C API (ckptfs_load_mapped) and the Python package. A tensor is either a view
+// of a map of its one file, or placed in a region composed of several maps where its bytes
+// are several byte ranges (a ZeRO-3 parameter split over the rank files), or read.
+#ifndef CKPTFS_TENSOR_MAP_HPP_
+#define CKPTFS_TENSOR_MAP_HPP_
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
+#include "ckptfs/device.hpp"
 #include "ckptfs/status.hpp"
 #include "ckptfs/view.hpp"
 
 namespace ckptfs {
+
+// Where tensor `t`'s served bytes lie when they are one byte range of a local file, as
+// stored: what a caller may map instead of reading.
+std::optional<Extent> MappableExtent(const TensorEntry& t, const SourceFiles& files);
+
+// How a CPU load that maps places a tensor: the one decision between a map and a copy.
+enum class CpuPlacement {
+  kFileMap,  // a view of a private map of its file: one local extent, not empty, aligned for its served dtype
+  kRegion,   // in a region of MapTensors, of which some pages are maps of its files
+  kCopy,     // read into new memory
+};
+CpuPlacement PlaceOnCpu(const TensorEntry& t, const SourceFiles& files);
+// "file_map", "region", "copy".
+const char* CpuPlacementName(CpuPlacement placement);
 
 // Bytes of one tensor the caller still has to read into the region ([offset, offset +
 // length) of the tensor's served bytes), because no map could supply them.
@@ -45,11 +63,25 @@ Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRe
 // region, on a few threads when there are megabytes of them: then every tensor is whole.
 Status ReadUnmapped(const View& view, const std::vector<size_t>& indices, TensorRegion* region);
 
+// MapTensors, then ReadUnmapped: every tensor is whole in the region when it returns. On error
+// nothing is left mapped. `stats` (may be null; LoadStatsJson with kMapLoadBackend writes
+// them): tensors, bytes, the bytes read because no
+// map supplied them (bytes_read; view_bytes of them for tensors converted or gathered),
+// mapped_bytes, maps and seconds.
+Status LoadMapped(const View& view, const std::vector<size_t>& indices, TensorRegion* region,
+                  DeviceLoadStats* stats = nullptr);
+
 Status UnmapRegion(void* base, uint64_t size);
 
 // How many maps MapTensors would make of `tensor` (0: it would read the whole tensor).
 size_t MappedPieceCount(const TensorEntry& tensor, const SourceFiles& files);
 
+// Opens source file `index` read-only by its local path, checked to be the file the view
+// indexed (same device and inode, a regular file, same size, mtime and ctime): a file put in
+// its place or rewritten since is a kSourceChanged error naming it, never other bytes. The
+// caller closes *fd.
+Status OpenUnchangedForMap(const SourceFiles& files, uint32_t index, int* fd);
+
 }  // namespace ckptfs
 
-#endif  // CKPTFS_CAPI_TENSOR_MAP_HPP_
+#endif  // CKPTFS_TENSOR_MAP_HPP_

@@ -7,7 +7,7 @@
 // of every rank's flat fp32 partition; those partitions sit at the same offset within a page
 // in every rank's file, and the ranges have whole-page lengths for ordinary shapes, so all but
 // the page where two ranks' ranges meet can be the files' own pages.
-#include "capi/tensor_map.hpp"
+#include "ckptfs/tensor_map.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -24,6 +25,7 @@
 #include <thread>
 
 #include "ckptfs/catalog.hpp"
+#include "io/source_changed.hpp"
 
 namespace ckptfs {
 namespace {
@@ -174,25 +176,6 @@ std::vector<PieceMap> PlanMaps(const TensorEntry& t, const SourceFiles& files, u
   return out;
 }
 
-// Opens source file `index` for mapping, checked to be the file the view indexed: a file
-// put in its place or rewritten since is an error, never other bytes.
-Status OpenChecked(const SourceFiles& files, uint32_t index, int* fd) {
-  const std::string& path = files.file(index).local_path();
-  const std::string& name = files.path(index);
-  *fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (*fd < 0) return Status::FromErrno(name, "cannot open to map", errno);
-  struct stat st {};
-  if (::fstat(*fd, &st) != 0) return Status::FromErrno(name, "cannot stat to map", errno);
-  const FileIdentity& id = files.identity(index);
-  if (st.st_dev != id.dev || st.st_ino != id.ino || !S_ISREG(st.st_mode))
-    return Status::SourceChanged(name, "file was replaced since it was indexed");
-  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  const int64_t ctime = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
-  if (static_cast<uint64_t>(st.st_size) != id.size || mtime != id.mtime_ns || ctime != id.ctime_ns)
-    return Status::SourceChanged(name, "file changed since it was indexed (size, mtime or ctime differ)");
-  return Status::OK();
-}
-
 class FileDescriptors {
  public:
   explicit FileDescriptors(const SourceFiles& files) : files_(files) {}
@@ -204,9 +187,9 @@ class FileDescriptors {
 
   Status Get(uint32_t index, int* fd) {
     if (auto it = fds_.find(index); it != fds_.end()) return *fd = it->second, Status::OK();
-    Status s = OpenChecked(files_, index, fd);
-    if (*fd >= 0) fds_[index] = *fd;
-    return s;
+    CKPTFS_RETURN_IF_ERROR(OpenUnchangedForMap(files_, index, fd));
+    fds_[index] = *fd;
+    return Status::OK();
   }
 
  private:
@@ -219,7 +202,63 @@ void AddRead(size_t position, uint64_t begin, uint64_t end, std::vector<TensorRe
   if (end > begin) reads->push_back({position, begin, end - begin});
 }
 
+// Identity checks of a descriptor opened for mapping, in the order OpenUnchangedForMap makes them.
+Status CheckIdentity(int fd, const FileIdentity& id, const std::string& name) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Status::FromErrno(name, "cannot stat to map", errno);
+  if (st.st_dev != id.dev || st.st_ino != id.ino || !S_ISREG(st.st_mode)) return ReplacedSinceIndexed(name);
+  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  const int64_t ctime = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+  if (static_cast<uint64_t>(st.st_size) != id.size || mtime != id.mtime_ns || ctime != id.ctime_ns)
+    return ChangedSinceIndexed(name);
+  return Status::OK();
+}
+
 }  // namespace
+
+std::optional<Extent> MappableExtent(const TensorEntry& t, const SourceFiles& files) {
+  if (RouteOf(t) != ReadRoute::kExtents) return std::nullopt;
+  const std::vector<Extent> extents = ExtentsOf(t);
+  if (extents.size() != 1 || files.file(extents[0].file).local_path().empty()) return std::nullopt;
+  return extents[0];
+}
+
+CpuPlacement PlaceOnCpu(const TensorEntry& t, const SourceFiles& files) {
+  if (std::optional<Extent> extent = MappableExtent(t, files)) {
+    // A view must start on an element of the type it is served as (complex128 as float64 pairs).
+    const uint64_t itemsize = Info(ServedAs(t.served_dtype()).dtype).itemsize;
+    return t.served_nbytes() > 0 && extent->offset % itemsize == 0 ? CpuPlacement::kFileMap : CpuPlacement::kCopy;
+  }
+  return MappedPieceCount(t, files) > 0 ? CpuPlacement::kRegion : CpuPlacement::kCopy;
+}
+
+const char* CpuPlacementName(CpuPlacement placement) {
+  switch (placement) {
+    case CpuPlacement::kFileMap:
+      return "file_map";
+    case CpuPlacement::kRegion:
+      return "region";
+    case CpuPlacement::kCopy:
+      break;
+  }
+  return "copy";
+}
+
+Status OpenUnchangedForMap(const SourceFiles& files, uint32_t index, int* fd) {
+  *fd = -1;
+  if (index >= files.count()) return Status::InvalidArgument("map_tensors", "source file index out of range");
+  const std::string& path = files.file(index).local_path();
+  const std::string& name = files.path(index);
+  if (path.empty()) return Status::InvalidArgument(name, "not a local file: it cannot be mapped");
+  const int opened = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (opened < 0) return Status::FromErrno(name, "cannot open to map", errno);
+  if (Status s = CheckIdentity(opened, files.identity(index), name); !s.ok()) {
+    ::close(opened);
+    return s;
+  }
+  *fd = opened;
+  return Status::OK();
+}
 
 size_t MappedPieceCount(const TensorEntry& tensor, const SourceFiles& files) {
   uint64_t lead = 0;
@@ -328,6 +367,31 @@ Status ReadUnmapped(const View& view, const std::vector<size_t>& indices, Tensor
   });
   for (const Status& s : failures)
     if (!s.ok()) return s;
+  return Status::OK();
+}
+
+Status LoadMapped(const View& view, const std::vector<size_t>& indices, TensorRegion* region,
+                  DeviceLoadStats* stats) {
+  const auto start = std::chrono::steady_clock::now();
+  Status s = MapTensors(view, indices, region);
+  if (s.ok()) s = ReadUnmapped(view, indices, region);
+  if (!s.ok()) {
+    UnmapRegion(region->base, region->size);
+    *region = TensorRegion{};
+    return s;
+  }
+  if (!stats) return Status::OK();
+  const auto& tensors = view.catalog().tensors;
+  *stats = DeviceLoadStats{};
+  stats->tensors = indices.size();
+  for (size_t index : indices) stats->bytes += tensors[index].served_nbytes();
+  for (const TensorRead& r : region->reads) {
+    stats->bytes_read += r.length;
+    if (RouteOf(tensors[indices[r.tensor]]) != ReadRoute::kExtents) stats->view_bytes += r.length;
+  }
+  stats->mapped_bytes = region->mapped_bytes;
+  stats->maps = region->maps;
+  stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return Status::OK();
 }
 
