@@ -23,41 +23,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from ckptfs_testlib import ckptfs_bin, small_mixed_tensors  # noqa: E402,F401  (shared fixture)
-from fusetools import MOUNT_TIMEOUT_S, run_bounded  # noqa: E402
+from ckptfs_testlib import ckptfs_bin, run_ckptfs, small_mixed_tensors  # noqa: E402,F401  (shared fixtures)
 from minilm import minilm_dir  # noqa: E402,F401  (shared fixture)
 
 
 @pytest.fixture(autouse=True)
 def every_test_mounts(requires_fuse):
     """Every test of this suite is about mounts: all of them skip where FUSE is unavailable."""
-
-
-# --- the binary ------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def run_ckptfs(ckptfs_bin):
-    """run_ckptfs(*args, check=True) -> fusetools.Bounded (str stdout/stderr); for the
-    FUSE-free subcommands (export, cat, ls)."""
-
-    def run(*args, check: bool = True, timeout: float = MOUNT_TIMEOUT_S):
-        res = run_bounded([ckptfs_bin, *args], timeout)
-        if check and res.returncode != 0:
-            pytest.fail(res.describe(), pytrace=False)
-        return res
-
-    return run
-
-
-@pytest.fixture(scope="session")
-def run_ckptfs_bytes(run_ckptfs):
-    """run_ckptfs_bytes(*args) -> the raw stdout of a FUSE-free subcommand (e.g. cat)."""
-
-    def run(*args, timeout: float = MOUNT_TIMEOUT_S) -> bytes:
-        return run_ckptfs(*args, timeout=timeout).stdout_bytes
-
-    return run
 
 
 # --- checkpoints -----------------------------------------------------------------------

@@ -12,8 +12,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from ckptfs_testlib import ckptfs_bin  # noqa: E402,F401
-from fusetools import MOUNT_TIMEOUT_S, run_bounded  # noqa: E402
+from ckptfs_testlib import ckptfs_bin, run_ckptfs  # noqa: E402,F401  (shared fixtures)
 from minilm import NON_WEIGHT_FILES, minilm_dir  # noqa: E402,F401
 from remote_servers import MotoS3, Nginx  # noqa: E402
 
@@ -44,20 +43,6 @@ def s3(tmp_path_factory):
     server = MotoS3(tmp_path_factory.mktemp("moto"))
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="session")
-def run_ckptfs(ckptfs_bin):
-    """run_ckptfs(*args, check=True, env=None) -> fusetools.Bounded."""
-
-    def run(*args, check: bool = True, timeout: float = MOUNT_TIMEOUT_S, env=None):
-        kwargs = {} if env is None else {"env": env}
-        res = run_bounded([ckptfs_bin, *map(str, args)], timeout, **kwargs)
-        if check and res.returncode != 0:
-            pytest.fail(res.describe(), pytrace=False)
-        return res
-
-    return run
 
 
 def save_training_pt(path: Path, seed: int = 0, scale: int = 1) -> None:
