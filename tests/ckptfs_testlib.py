@@ -323,20 +323,3 @@ def json_dicts(node):
     elif isinstance(node, list):
         for value in node:
             yield from json_dicts(value)
-
-
-def small_mixed_tensors(g: torch.Generator, count: int, max_len: int, dtypes) -> dict:
-    """COUNT small 1-d tensors `small.000`, ... of 1..MAX_LEN elements, cycling through DTYPES
-    (bool, int8/int32 and floating supported): many segment boundaries in model.safetensors."""
-    state = {}
-    for i in range(count):
-        n = int(torch.randint(1, max_len, (1,), generator=g))
-        dt = dtypes[i % len(dtypes)]
-        if dt == torch.bool:
-            t = torch.rand(n, generator=g) > 0.5
-        elif dt in (torch.int8, torch.int32):
-            t = torch.randint(-100, 100, (n,), generator=g).to(dt)
-        else:
-            t = torch.randn(n, generator=g).to(dt)
-        state[f"small.{i:03d}"] = t
-    return state
