@@ -128,7 +128,8 @@ def plan(layers: list) -> tuple:
         for b in owners:
             if a is b:
                 headers = [h for item in b.owns for h in item_headers(b, item)]
-                probes.append(Probe(a, b, "own", headers))
+                if headers:
+                    probes.append(Probe(a, b, "own", headers))
                 continue
             seen = [i for i in b.owns if i in a.sees]
             unseen = [i for i in b.owns if i not in a.sees]
@@ -146,13 +147,13 @@ def plan(layers: list) -> tuple:
 def compile_probe(probe: Probe, cxx: str, std: str, workdir: Path) -> tuple:
     """(ok, message)."""
     text = probe.prefix + "".join(f'#include "{h}"\n' for h in probe.headers)
-    # The probe's own name says what it checks; it lies outside every include folder.
-    name = f"{probe.layer.name}__{probe.owner.name}__{probe.kind}__{len(os.listdir(workdir))}.cpp"
-    path = workdir / name
+    # The probe's name says what it checks; its folder lies outside every include folder.
+    path = workdir / f"{probe.layer.name}__{probe.owner.name}__{probe.kind}.cpp"
     path.write_text(text)
     argv = [cxx, std, *STAGE, *include_flags(probe.layer), *(f"-D{d}" for d in probe.layer.defines), str(path)]
     try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        # LC_ALL=C: the diagnostics are matched in the compiler's own words.
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**os.environ, "LC_ALL": "C"})
     except subprocess.TimeoutExpired:
         return False, "the compiler ran past 120 s"
     out = res.stdout + res.stderr
@@ -164,8 +165,10 @@ def compile_probe(probe: Probe, cxx: str, std: str, workdir: Path) -> tuple:
         return False, f"{probe.headers[0]} resolves: the folder of {probe.layer.name} holds {probe.item}"
     errors = [line for line in out.splitlines() if re.search(r"\b(fatal )?error:", line)]
     line_no = text.count("\n", 0, text.index(f'#include "{probe.headers[0]}"')) + 1
-    want = re.compile(rf"^{re.escape(str(path))}:{line_no}:\d+: fatal error: {re.escape(probe.headers[0])}: "
-                      r"No such file or directory$")
+    header = re.escape(probe.headers[0])
+    # GCC: "fatal error: H: No such file or directory"; Clang: "fatal error: 'H' file not found".
+    want = re.compile(rf"^{re.escape(str(path))}:{line_no}:\d+: fatal error: "
+                      rf"({header}: No such file or directory|'{header}' file not found)$")
     if len(errors) == 1 and want.match(errors[0]):
         return True, ""
     return False, (f"fails, but not (only) because {probe.headers[0]} is missing:\n{indent(first_errors(out))}")
