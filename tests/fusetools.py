@@ -10,7 +10,6 @@ import errno
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 

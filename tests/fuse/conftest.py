@@ -15,7 +15,6 @@ The whole suite is skipped only when the machine has no /dev/fuse or no fusermou
 
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 

@@ -3,8 +3,6 @@ mounts. The mount machinery is the `mounts` fixture of tests/ckptfs_mounts.py: e
 has a timeout, every test body has a pytest-timeout deadline, every mount is torn down, also
 after a failure."""
 
-from pathlib import Path
-
 import pytest
 
 from ckptfs_checkpoints import large_checkpoint
