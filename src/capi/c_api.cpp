@@ -47,25 +47,25 @@ Status ParseOptionsText(const char* text, unsigned groups, OptionValues* out) {
 
 // Where tensor `t`'s served bytes lie when they are one byte range of a local file, as
 // stored: what a caller may map instead of reading (ckptfs_tensor_info's "extent").
-std::optional<ckptfs::Extent> MappableExtent(const ckptfs::TensorEntry& t, const ckptfs::SourceFiles& files) {
+std::optional<ckptfs::Extent> MappableExtent(const ckptfs::ServedTensor& t, const ckptfs::SourceFiles& files) {
   if (ckptfs::RouteOf(t) != ckptfs::ReadRoute::kExtents) return std::nullopt;
-  const std::vector<ckptfs::Extent> extents = ckptfs::ExtentsOf(t);
+  const std::vector<ckptfs::Extent> extents = ckptfs::ExtentsOf(t.stored);
   if (extents.size() != 1 || files.file(extents[0].file).local_path().empty()) return std::nullopt;
   return extents[0];
 }
 
 nlohmann::json TensorInfo(const ckptfs::View& view) {
   nlohmann::json info = nlohmann::json::array();
-  const auto& tensors = view.catalog().tensors;
+  const ckptfs::ServedTensors& tensors = view.served();
   for (size_t i = 0; i < tensors.size(); ++i) {
     std::string_view dtype;
     std::vector<uint64_t> shape;
     ckptfs::ServedDTypeAndShape(tensors[i], &dtype, &shape);
-    nlohmann::json entry = {{"index", i}, {"key", tensors[i].key}, {"dtype", std::string(dtype)},
-                            {"shape", shape}, {"nbytes", tensors[i].served_nbytes()}};
-    if (auto extent = MappableExtent(tensors[i], *view.catalog().files))
+    nlohmann::json entry = {{"index", i}, {"key", tensors[i].key()}, {"dtype", std::string(dtype)},
+                            {"shape", shape}, {"nbytes", tensors[i].nbytes()}};
+    if (auto extent = MappableExtent(tensors[i], *view.source().files))
       entry["extent"] = {{"file", extent->file}, {"offset", extent->offset}};
-    else if (size_t maps = ckptfs::MappedPieceCount(tensors[i], *view.catalog().files); maps > 0)
+    else if (size_t maps = ckptfs::MappedPieceCount(tensors[i], *view.source().files); maps > 0)
       entry["maps"] = maps;
     info.push_back(std::move(entry));
   }
@@ -104,10 +104,10 @@ CKPTFS_EXPORT ckptfs_handle* ckptfs_open(const char* source, const char* options
       SetError(s.message());
       return nullptr;
     }
-    const Catalog& presented = handle->view->catalog();
+    const ServedTensors& presented = handle->view->served();
     handle->info = TensorInfo(*handle->view).dump();
-    handle->source_files = SourceFilesInfo(*presented.files).dump();
-    handle->metadata = presented.metadata.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    handle->source_files = SourceFilesInfo(*presented.source().files).dump();
+    handle->metadata = presented.metadata().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     return handle.release();
   } catch (const std::exception& e) {
     SetError(std::string("ckptfs_open: ") + e.what());
@@ -118,7 +118,7 @@ CKPTFS_EXPORT ckptfs_handle* ckptfs_open(const char* source, const char* options
 CKPTFS_EXPORT void ckptfs_close(ckptfs_handle* handle) { delete handle; }
 
 CKPTFS_EXPORT size_t ckptfs_tensor_count(const ckptfs_handle* handle) {
-  return handle ? handle->view->catalog().tensors.size() : 0;
+  return handle ? handle->view->served().size() : 0;
 }
 
 CKPTFS_EXPORT const char* ckptfs_tensor_info(ckptfs_handle* handle) { return handle ? handle->info.c_str() : "[]"; }
@@ -171,10 +171,10 @@ int LoadInto(ckptfs_handle* handle, size_t count, const uint64_t* indices, void*
     const View& view = *handle->view;
     for (size_t i = 0; i < count; ++i) {
       dests.push_back({static_cast<size_t>(indices[i]), ptrs[i], nbytes[i]});
-      if (options.verify && indices[i] < view.catalog().tensors.size()) {
+      if (options.verify && indices[i] < view.served().size()) {
         DeviceTensor t;
         t.index = indices[i];
-        t.key = view.catalog().tensors[indices[i]].key;
+        t.key = view.served()[indices[i]].key();
         t.device_ptr = ptrs[i];
         t.nbytes = nbytes[i];
         check.push_back(t);
@@ -259,7 +259,7 @@ CKPTFS_EXPORT int ckptfs_load_mapped(ckptfs_handle* handle, size_t count, const 
       return SetError(s.message()), -1;
     }
     uint64_t bytes = 0, read_bytes = 0;
-    for (size_t i = 0; i < count; ++i) bytes += handle->view->catalog().tensors[positions[i]].served_nbytes();
+    for (size_t i = 0; i < count; ++i) bytes += handle->view->served()[positions[i]].nbytes();
     for (const TensorRead& r : mapped.reads) read_bytes += r.length;
     try {
       g_stats = nlohmann::json{{"tensors", count},         {"bytes", bytes}, {"mapped_bytes", mapped.mapped_bytes},

@@ -48,7 +48,7 @@ Status ReadUnmapped(const View& view, const std::vector<size_t>& indices, Tensor
 Status UnmapRegion(void* base, uint64_t size);
 
 // How many maps MapTensors would make of `tensor` (0: it would read the whole tensor).
-size_t MappedPieceCount(const TensorEntry& tensor, const SourceFiles& files);
+size_t MappedPieceCount(const ServedTensor& tensor, const SourceFiles& files);
 
 }  // namespace ckptfs
 

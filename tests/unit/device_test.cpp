@@ -104,7 +104,7 @@ std::string Expected(const View& view, size_t i) {
   size_t n = 0;
   Status s = view.Read(id, 0, whole.size(), whole.data(), &n);
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
-  const uint64_t nbytes = view.catalog().tensors[i].served_nbytes();
+  const uint64_t nbytes = view.served()[i].nbytes();
   return whole.substr(whole.size() - nbytes);
 }
 
@@ -345,8 +345,8 @@ BOOST_AUTO_TEST_CASE(adjacent_tensors_share_reads) {
   auto view = MustOpenView(src.path);
   std::vector<DeviceDestination> dests;
   std::vector<std::string> storage;
-  for (size_t i = 0; i < view->catalog().tensors.size(); ++i) {
-    storage.emplace_back(view->catalog().tensors[i].served_nbytes(), '\0');
+  for (size_t i = 0; i < view->served().size(); ++i) {
+    storage.emplace_back(view->served()[i].nbytes(), '\0');
     dests.push_back({i, storage.back().data(), storage.back().size()});
   }
   ckptfs::device::Plan plan;
