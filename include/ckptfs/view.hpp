@@ -65,8 +65,8 @@ ReadRoute RouteOf(const ServedTensor& tensor);
 
 // What a view serves of a catalog: its tensors, in order, and the metadata beside them.
 // Made from the catalog by the view's transforms (ApplyViewOptions); until a transform
-// changes the set, keys or boxes, it holds no copy of the catalog's tensors (a million-tensor
-// catalog is served as is without a second list).
+// replaces the set (a selection, new keys or boxes), it holds no copy of the catalog's
+// tensors (a million-tensor catalog is served as is without a second list).
 class ServedTensors {
  public:
   ServedTensors() = default;
@@ -117,7 +117,7 @@ Status ApplyViewOptions(std::shared_ptr<const Catalog> catalog, const ViewOption
 
 // A piece of a small virtual file (metadata.json, the shard index, a sibling file, a
 // checksummed manifest.json). Model files, manifest.json and per-tensor files have none:
-// their bytes are made from the catalog on read (View::ReadModelFile, ReadManifest,
+// their bytes are made from the served tensors on read (View::ReadModelFile, ReadManifest,
 // ReadTensorFile); a segment each per tensor would be ~64 MB of a million-tensor View.
 struct Segment {
   enum class Kind : uint8_t { kLiteral, kExtent };
@@ -137,7 +137,7 @@ class View {
 
   // A node as the tree shows it, made on request: the per-tensor files of tensors/ are not
   // held as nodes (a node and a name string each would be ~130 MB of a million-tensor View) but
-  // made from their catalog entries.
+  // made from their served entries.
   struct Node {
     std::string name;
     NodeId parent = kRoot;
@@ -205,7 +205,7 @@ class View {
     uint32_t model_file = 0;                        // kModelFile: index into model_files_
   };
   // A stretch of a model file's header: the entries of members [first_member, next piece's
-  // first) in data order, made again on each read from the catalog (the header text of a
+  // first) in data order, made again on each read from the served tensors (the header text of a
   // million tensors is ~70 MB).
   struct HeaderPiece {
     uint32_t first_member = 0;

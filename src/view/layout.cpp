@@ -80,11 +80,11 @@ void ViewBuilder::FinishFile(View::NodeId id, uint64_t size, int64_t mtime_ns) {
   n.segment_count = static_cast<uint32_t>(view_->segments_.size() - n.first_segment);
 }
 
-// One safetensors file holding `members` (tensor indices, catalog order). Only its data
+// One safetensors file holding `members` (tensor indices, served order). Only its data
 // order is settled here; its header and size are laid out on first need
 // (View::LayOutModelFiles).
 void ViewBuilder::AddModelFile(View::NodeId root, std::string name, const std::vector<uint32_t>& members) {
-  // Lay data out by descending item size (the reference writer's order), keeping catalog
+  // Lay data out by descending item size (the reference writer's order), keeping served
   // order among equals: every tensor is then aligned to its element size.
   const ServedTensors& tensors = served_;
   // Item sizes are few (1 to 16 bytes): one stable pass per size, largest first, instead of
@@ -111,7 +111,7 @@ void ViewBuilder::AddModelFile(View::NodeId root, std::string name, const std::v
   view_->model_files_.push_back(std::move(file));
 }
 
-// model.safetensors, or with a shard size the Hugging Face layout: shards split in catalog
+// model.safetensors, or with a shard size the Hugging Face layout: shards split in served
 // order as huggingface_hub's split_state_dict_into_shards does (a tensor over the limit
 // gets a shard of its own; tensors sharing storage follow the first one's shard and do not
 // count toward sizes), plus model.safetensors.index.json.
@@ -159,7 +159,7 @@ void ViewBuilder::BuildModelFiles(View::NodeId root) {
         break;
       }
   }
-  for (auto& shard : shards) std::sort(shard.begin(), shard.end());  // catalog order within a shard
+  for (auto& shard : shards) std::sort(shard.begin(), shard.end());  // served order within a shard
   if (shards.size() <= 1) return AddModelFile(root, "model.safetensors", all);
 
   char name[64];
@@ -185,14 +185,14 @@ void ViewBuilder::BuildModelFiles(View::NodeId root) {
 // name. The names are made once into buffers for the sort and dropped: the folder keeps
 // only the order (4 bytes per tensor) and makes a name again when it is asked for one.
 //
-// A large catalog is cut into a few consecutive parts whose names are made and sorted on
+// A large tensors/ folder is cut into a few consecutive parts whose names are made and sorted on
 // threads of their own (for a million tensors each step is ~50 ms on one core), then
 // merged; ties go to the earlier part, so the order is the one a stable sort of the whole
 // gives, whatever the number of threads.
 Status ViewBuilder::SortTensorFiles() {
   const ServedTensors& tensors = served_;
   const size_t count = tensors.size();
-  // Sorted by (prefix, name, index) held side by side: comparing through the catalog costs
+  // Sorted by (prefix, name, index) held side by side: comparing through the tensor entries costs
   // a cache miss per comparison. The prefix is 8 bytes of the name, big-endian, taken after
   // the part every name shares ("layers." of "layers.0.weight", "layers.1.weight", ...), so
   // most comparisons are one integer compare and not a memcmp of the shared part. A merge

@@ -95,7 +95,7 @@ Status View::ReadModelFile(NodeId id, uint64_t offset, uint64_t end, char* out) 
         f.pieces.begin() - 1);
     const uint64_t piece_end = p + 1 < f.pieces.size() ? f.pieces[p + 1].start : f.header_size;
     MakeHeaderPiece(f, p, &piece);
-    // The layout measured the same entries of the same catalog.
+    // The layout measured the same entries of the same served tensors.
     if (piece.size() != piece_end - f.pieces[p].start)
       return Status::Corruption(PathOf(id), "header piece changed size");
     const uint64_t hi = std::min(end, piece_end);
