@@ -18,7 +18,7 @@ namespace ckptfs {
 
 // Where tensor `t`'s served bytes lie when they are one byte range of a local file, as
 // stored: what a caller may map instead of reading.
-std::optional<Extent> MappableExtent(const TensorEntry& t, const SourceFiles& files);
+std::optional<Extent> MappableExtent(const ServedTensor& t, const SourceFiles& files);
 
 // How a CPU load that maps places a tensor: the one decision between a map and a copy.
 enum class CpuPlacement {
@@ -26,7 +26,7 @@ enum class CpuPlacement {
   kRegion,   // in a region of MapTensors, of which some pages are maps of its files
   kCopy,     // read into new memory
 };
-CpuPlacement PlaceOnCpu(const TensorEntry& t, const SourceFiles& files);
+CpuPlacement PlaceOnCpu(const ServedTensor& t, const SourceFiles& files);
 // "file_map", "region", "copy".
 const char* CpuPlacementName(CpuPlacement placement);
 
@@ -74,7 +74,7 @@ Status LoadMapped(const View& view, const std::vector<size_t>& indices, TensorRe
 Status UnmapRegion(void* base, uint64_t size);
 
 // How many maps MapTensors would make of `tensor` (0: it would read the whole tensor).
-size_t MappedPieceCount(const TensorEntry& tensor, const SourceFiles& files);
+size_t MappedPieceCount(const ServedTensor& tensor, const SourceFiles& files);
 
 // Opens source file `index` read-only by its local path, checked to be the file the view
 // indexed (same device and inode, a regular file, same size, mtime and ctime): a file put in

@@ -48,16 +48,16 @@ Status ParseOptionsText(const char* text, unsigned groups, OptionValues* out) {
 
 nlohmann::json TensorInfo(const ckptfs::View& view) {
   nlohmann::json info = nlohmann::json::array();
-  const auto& tensors = view.catalog().tensors;
+  const ckptfs::ServedTensors& tensors = view.served();
   for (size_t i = 0; i < tensors.size(); ++i) {
     std::string_view dtype;
     std::vector<uint64_t> shape;
     ckptfs::ServedDTypeAndShape(tensors[i], &dtype, &shape);
-    nlohmann::json entry = {{"index", i}, {"key", tensors[i].key}, {"dtype", std::string(dtype)},
-                            {"shape", shape}, {"nbytes", tensors[i].served_nbytes()}};
-    if (auto extent = MappableExtent(tensors[i], *view.catalog().files))
+    nlohmann::json entry = {{"index", i}, {"key", tensors[i].key()}, {"dtype", std::string(dtype)},
+                            {"shape", shape}, {"nbytes", tensors[i].nbytes()}};
+    if (auto extent = MappableExtent(tensors[i], *view.source().files))
       entry["extent"] = {{"file", extent->file}, {"offset", extent->offset}};
-    else if (size_t maps = ckptfs::MappedPieceCount(tensors[i], *view.catalog().files); maps > 0)
+    else if (size_t maps = ckptfs::MappedPieceCount(tensors[i], *view.source().files); maps > 0)
       entry["maps"] = maps;
     info.push_back(std::move(entry));
   }
@@ -66,9 +66,11 @@ nlohmann::json TensorInfo(const ckptfs::View& view) {
 
 nlohmann::json TensorLoading(const ckptfs::View& view) {
   nlohmann::json loading = nlohmann::json::array();
-  const ckptfs::SourceFiles& files = *view.catalog().files;
-  for (const ckptfs::TensorEntry& t : view.catalog().tensors) {
-    const ckptfs::DTypeInfo& served = ckptfs::Info(ckptfs::ServedAs(t.served_dtype()).dtype);
+  const ckptfs::SourceFiles& files = *view.source().files;
+  const ckptfs::ServedTensors& tensors = view.served();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ckptfs::ServedTensor t = tensors[i];
+    const ckptfs::DTypeInfo& served = ckptfs::Info(ckptfs::ServedAs(t.dtype).dtype);
     loading.push_back({{"itemsize", served.itemsize},
                        {"torch_dtype", std::string(served.torch_name)},
                        {"cpu", ckptfs::CpuPlacementName(ckptfs::PlaceOnCpu(t, files))}});
@@ -108,10 +110,10 @@ CKPTFS_EXPORT ckptfs_handle* ckptfs_open(const char* source, const char* options
       SetError(s.message());
       return nullptr;
     }
-    const Catalog& presented = handle->view->catalog();
+    const ServedTensors& presented = handle->view->served();
     handle->info = TensorInfo(*handle->view).dump();
-    handle->source_files = SourceFilesInfo(*presented.files).dump();
-    handle->metadata = presented.metadata.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    handle->source_files = SourceFilesInfo(*presented.source().files).dump();
+    handle->metadata = presented.metadata().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     return handle.release();
   } catch (const std::exception& e) {
     SetError(std::string("ckptfs_open: ") + e.what());
@@ -122,7 +124,7 @@ CKPTFS_EXPORT ckptfs_handle* ckptfs_open(const char* source, const char* options
 CKPTFS_EXPORT void ckptfs_close(ckptfs_handle* handle) { delete handle; }
 
 CKPTFS_EXPORT size_t ckptfs_tensor_count(const ckptfs_handle* handle) {
-  return handle ? handle->view->catalog().tensors.size() : 0;
+  return handle ? handle->view->served().size() : 0;
 }
 
 CKPTFS_EXPORT const char* ckptfs_tensor_info(ckptfs_handle* handle) { return handle ? handle->info.c_str() : "[]"; }
@@ -175,10 +177,10 @@ int LoadInto(ckptfs_handle* handle, size_t count, const uint64_t* indices, void*
     const View& view = *handle->view;
     for (size_t i = 0; i < count; ++i) {
       dests.push_back({static_cast<size_t>(indices[i]), ptrs[i], nbytes[i]});
-      if (options.verify && indices[i] < view.catalog().tensors.size()) {
+      if (options.verify && indices[i] < view.served().size()) {
         DeviceTensor t;
         t.index = indices[i];
-        t.key = view.catalog().tensors[indices[i]].key;
+        t.key = view.served()[indices[i]].key();
         t.device_ptr = ptrs[i];
         t.nbytes = nbytes[i];
         check.push_back(t);
@@ -285,7 +287,7 @@ CKPTFS_EXPORT const char* ckptfs_select(ckptfs_handle* handle, const char* patte
         patterns_json ? nlohmann::json::parse(patterns_json, nullptr, false) : nlohmann::json(nullptr);
     std::vector<size_t> indices;
     if (patterns.is_null()) {
-      for (size_t i = 0; i < handle->view->catalog().tensors.size(); ++i) indices.push_back(i);
+      for (size_t i = 0; i < handle->view->served().size(); ++i) indices.push_back(i);
     } else {
       std::vector<std::string> select;
       if (patterns.is_string()) select.push_back(patterns.get<std::string>());
@@ -313,7 +315,7 @@ CKPTFS_EXPORT int ckptfs_open_source_file(ckptfs_handle* handle, uint32_t file) 
   try {
     if (!handle) return SetError("ckptfs_open_source_file: null handle"), -1;
     int fd = -1;
-    if (Status s = OpenUnchangedForMap(*handle->view->catalog().files, file, &fd); !s.ok())
+    if (Status s = OpenUnchangedForMap(*handle->view->source().files, file, &fd); !s.ok())
       return SetError(s.message()), -1;
     return fd;
   } catch (const std::exception& e) {

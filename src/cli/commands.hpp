@@ -49,7 +49,7 @@ int StartCommand(const Args& args, const CommandLine& command, ReadOptions* opti
                  std::vector<std::string>* positional);
 
 // OpenCatalog + ApplyViewOptions, for commands that list rather than read.
-Status OpenPresented(const std::string& source, const ReadOptions& options, std::shared_ptr<const Catalog>* out);
+Status OpenPresented(const std::string& source, const ReadOptions& options, ServedTensors* out);
 // The view of `source` with `options`.
 Status OpenView(const std::string& source, const ReadOptions& options, std::unique_ptr<View>* out);
 

@@ -62,7 +62,7 @@ int StartCommand(const Args& args, const CommandLine& command, ReadOptions* opti
   return -1;
 }
 
-Status OpenPresented(const std::string& source, const ReadOptions& options, std::shared_ptr<const Catalog>* out) {
+Status OpenPresented(const std::string& source, const ReadOptions& options, ServedTensors* out) {
   std::shared_ptr<const Catalog> catalog;
   CKPTFS_RETURN_IF_ERROR(OpenCatalog(source, options.source, &catalog));
   return ApplyViewOptions(std::move(catalog), options.view, out);

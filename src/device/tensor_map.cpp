@@ -153,15 +153,15 @@ struct PieceMap {
 // extent's): one per extent whose file offset lies at the same offset within a page as its
 // place in the tensor, covering its whole pages, when those are at least kMinMapBytes. Empty
 // when the tensor is not stored as byte ranges of local files.
-std::vector<PieceMap> PlanMaps(const TensorEntry& t, const SourceFiles& files, uint64_t page, uint64_t* lead) {
+std::vector<PieceMap> PlanMaps(const ServedTensor& t, const SourceFiles& files, uint64_t page, uint64_t* lead) {
   std::vector<PieceMap> out;
   *lead = 0;
   if (RouteOf(t) != ReadRoute::kExtents) return out;
-  const std::vector<Extent> extents = ExtentsOf(t);
+  const std::vector<Extent> extents = ExtentsOf(t.stored);
   if (extents.empty()) return out;
   *lead = extents[0].offset % page;
-  if (*lead % Info(t.served_dtype()).itemsize != 0) return out;  // a view must start on an element
-  const uint64_t nbytes = t.served_nbytes();
+  if (*lead % Info(t.dtype).itemsize != 0) return out;  // a view must start on an element
+  const uint64_t nbytes = t.nbytes();
   uint64_t at = 0;
   for (const Extent& e : extents) {
     const uint64_t begin = *lead + at, end = begin + e.length;  // from the tensor's first page
@@ -216,18 +216,18 @@ Status CheckIdentity(int fd, const FileIdentity& id, const std::string& name) {
 
 }  // namespace
 
-std::optional<Extent> MappableExtent(const TensorEntry& t, const SourceFiles& files) {
+std::optional<Extent> MappableExtent(const ServedTensor& t, const SourceFiles& files) {
   if (RouteOf(t) != ReadRoute::kExtents) return std::nullopt;
-  const std::vector<Extent> extents = ExtentsOf(t);
+  const std::vector<Extent> extents = ExtentsOf(t.stored);
   if (extents.size() != 1 || files.file(extents[0].file).local_path().empty()) return std::nullopt;
   return extents[0];
 }
 
-CpuPlacement PlaceOnCpu(const TensorEntry& t, const SourceFiles& files) {
+CpuPlacement PlaceOnCpu(const ServedTensor& t, const SourceFiles& files) {
   if (std::optional<Extent> extent = MappableExtent(t, files)) {
     // A view must start on an element of the type it is served as (complex128 as float64 pairs).
-    const uint64_t itemsize = Info(ServedAs(t.served_dtype()).dtype).itemsize;
-    return t.served_nbytes() > 0 && extent->offset % itemsize == 0 ? CpuPlacement::kFileMap : CpuPlacement::kCopy;
+    const uint64_t itemsize = Info(ServedAs(t.dtype).dtype).itemsize;
+    return t.nbytes() > 0 && extent->offset % itemsize == 0 ? CpuPlacement::kFileMap : CpuPlacement::kCopy;
   }
   return MappedPieceCount(t, files) > 0 ? CpuPlacement::kRegion : CpuPlacement::kCopy;
 }
@@ -260,15 +260,15 @@ Status OpenUnchangedForMap(const SourceFiles& files, uint32_t index, int* fd) {
   return Status::OK();
 }
 
-size_t MappedPieceCount(const TensorEntry& tensor, const SourceFiles& files) {
+size_t MappedPieceCount(const ServedTensor& tensor, const SourceFiles& files) {
   uint64_t lead = 0;
   const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   return PlanMaps(tensor, files, page, &lead).size();
 }
 
 Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRegion* region) {
-  const auto& tensors = view.catalog().tensors;
-  const SourceFiles& files = *view.catalog().files;
+  const ServedTensors& tensors = view.served();
+  const SourceFiles& files = *view.source().files;
   const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   *region = TensorRegion{};
 
@@ -283,12 +283,12 @@ Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRe
   uint64_t end = 0;
   for (size_t i = 0; i < indices.size(); ++i) {
     if (indices[i] >= tensors.size()) return Status::InvalidArgument("map_tensors", "tensor index out of range");
-    const TensorEntry& t = tensors[indices[i]];
+    const ServedTensor t = tensors[indices[i]];
     uint64_t lead = 0;
     plans[i] = PlanMaps(t, files, page, &lead);
     uint64_t start = RoundUp(end, kReadAlignment);
     if (!plans[i].empty()) {
-      const uint64_t unit = t.served_nbytes() >= huge ? huge : page;
+      const uint64_t unit = t.nbytes() >= huge ? huge : page;
       const uint64_t free_from = RoundUp(end, page);
       // Agreeing with the largest map (several maps of one tensor agree modulo a page, not
       // necessarily modulo a huge page).
@@ -301,7 +301,7 @@ Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRe
     }
     region->offsets.push_back(start);
     page_starts[i] = start - (plans[i].empty() ? 0 : lead);
-    if (__builtin_add_overflow(start, t.served_nbytes(), &end) || end > (uint64_t{1} << 62))
+    if (__builtin_add_overflow(start, t.nbytes(), &end) || end > (uint64_t{1} << 62))
       return Status::InvalidArgument("map_tensors", "tensors too large to map");
     if (!plans[i].empty()) end = RoundUp(end, page);
   }
@@ -319,7 +319,7 @@ Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRe
     return s;
   };
   for (size_t i = 0; i < indices.size(); ++i) {
-    const uint64_t nbytes = tensors[indices[i]].served_nbytes();
+    const uint64_t nbytes = tensors[indices[i]].nbytes();
     uint64_t unread_from = 0;  // tensor bytes before this are mapped or listed to read
     for (const PieceMap& m : plans[i]) {
       if (region->maps >= kMaxMaps) break;
@@ -381,10 +381,10 @@ Status LoadMapped(const View& view, const std::vector<size_t>& indices, TensorRe
     return s;
   }
   if (!stats) return Status::OK();
-  const auto& tensors = view.catalog().tensors;
+  const auto& tensors = view.served();
   *stats = DeviceLoadStats{};
   stats->tensors = indices.size();
-  for (size_t index : indices) stats->bytes += tensors[index].served_nbytes();
+  for (size_t index : indices) stats->bytes += tensors[index].nbytes();
   for (const TensorRead& r : region->reads) {
     stats->bytes_read += r.length;
     if (RouteOf(tensors[indices[r.tensor]]) != ReadRoute::kExtents) stats->view_bytes += r.length;

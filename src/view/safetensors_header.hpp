@@ -38,7 +38,7 @@ void AppendSafetensorsHeaderEnd(size_t start, std::string* out);
 
 // Appends the header of tensor `t`'s own file (tensors/<name>): `t` alone, data at
 // [0, nbytes). Into a caller's buffer: the View measures a million of them at build time.
-void AppendTensorFileHeader(const TensorEntry& t, std::string* out);
+void AppendTensorFileHeader(const ServedTensor& t, std::string* out);
 
 }  // namespace ckptfs
 

@@ -108,7 +108,7 @@ std::string Expected(const View& view, size_t i) {
   size_t n = 0;
   Status s = view.Read(id, 0, whole.size(), whole.data(), &n);
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
-  const uint64_t nbytes = view.catalog().tensors[i].served_nbytes();
+  const uint64_t nbytes = view.served()[i].nbytes();
   return whole.substr(whole.size() - nbytes);
 }
 
@@ -349,8 +349,8 @@ BOOST_AUTO_TEST_CASE(adjacent_tensors_share_reads) {
   auto view = MustOpenView(src.path);
   std::vector<DeviceDestination> dests;
   std::vector<std::string> storage;
-  for (size_t i = 0; i < view->catalog().tensors.size(); ++i) {
-    storage.emplace_back(view->catalog().tensors[i].served_nbytes(), '\0');
+  for (size_t i = 0; i < view->served().size(); ++i) {
+    storage.emplace_back(view->served()[i].nbytes(), '\0');
     dests.push_back({i, storage.back().data(), storage.back().size()});
   }
   ckptfs::device::Plan plan;
@@ -484,10 +484,11 @@ BOOST_AUTO_TEST_CASE(cuda_backend_without_gpu_says_so) {
 BOOST_AUTO_TEST_CASE(cpu_placement_and_mapped_load) {
   SafetensorsSource src;
   auto view = MustOpenView(src.path);
-  const auto& tensors = view->catalog().tensors;
-  const ckptfs::SourceFiles& files = *view->catalog().files;
+  const ckptfs::ServedTensors& tensors = view->served();
+  const ckptfs::SourceFiles& files = *view->source().files;
   std::vector<std::string> placed;
-  for (const TensorEntry& t : tensors) placed.push_back(ckptfs::CpuPlacementName(ckptfs::PlaceOnCpu(t, files)));
+  for (size_t i = 0; i < tensors.size(); ++i)
+    placed.push_back(ckptfs::CpuPlacementName(ckptfs::PlaceOnCpu(tensors[i], files)));
   const std::vector<std::string> want = {"file_map", "copy", "copy", "copy", "copy", "copy"};
   BOOST_TEST(placed == want, boost::test_tools::per_element());
 
@@ -501,7 +502,7 @@ BOOST_AUTO_TEST_CASE(cpu_placement_and_mapped_load) {
     const std::string expected = Expected(*view, i);
     bytes += expected.size();
     BOOST_TEST(std::memcmp(static_cast<char*>(region.base) + region.offsets[i], expected.data(), expected.size()) == 0,
-               "tensor " << tensors[i].key << " differs in the region");
+               "tensor " << tensors[i].key() << " differs in the region");
   }
   BOOST_TEST(stats.tensors == all.size());
   BOOST_TEST(stats.bytes == bytes);
