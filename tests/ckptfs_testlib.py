@@ -108,6 +108,57 @@ def served_form(tensor: torch.Tensor) -> torch.Tensor:
 COMMAND_TIMEOUT_S = scaled(60)
 
 
+# --- bounded subprocesses -------------------------------------------------------------
+
+
+class Bounded:
+    """Result of run_bounded: returncode (None when it timed out), stdout and stderr (str),
+    stdout_bytes and stderr_bytes (the raw output)."""
+
+    def __init__(self, argv, returncode, stdout_bytes, stderr_bytes, timed_out):
+        self.argv = [str(a) for a in argv]
+        self.returncode = returncode
+        self.stdout_bytes = stdout_bytes
+        self.stdout = stdout_bytes.decode(errors="replace")
+        self.stderr_bytes = stderr_bytes
+        self.stderr = stderr_bytes.decode(errors="replace")
+        self.timed_out = timed_out
+
+    def describe(self) -> str:
+        status = "timed out" if self.timed_out else f"exited {self.returncode}"
+        return f"{' '.join(self.argv)} {status}\nstdout: {self.stdout[:2000]!r}\nstderr: {self.stderr!r}"
+
+
+def run_bounded(argv, timeout: float, **kwargs) -> Bounded:
+    """subprocess.run with a timeout that cannot itself hang: after the deadline the process
+    is killed and waited for at most 5 more seconds (a process stuck in the kernel on a dead
+    FUSE mount may not die at once; we then leave it behind rather than block).
+    A preloaded library (scripts/test-sanitized.sh preloads the ASan runtime into Python for
+    tests that load libckptfs.so) is not passed on: the commands run here (ckptfs, which
+    links its own sanitizer runtime, pgrep, fusermount3) do not need it, and pgrep
+    deadlocked under it."""
+    if "env" not in kwargs and "LD_PRELOAD" in os.environ:
+        kwargs["env"] = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    proc = subprocess.Popen(
+        [str(a) for a in argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kwargs,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        try:
+            out, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            out, err = b"", b""
+        timed_out = True
+    return Bounded(argv, None if timed_out else proc.returncode, out, err, timed_out)
+
+
 def ckptfs_path() -> Path:
     return Path(os.environ.get("CKPTFS_BIN", DEFAULT_BIN))
 
@@ -130,18 +181,17 @@ def ckptfs_bin() -> Path:
 
 @pytest.fixture(scope="session")
 def run_ckptfs(ckptfs_bin):
-    """run_ckptfs(*args, check=True) -> CompletedProcess with bytes stdout/stderr."""
+    """run_ckptfs(*args, check=True, timeout=COMMAND_TIMEOUT_S, env=None) ->
+    subprocess.CompletedProcess with bytes stdout and stderr; returncode is None when the
+    command ran past TIMEOUT (run_bounded). With CHECK, anything but exit 0 fails the test.
+    The one way every suite runs a FUSE-free subcommand (ls, info, cat, export, hash...)."""
 
-    def run(*args, check: bool = True) -> subprocess.CompletedProcess:
-        argv = [str(ckptfs_bin), *map(str, args)]
-        result = subprocess.run(argv, capture_output=True, timeout=COMMAND_TIMEOUT_S)
-        if check and result.returncode != 0:
-            pytest.fail(
-                f"{' '.join(argv)} exited {result.returncode}:\n"
-                f"{result.stderr.decode(errors='replace')}",
-                pytrace=False,
-            )
-        return result
+    def run(*args, check: bool = True, timeout: float = COMMAND_TIMEOUT_S, env=None) -> subprocess.CompletedProcess:
+        kwargs = {} if env is None else {"env": env}
+        res = run_bounded([ckptfs_bin, *args], timeout, **kwargs)
+        if check and res.returncode != 0:
+            pytest.fail(res.describe(), pytrace=False)
+        return subprocess.CompletedProcess(res.argv, res.returncode, res.stdout_bytes, res.stderr_bytes)
 
     return run
 
@@ -273,20 +323,3 @@ def json_dicts(node):
     elif isinstance(node, list):
         for value in node:
             yield from json_dicts(value)
-
-
-def small_mixed_tensors(g: torch.Generator, count: int, max_len: int, dtypes) -> dict:
-    """COUNT small 1-d tensors `small.000`, ... of 1..MAX_LEN elements, cycling through DTYPES
-    (bool, int8/int32 and floating supported): many segment boundaries in model.safetensors."""
-    state = {}
-    for i in range(count):
-        n = int(torch.randint(1, max_len, (1,), generator=g))
-        dt = dtypes[i % len(dtypes)]
-        if dt == torch.bool:
-            t = torch.rand(n, generator=g) > 0.5
-        elif dt in (torch.int8, torch.int32):
-            t = torch.randint(-100, 100, (n,), generator=g).to(dt)
-        else:
-            t = torch.randn(n, generator=g).to(dt)
-        state[f"small.{i:03d}"] = t
-    return state

@@ -10,13 +10,14 @@ import errno
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from ckptfs_testlib import REPO_ROOT, assert_bitwise_equal, ckptfs_path, flatten_tensors, scaled  # noqa: F401
+# run_bounded lives in ckptfs_testlib, beside run_ckptfs, which is built on it.
+from ckptfs_testlib import Bounded, run_bounded  # noqa: F401
 
 # Deadlines on the normal build, scaled for the build under test (ckptfs_testlib.scaled).
 # Starting a mount indexes the source first; even a large checkpoint takes seconds.
@@ -43,58 +44,6 @@ def _which(name: str):
         if p.is_file() and os.access(p, os.X_OK):
             return p
     return None
-
-
-# --- bounded subprocesses -------------------------------------------------------------
-
-
-class Bounded:
-    """Result of run_bounded: returncode (None when it timed out), stdout and stderr (str),
-    stdout_bytes (the raw output)."""
-
-    def __init__(self, argv, returncode, stdout_bytes, stderr, timed_out):
-        self.argv = [str(a) for a in argv]
-        self.returncode = returncode
-        self.stdout_bytes = stdout_bytes
-        self.stdout = stdout_bytes.decode(errors="replace")
-        self.stderr = stderr
-        self.timed_out = timed_out
-
-    def describe(self) -> str:
-        status = "timed out" if self.timed_out else f"exited {self.returncode}"
-        return f"{' '.join(self.argv)} {status}\nstdout: {self.stdout[:2000]!r}\nstderr: {self.stderr!r}"
-
-
-def run_bounded(argv, timeout: float, **kwargs) -> Bounded:
-    """subprocess.run with a timeout that cannot itself hang: after the deadline the process
-    is killed and waited for at most 5 more seconds (a process stuck in the kernel on a dead
-    FUSE mount may not die at once; we then leave it behind rather than block).
-    A preloaded library (scripts/test-sanitized.sh preloads the ASan runtime into Python for
-    tests that load libckptfs.so) is not passed on: the commands run here (ckptfs, which
-    links its own sanitizer runtime, pgrep, fusermount3) do not need it, and pgrep
-    deadlocked under it."""
-    if "env" not in kwargs and "LD_PRELOAD" in os.environ:
-        kwargs["env"] = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    proc = subprocess.Popen(
-        [str(a) for a in argv],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        **kwargs,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        try:
-            out, err = proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            out, err = b"", b""
-        timed_out = True
-    return Bounded(
-        argv, None if timed_out else proc.returncode, out, err.decode(errors="replace"), timed_out
-    )
 
 
 # --- /proc/mounts ----------------------------------------------------------------------

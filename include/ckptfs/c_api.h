@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define CKPTFS_C_API_VERSION 5
+#define CKPTFS_C_API_VERSION 6
 
 typedef struct ckptfs_handle ckptfs_handle;
 
@@ -89,8 +89,11 @@ int ckptfs_load_into_stream(ckptfs_handle* handle, size_t count, const uint64_t*
                             const uint64_t* nbytes, const char* backend, int device, void* stream,
                             const char* options_json);
 
-/* JSON of the calling thread's last successful load: {"tensors", "bytes", "bytes_read",
- * "direct_bytes", "view_bytes", "seconds", "backend", "o_direct"}. */
+/* JSON of the calling thread's last successful load, with the keys `ckptfs load --json`
+ * prints: {"backend", "device", "tensors", "bytes", "bytes_read", "direct_bytes",
+ * "view_bytes", "buffers_filled", "o_direct", "seconds", "gb_per_s", "verified"}; after
+ * ckptfs_load_mapped (backend "map") also "mapped_bytes" and "maps". These keys since API
+ * version 6; version 5 gives fewer, and "read_bytes" for a mapped load's "bytes_read". */
 const char* ckptfs_last_load_stats(void);
 
 /* Places COUNT tensors (INDICES into ckptfs_tensor_info) in one new region of private memory
@@ -119,11 +122,33 @@ const char* ckptfs_map_tensors(ckptfs_handle* handle, size_t count, const uint64
  * threads when there are megabytes of them), so that every tensor is whole when it returns:
  * the CPU load of ckptfs.load in one call. Tensor INDICES[i] starts at *REGION + OFFSETS[i]
  * (OFFSETS holds COUNT values). Tensors without pages to map (a few elements, converted,
- * gathered) are placed in the region too and read. ckptfs_last_load_stats() then gives
- * {"tensors", "bytes", "mapped_bytes", "read_bytes", "maps", "backend": "map"}. Returns 0, or
+ * gathered) are placed in the region too and read. ckptfs_last_load_stats() then has backend
+ * "map", "bytes_read" (the bytes no map supplied), "mapped_bytes" and "maps". Returns 0, or
  * -1 (nothing is left mapped). Release the region with ckptfs_unmap. Since API version 5. */
 int ckptfs_load_mapped(ckptfs_handle* handle, size_t count, const uint64_t* indices, void** region,
                        uint64_t* region_size, uint64_t* offsets);
+
+/* A JSON array parallel to ckptfs_tensor_info (entry i is of tensor i): {"itemsize" (bytes
+ * per element as served), "torch_dtype" (torch's name of the served element type:
+ * "bfloat16", "float8_e4m3fn"), "cpu": how a CPU load that maps files places the tensor:
+ * "file_map" (its served bytes are one range of a local file as stored, not empty and aligned
+ * for its type: a view of a private map of that file), "region" (ckptfs_load_mapped maps some
+ * of its pages) or "copy" (read into new memory)}. Owned by the handle, valid until
+ * ckptfs_close. Since API version 6. */
+const char* ckptfs_tensor_loading(ckptfs_handle* handle);
+
+/* The tensors PATTERNS_JSON selects, as a JSON array of indices in catalog order: null (or
+ * NULL) selects every tensor, a string or a list of strings the tensors whose key equals one
+ * of them or matches it as a shell glob (fnmatch: "model.*"), an empty list none. A pattern
+ * that matches no tensor is an error (NULL) naming it. Valid until the calling thread's next
+ * call of this function. Since API version 6. */
+const char* ckptfs_select(ckptfs_handle* handle, const char* patterns_json);
+
+/* Opens source file FILE (an index into ckptfs_source_files) read-only by its local path,
+ * checked to be the file the handle indexed (device, inode, regular file, size, mtime,
+ * ctime): a file put in its place or rewritten since is an error naming it. Returns the
+ * descriptor (close-on-exec; the caller closes it), or -1. Since API version 6. */
+int ckptfs_open_source_file(ckptfs_handle* handle, uint32_t file);
 
 /* Releases a region of ckptfs_map_tensors or ckptfs_load_mapped. 0, or -1. Since API
  * version 4. */

@@ -203,26 +203,14 @@ struct TensorEntry {
   BoxList boxes;
   // Tensors that view the same storage share a non-empty storage id (tied weights).
   std::string storage_id;
-  // Set by a view that converts this tensor on read (e.g. -o dtype=bf16).
-  std::optional<DType> convert_to;
 
   uint64_t numel() const;
   // Bytes as stored in the source.
   uint64_t nbytes() const { return numel() * Info(dtype).itemsize; }
-  // Element type and bytes as served.
-  DType served_dtype() const { return convert_to.value_or(dtype); }
-  uint64_t served_nbytes() const { return numel() * Info(served_dtype()).itemsize; }
 };
 
-// How a tensor's served bytes are produced; the View, the layout builder and the device
-// plan all ask this one function.
-enum class ReadRoute : uint8_t {
-  kExtents,  // its bytes are byte ranges of source files, concatenated (ExtentsOf)
-  kGather,   // elements gathered from its boxes into row-major order
-  kConvert,  // stored bytes (by either route above) converted to convert_to
-};
-ReadRoute RouteOf(const TensorEntry& tensor);
-// True when the stored bytes (before any conversion) are byte ranges of source files.
+// True when the tensor's bytes, in row-major order, are byte ranges of source files (each
+// box one run of them); otherwise its elements must be gathered from its boxes.
 bool StoredAsExtents(const TensorEntry& tensor);
 // The byte ranges whose concatenation is the tensor's stored bytes, in order, adjacent
 // ranges of one file merged. Only for tensors with StoredAsExtents.

@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckptfs/dtype.hpp"
@@ -184,7 +185,23 @@ struct DeviceLoadStats {
   uint64_t buffers_filled = 0;
   bool used_o_direct = false;
   double seconds = 0;
+  // Of a load into private maps (LoadMapped, include/ckptfs/tensor_map.hpp): tensor bytes
+  // that are pages of source files, and the maps made.
+  uint64_t mapped_bytes = 0;
+  uint64_t maps = 0;
+
+  double gb_per_s() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0; }
 };
+
+// The back-end name of loads into private maps (LoadMapped), in their statistics.
+inline constexpr char kMapLoadBackend[] = "map";
+
+// One load's statistics as a JSON object, the one form `ckptfs load --json` prints and
+// ckptfs_last_load_stats returns: backend, device (the back end's Describe()), tensors, bytes,
+// bytes_read, direct_bytes, view_bytes, buffers_filled, o_direct, seconds, gb_per_s,
+// verified; a load into private maps (backend kMapLoadBackend) adds mapped_bytes and maps.
+std::string LoadStatsJson(const DeviceLoadStats& stats, std::string_view backend, std::string_view device,
+                          bool verified);
 
 // The tensors of `view` that `select` picks, in catalog order (an error names a pattern
 // that matched nothing).

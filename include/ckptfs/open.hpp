@@ -22,7 +22,7 @@ namespace ckptfs {
 
 // How far OpenSource goes.
 enum class OpenStage : uint8_t {
-  kPresentedCatalog,  // the catalog as the view options present it (ls, info: no tree built)
+  kServedTensors,  // the tensors the view options serve (ls, info: no tree built)
   kView,              // the View (mount, cat, export, hash, load, the C API)
 };
 
@@ -36,8 +36,8 @@ struct OpenRequest {
 };
 
 struct OpenedSource {
-  std::shared_ptr<const Catalog> catalog;  // OpenStage::kPresentedCatalog: the catalog as presented
-  std::unique_ptr<View> view;              // OpenStage::kView (its catalog: view->catalog())
+  ServedTensors served;        // OpenStage::kServedTensors
+  std::unique_ptr<View> view;  // OpenStage::kView (its tensors: view->served())
   std::vector<std::string> notes;          // warnings, one line each, for the caller to show
 };
 
@@ -53,7 +53,7 @@ inline Status OpenCatalog(const std::string& source, std::shared_ptr<const Catal
   return OpenCatalog(source, SourceOptions{}, out);
 }
 
-// OpenCatalog, then the catalog as request.view presents it, or its View.
+// OpenCatalog, then the tensors request.view serves of it, or its View.
 Status OpenSource(const std::string& source, const OpenRequest& request, OpenedSource* out);
 
 // Whether OpenCatalog(source, options) would find the catalog in the catalog cache: an

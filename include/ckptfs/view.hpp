@@ -1,5 +1,9 @@
 // View: the virtual tree ckptfs presents for a Catalog, and reads of its files.
 //
+// The catalog describes the source; what is served is the view's: the transforms of the view
+// options (src/view/transform.hpp) map the catalog's tensors to the served tensors, each
+// holding elements of one source tensor (a sub-box of its boxes), and the View lays those out.
+//
 // Built once from a Catalog, immutable afterwards. Sizes are exact before any read: small
 // files are ordered lists of segments (literal bytes, byte ranges of source files); the
 // files with a part per tensor (model files, manifest.json, tensors/<name>) keep offset
@@ -26,7 +30,8 @@
 
 namespace ckptfs {
 
-// How a view presents a catalog (the view options of include/ckptfs/options.hpp).
+// How a view presents a catalog (the view options of include/ckptfs/options.hpp). `dtype`
+// and `root` pick what is served (transforms); `shard_size` and `checksums` how it is laid out.
 struct ViewOptions {
   std::optional<DType> dtype;  // convert every floating tensor to this type on read
   std::string root;            // serve only the tensors under this key prefix, prefix removed
@@ -34,14 +39,85 @@ struct ViewOptions {
   bool checksums = false;      // manifest.json lists each tensor file's XXH3-64
 };
 
-// The catalog as `options` present it: only the `root` subtree (prefix removed from keys,
-// metadata narrowed to it), floating tensors marked for conversion to `dtype`.
-Status ApplyViewOptions(std::shared_ptr<const Catalog> catalog, const ViewOptions& options,
-                        std::shared_ptr<const Catalog>* out);
+// One tensor as a view serves it: a handle into its ServedTensors, valid while they live.
+struct ServedTensor {
+  // The served elements as the source stores them: key and shape are the served ones, dtype
+  // the stored one, and every box a sub-box of a box of one source tensor (transform.hpp).
+  const TensorEntry& stored;
+  // The element type it is served in: stored.dtype, or the type a view converts it to.
+  DType dtype;
+
+  const std::string& key() const { return stored.key; }
+  const Shape& shape() const { return stored.shape; }
+  bool converted() const { return dtype != stored.dtype; }
+  // Bytes as served.
+  uint64_t nbytes() const { return stored.numel() * Info(dtype).itemsize; }
+};
+
+// How a served tensor's bytes are produced; the View, the layout builder, the device plan
+// and the C API all ask this one function.
+enum class ReadRoute : uint8_t {
+  kExtents,  // its bytes are byte ranges of source files, concatenated (ExtentsOf(stored))
+  kGather,   // elements gathered from its boxes into row-major order
+  kConvert,  // stored bytes (by either route above) converted to its served dtype
+};
+ReadRoute RouteOf(const ServedTensor& tensor);
+
+// What a view serves of a catalog: its tensors, in order, and the metadata beside them.
+// Made from the catalog by the view's transforms (ApplyViewOptions); until a transform
+// replaces the set (a selection, new keys or boxes), it holds no copy of the catalog's
+// tensors (a million-tensor catalog is served as is without a second list).
+class ServedTensors {
+ public:
+  ServedTensors() = default;
+  // Every tensor and the metadata of `source`, as stored.
+  explicit ServedTensors(std::shared_ptr<const Catalog> source);
+
+  // The catalog served: its files, format and source path, its tensors as the source has them.
+  const Catalog& source() const { return *source_; }
+  size_t size() const { return stored_ ? stored_->size() : 0; }
+  bool empty() const { return size() == 0; }
+  ServedTensor operator[](size_t i) const {
+    const TensorEntry& t = (*stored_)[i];
+    return ServedTensor{t, dtypes_.empty() ? t.dtype : dtypes_[i]};
+  }
+  // The index in source().tensors of the tensor whose elements tensor i serves.
+  size_t source_index(size_t i) const { return source_index_.empty() ? i : source_index_[i]; }
+  // The metadata served (metadata.json).
+  const nlohmann::json& metadata() const { return *metadata_; }
+  // What the transforms record in manifest.json (e.g. "dtype", "root"); an object.
+  const nlohmann::json& manifest_fields() const { return manifest_fields_; }
+
+  // For transforms (src/view/transform.hpp). Tensor k becomes `stored[k]`, serving elements
+  // of what tensor from[k] served (its source tensor, its served dtype); `stored` and `from`
+  // have one entry per tensor served from here on.
+  void Replace(std::vector<TensorEntry> stored, const std::vector<uint32_t>& from);
+  // Tensor i is served as `dtype`.
+  void SetDType(size_t i, DType dtype);
+  void SetMetadata(nlohmann::json metadata);
+  nlohmann::json* mutable_manifest_fields() { return &manifest_fields_; }
+  // Whether the entries are the catalog's own (no transform replaced the set).
+  bool SharesSourceEntries() const { return source_ && stored_.get() == &source_->tensors; }
+
+ private:
+  std::shared_ptr<const Catalog> source_;
+  // The served tensors as stored: the catalog's own list until a transform replaces it.
+  std::shared_ptr<const std::vector<TensorEntry>> stored_;
+  std::vector<uint32_t> source_index_;  // empty: tensor i serves source tensor i
+  std::vector<DType> dtypes_;           // empty: each served as stored
+  std::shared_ptr<const nlohmann::json> metadata_;
+  nlohmann::json manifest_fields_ = nlohmann::json::object();
+};
+
+// What a view with `options` serves of `catalog`: the view's transforms applied in turn
+// (only the `root` subtree, prefix removed from keys and metadata narrowed to it; floating
+// tensors converted to `dtype`), each checked to keep every served box a sub-box of a source
+// tensor's (transform.hpp).
+Status ApplyViewOptions(std::shared_ptr<const Catalog> catalog, const ViewOptions& options, ServedTensors* out);
 
 // A piece of a small virtual file (metadata.json, the shard index, a sibling file, a
 // checksummed manifest.json). Model files, manifest.json and per-tensor files have none:
-// their bytes are made from the catalog on read (View::ReadModelFile, ReadManifest,
+// their bytes are made from the served tensors on read (View::ReadModelFile, ReadManifest,
 // ReadTensorFile); a segment each per tensor would be ~64 MB of a million-tensor View.
 struct Segment {
   enum class Kind : uint8_t { kLiteral, kExtent };
@@ -61,7 +137,7 @@ class View {
 
   // A node as the tree shows it, made on request: the per-tensor files of tensors/ are not
   // held as nodes (a node and a name string each would be ~130 MB of a million-tensor View) but
-  // made from their catalog entries.
+  // made from their served entries.
   struct Node {
     std::string name;
     NodeId parent = kRoot;
@@ -75,8 +151,11 @@ class View {
                       std::unique_ptr<View>* out);
   ~View();
 
-  const Catalog& catalog() const { return *catalog_; }
-  size_t node_count() const { return entries_.size() + catalog_->tensors.size(); }
+  // The catalog it serves (files, format, source path).
+  const Catalog& source() const { return served_.source(); }
+  // The tensors it serves, in order (tensor i is in TensorFile(i)), and their metadata.
+  const ServedTensors& served() const { return served_; }
+  size_t node_count() const { return entries_.size() + served_.size(); }
   Node node(NodeId id) const;
   // Cheaper parts of node(id), for listings.
   bool IsDir(NodeId id) const { return id < entries_.size() && entries_[id].is_dir; }
@@ -106,7 +185,7 @@ class View {
   Status Xxh3(NodeId id, uint64_t* hash) const;
 
   // Bytes [offset, offset+length) of tensor `tensor_index`'s data as served (converted,
-  // gathered), without any safetensors header. The range must lie within served_nbytes().
+  // gathered), without any safetensors header. The range must lie within its nbytes().
   Status ReadTensorData(size_t tensor_index, uint64_t offset, size_t length, char* out) const;
 
  private:
@@ -126,7 +205,7 @@ class View {
     uint32_t model_file = 0;                        // kModelFile: index into model_files_
   };
   // A stretch of a model file's header: the entries of members [first_member, next piece's
-  // first) in data order, made again on each read from the catalog (the header text of a
+  // first) in data order, made again on each read from the served tensors (the header text of a
   // million tensors is ~70 MB).
   struct HeaderPiece {
     uint32_t first_member = 0;
@@ -165,12 +244,12 @@ class View {
                     FileChecks* checks = nullptr) const;
   // The same, assembled element by element from its boxes (view/gather.hpp).
   Status ReadGather(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
-  Status ReadConverted(const TensorEntry& t, uint64_t offset, size_t length, char* out) const;
+  Status ReadConverted(const ServedTensor& t, uint64_t offset, size_t length, char* out) const;
   // Appends tensor `index`'s entry in manifest.json, with the separator that precedes it;
   // `xxh3_hex` (may be null): its file's checksum. Needs the model files laid out.
   void AppendManifestEntry(size_t index, const char* xxh3_hex, std::string* text) const;
 
-  std::shared_ptr<const Catalog> catalog_;
+  ServedTensors served_;
   std::vector<Entry> entries_;
   std::vector<Segment> segments_;
   std::vector<std::string> literals_;
@@ -197,15 +276,15 @@ class View {
 
 // How tensor `t` is written in safetensors: dtype string and shape (complex types
 // safetensors cannot name get their real view, see ServedAs).
-void ServedDTypeAndShape(const TensorEntry& t, std::string_view* dtype, std::vector<uint64_t>* shape);
+void ServedDTypeAndShape(const ServedTensor& t, std::string_view* dtype, std::vector<uint64_t>* shape);
 
 // What `ls --json` and manifest.json say of one tensor: key, path, dtype (as served),
-// torch_dtype, shape (as served), nbytes and its per-tensor file.
-nlohmann::json TensorSummary(const TensorEntry& tensor);
+// torch_dtype (as stored), shape (as served), nbytes (as served) and its per-tensor file.
+nlohmann::json TensorSummary(const ServedTensor& tensor);
 // The same fields written as JSON text, without the enclosing braces, for outputs with one
 // entry per tensor (ls --json, manifest.json) where building a json tree would dominate.
 // `*file_name_shortened` (if given): whether the file name was cut (names.hpp).
-void AppendTensorSummary(std::string* out, const TensorEntry& tensor, bool* file_name_shortened = nullptr);
+void AppendTensorSummary(std::string* out, const ServedTensor& tensor, bool* file_name_shortened = nullptr);
 
 }  // namespace ckptfs
 

@@ -37,8 +37,10 @@ __all__ = [
 
 
 def last_load_stats() -> dict:
-    """What the calling thread's last library load moved: tensors, bytes, seconds, backend,
-    ... (tensors that load() mapped instead are not counted)."""
+    """What the calling thread's last library load moved, with the keys `ckptfs load --json`
+    prints (backend, device, tensors, bytes, bytes_read, seconds, gb_per_s, ...), and
+    mapped_bytes and maps after a load that composed a region of file maps (backend "map").
+    Tensors that load() made views of their file are not counted."""
     return json.loads(_library().ckptfs_last_load_stats())
 
 

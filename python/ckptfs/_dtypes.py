@@ -1,57 +1,36 @@
-"""The element types ckptfs serves (safetensors' names, as ckptfs_tensor_info gives them) in
-torch and numpy. Each framework is imported only when its table is asked for."""
+"""The element types of tensors as torch and numpy have them. libckptfs gives each tensor's
+torch name and item size (ckptfs_tensor_loading); each framework is imported only when a
+tensor of it is made."""
 
 from __future__ import annotations
 
 from ._lib import CkptfsError
 
-# Bytes per element of every served dtype.
-ITEMSIZE = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2,
-    "F8_E4M3": 1, "F8_E5M2": 1, "F8_E4M3FNUZ": 1, "F8_E5M2FNUZ": 1, "F8_E8M0": 1,
-    "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
-    "BOOL": 1, "C64": 8,
-}
+# The torch names of the element types numpy has (numpy names them alike); it has no
+# bfloat16 or float8.
+_IN_NUMPY = frozenset({
+    "float64", "float32", "float16", "int64", "int32", "int16", "int8",
+    "uint64", "uint32", "uint16", "uint8", "bool", "complex64",
+})
 
 
-def itemsize(name: str) -> int:
-    if name not in ITEMSIZE:
-        raise CkptfsError(f"unknown dtype {name}")
-    return ITEMSIZE[name]
-
-
-def torch_dtype(name: str):
-    """The torch dtype of safetensors dtype NAME."""
+def torch_dtype(entry: dict):
+    """The torch dtype of tensor ENTRY (its "torch_dtype" name) as served."""
     import torch
 
-    table = {
-        "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-        "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-        "F8_E4M3FNUZ": torch.float8_e4m3fnuz, "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
-        "F8_E8M0": getattr(torch, "float8_e8m0fnu", None),
-        "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-        "U64": getattr(torch, "uint64", None), "U32": getattr(torch, "uint32", None),
-        "U16": getattr(torch, "uint16", None), "U8": torch.uint8,
-        "BOOL": torch.bool, "C64": torch.complex64,
-    }
-    if table.get(name) is None:
-        raise CkptfsError(f"torch {torch.__version__} has no dtype for {name}")
-    return table[name]
+    dtype = getattr(torch, entry["torch_dtype"], None)
+    if not isinstance(dtype, torch.dtype):
+        raise CkptfsError(f"torch {torch.__version__} has no dtype for {entry['dtype']}")
+    return dtype
 
 
-def numpy_dtype(name: str):
-    """The numpy dtype of safetensors dtype NAME (numpy has no bfloat16 or float8)."""
+def numpy_dtype(entry: dict):
+    """The numpy dtype (little-endian) of tensor ENTRY as served."""
     import numpy as np
 
-    table = {
-        "F64": np.float64, "F32": np.float32, "F16": np.float16,
-        "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
-        "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8,
-        "BOOL": np.bool_, "C64": np.complex64,
-    }
-    if name not in table:
-        raise CkptfsError(f"numpy has no dtype for {name}: use framework=\"pt\", or dtype=\"fp32\" to convert")
-    return np.dtype(table[name]).newbyteorder("<")
+    if entry["torch_dtype"] not in _IN_NUMPY:
+        raise CkptfsError(f"numpy has no dtype for {entry['dtype']}: use framework=\"pt\", or dtype=\"fp32\" to convert")
+    return np.dtype(entry["torch_dtype"]).newbyteorder("<")
 
 
 def dtype_option(dtype) -> str | None:

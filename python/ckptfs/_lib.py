@@ -13,8 +13,10 @@ from pathlib import Path
 
 # The C API version this package calls (include/ckptfs/c_api.h): ckptfs_read_tensor,
 # ckptfs_source_files, ckptfs_metadata and the tensors' "extent" arrived in 3;
-# ckptfs_map_tensors, ckptfs_unmap and the tensors' "maps" in 4; ckptfs_load_mapped in 5.
-REQUIRED_API_VERSION = 5
+# ckptfs_map_tensors, ckptfs_unmap and the tensors' "maps" in 4; ckptfs_load_mapped in 5;
+# ckptfs_tensor_loading, ckptfs_select, ckptfs_open_source_file and the load statistics of
+# `ckptfs load --json` in 6.
+REQUIRED_API_VERSION = 6
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _REPO = _PACKAGE_DIR.parents[1]  # python/ckptfs -> the checkout, when run from one
@@ -81,6 +83,9 @@ def _declare(lib) -> None:
         "ckptfs_map_tensors": (c.c_char_p, [c.c_void_p, c.c_size_t, u64p, c.POINTER(c.c_void_p), u64p]),
         "ckptfs_load_mapped": (c.c_int, [c.c_void_p, c.c_size_t, u64p, c.POINTER(c.c_void_p), u64p, u64p]),
         "ckptfs_unmap": (c.c_int, [c.c_void_p, c.c_uint64]),
+        "ckptfs_tensor_loading": (c.c_char_p, [c.c_void_p]),
+        "ckptfs_select": (c.c_char_p, [c.c_void_p, c.c_char_p]),
+        "ckptfs_open_source_file": (c.c_int, [c.c_void_p, c.c_uint32]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import fnmatch
 import os
 
 from ._dtypes import torch_dtype
-from ._lib import CkptfsError
 from ._safe_open import device_spec, load_into_device
 from ._source import Source, view_options
 
@@ -15,20 +13,7 @@ def list_tensors(source: str | os.PathLike, dtype=None, root: str | None = None,
     """[{index, key, dtype (safetensors name as served), shape, nbytes}] of SOURCE's view, in
     the checkpoint's order; "extent" where a tensor is one byte range of a file as stored."""
     with Source(source, view_options(dtype, root, moments=moments)) as opened:
-        return opened.tensors
-
-
-def _selected(entries: list, select) -> list:
-    if select is None:
-        return entries
-    patterns = [select] if isinstance(select, str) else list(select)
-    picked = set()
-    for pattern in patterns:
-        hits = {e["index"] for e in entries if e["key"] == pattern or fnmatch.fnmatchcase(e["key"], pattern)}
-        if not hits:
-            raise CkptfsError(f"{pattern}: no tensor matches")
-        picked |= hits
-    return [e for e in entries if e["index"] in picked]
+        return opened.listed()
 
 
 def load(source: str | os.PathLike, device: str | int = "cuda:0", dtype=None, select=None, backend: str = "auto",
@@ -92,22 +77,22 @@ def load(source: str | os.PathLike, device: str | int = "cuda:0", dtype=None, se
         v is not None for v in (buffer_size, buffers, io_threads, direct_io))
 
     with Source(source, view_options(dtype, root, moments=moments)) as opened:
-        entries = _selected(opened.tensors, select)
+        entries = opened.select(select)
         # Tensors split over several files (ZeRO-3) are composed of maps of those files'
         # pages: a copy into new memory costs several times more (a zeroed page and a fault
         # per 4 KiB), see tests/bench/README.md. The tensors read beside them go into the
         # same region, in the same library call.
-        in_region = map_stored and not pipeline and any(e.get("maps") for e in entries)
+        in_region = map_stored and not pipeline and any(e["cpu"] == "region" for e in entries)
         out, filled, tensors, composed = {}, [], [], []
         for entry in entries:
-            if map_stored and opened.mappable(entry):
+            if map_stored and opened.maps_file(entry):
                 out[entry["key"]] = opened.mapped_torch(entry)
                 continue
             if in_region:
                 out[entry["key"]] = None  # keeps the checkpoint's order; set below
                 composed.append(entry)
                 continue
-            tensor = torch.empty(entry["shape"], dtype=torch_dtype(entry["dtype"]), device=dev)
+            tensor = torch.empty(entry["shape"], dtype=torch_dtype(entry), device=dev)
             out[entry["key"]] = tensor
             filled.append(entry)
             tensors.append(tensor)

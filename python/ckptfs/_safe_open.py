@@ -7,7 +7,7 @@ import operator
 import os
 from typing import Any, Iterator, Sequence
 
-from ._dtypes import itemsize, numpy_dtype, torch_dtype
+from ._dtypes import numpy_dtype, torch_dtype
 from ._lib import CkptfsError, last_error
 from ._source import Source, options_json, view_options
 
@@ -185,23 +185,23 @@ class safe_open:
             source for, on its device.
         """
         entry = self._source.entry(name)
-        if self._device == "cpu" and self._source.mappable(entry):
+        if self._device == "cpu" and self._source.maps_file(entry):
             if self._framework == "numpy":
                 return self._source.mapped_numpy(entry)
             return self._source.mapped_torch(entry)
-        if self._device == "cpu" and self._framework == "pt" and entry.get("maps"):
+        if self._device == "cpu" and self._framework == "pt" and entry["cpu"] == "region":
             # Split over files (ZeRO-3): maps of those files where their pages line up.
             return self._source.load_mapped_torch([entry])[0]
         if self._framework == "numpy":
             import numpy as np
 
-            array = np.empty(entry["shape"], numpy_dtype(entry["dtype"]))
+            array = np.empty(entry["shape"], numpy_dtype(entry))
             self._source.read_whole(entry, array.ctypes.data)
             return array
         import torch
 
         device = torch.device(self._device)
-        tensor = torch.empty(entry["shape"], dtype=torch_dtype(entry["dtype"]), device=device)
+        tensor = torch.empty(entry["shape"], dtype=torch_dtype(entry), device=device)
         if device.type == "cpu":
             self._source.read_whole(entry, tensor.data_ptr())
         else:
@@ -248,16 +248,16 @@ class TensorSlice:
 
     def __getitem__(self, index):
         entry, opened = self._entry, self._opened
-        offsets, lengths, shape = slice_plan(entry["shape"], itemsize(entry["dtype"]), index)
+        offsets, lengths, shape = slice_plan(entry["shape"], entry["itemsize"], index)
         if opened._framework == "numpy":
             import numpy as np
 
-            out = np.empty(shape, numpy_dtype(entry["dtype"]))
+            out = np.empty(shape, numpy_dtype(entry))
             address = out.ctypes.data
         else:
             import torch
 
-            out = torch.empty(shape, dtype=torch_dtype(entry["dtype"]))
+            out = torch.empty(shape, dtype=torch_dtype(entry))
             address = out.data_ptr()
         if len(offsets):
             opened._source.read(entry["index"], offsets, lengths, address)

@@ -6,9 +6,8 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import stat
 
-from ._dtypes import dtype_option, itemsize
+from ._dtypes import dtype_option, numpy_dtype, torch_dtype
 from ._lib import CkptfsError, _library, last_error
 
 
@@ -54,9 +53,13 @@ class Source:
         self.ptr = self.lib.ckptfs_open(os.fsencode(self.name), options_json(options))
         if not self.ptr:
             raise last_error()
-        self.tensors: list[dict] = json.loads(self.lib.ckptfs_tensor_info(self.ptr))
+        # Each tensor as ckptfs_tensor_info lists it, with how libckptfs has it loaded
+        # (ckptfs_tensor_loading: "itemsize", "torch_dtype", and "cpu", the map-or-copy
+        # decision of a CPU load).
+        self.tensors: list[dict] = self.listed()
+        for entry, loading in zip(self.tensors, json.loads(self.lib.ckptfs_tensor_loading(self.ptr))):
+            entry.update(loading)
         self.by_key = {t["key"]: t for t in self.tensors}
-        self._files: list[dict] | None = None
         self._maps: dict = {}  # (file index, framework) -> a private mapping of the whole file
 
     def close(self) -> None:
@@ -76,6 +79,20 @@ class Source:
         if not self.ptr:
             raise CkptfsError(f"{self.name}: closed")
         return self.ptr
+
+    def listed(self) -> list[dict]:
+        """The tensors as ckptfs_tensor_info lists them: index, key, dtype, shape, nbytes, and
+        "extent" or "maps" where their bytes are ranges of local files as stored."""
+        return json.loads(self.lib.ckptfs_tensor_info(self._handle()))
+
+    def select(self, select) -> list[dict]:
+        """The entries of the tensors SELECT (a key or glob, a list of them, or None for all)
+        names, in the checkpoint's order; a pattern that matches nothing is a CkptfsError."""
+        patterns = None if select is None else [select] if isinstance(select, str) else list(select)
+        chosen = self.lib.ckptfs_select(self._handle(), json.dumps(patterns).encode())
+        if chosen is None:
+            raise last_error()
+        return [self.tensors[i] for i in json.loads(chosen)]
 
     def entry(self, key: str) -> dict:
         if key not in self.by_key:
@@ -103,25 +120,19 @@ class Source:
 
     # --- memory maps ----------------------------------------------------------------------
 
-    def mappable(self, entry: dict) -> bool:
-        """True when ENTRY's bytes are one range of a local file as stored, and aligned for its
-        element type, so that a tensor can be a view of the file's pages."""
-        extent = entry.get("extent")
-        return bool(entry["nbytes"]) and extent is not None and extent["offset"] % itemsize(entry["dtype"]) == 0
+    @staticmethod
+    def maps_file(entry: dict) -> bool:
+        """True when a CPU tensor of ENTRY is a view of a private map of its source file
+        (libckptfs's decision: its bytes are one range of a local file as stored, aligned for
+        its element type); False when it is read, or placed by load_mapped_torch."""
+        return entry["cpu"] == "file_map"
 
     def _file_descriptor(self, file_index: int) -> int:
-        """A descriptor of source file FILE_INDEX, checked to be the file libckptfs indexed:
-        a file replaced or rewritten since is an error, never other bytes."""
-        if self._files is None:
-            self._files = json.loads(self.lib.ckptfs_source_files(self._handle()))
-        info = self._files[file_index]
-        fd = os.open(info["local_path"], os.O_RDONLY | os.O_CLOEXEC)
-        st = os.fstat(fd)
-        now = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        then = (info["dev"], info["ino"], info["size"], info["mtime_ns"], info["ctime_ns"])
-        if now != then or not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise CkptfsError(f"{info['name']}: source file changed since it was opened")
+        """A descriptor of source file FILE_INDEX, checked by libckptfs to be the file it
+        indexed: a file replaced or rewritten since is an error, never other bytes."""
+        fd = self.lib.ckptfs_open_source_file(self._handle(), file_index)
+        if fd < 0:
+            raise last_error()
         return fd
 
     def _mapping(self, file_index: int, framework: str):
@@ -148,20 +159,7 @@ class Source:
 
     def mapped_torch(self, entry: dict):
         """ENTRY as a torch tensor over the source file's pages (no copy)."""
-        import torch
-
-        from ._dtypes import torch_dtype
-
-        storage = self._mapping(entry["extent"]["file"], "pt")
-        dtype = torch_dtype(entry["dtype"])
-        shape = entry["shape"]
-        strides, step = [], 1
-        for dim in reversed(shape):
-            strides.append(step)
-            step *= dim
-        tensor = torch.empty(0, dtype=dtype)
-        tensor.set_(storage, entry["extent"]["offset"] // itemsize(entry["dtype"]), shape, list(reversed(strides)))
-        return tensor
+        return _torch_over(self._mapping(entry["extent"]["file"], "pt"), entry, entry["extent"]["offset"])
 
     def load_mapped_torch(self, entries: list) -> list:
         """ENTRIES as torch tensors in one region of private memory (ckptfs_load_mapped): the
@@ -173,8 +171,6 @@ class Source:
         import numpy as np
         import torch
 
-        from ._dtypes import torch_dtype
-
         if not entries:
             return []
         indices = np.array([e["index"] for e in entries], np.uint64)
@@ -185,28 +181,31 @@ class Source:
                                        ctypes.byref(address), ctypes.byref(size), offsets.ctypes.data_as(u64p)) != 0:
             raise last_error()
         if not address.value:  # every tensor is empty
-            return [torch.empty(e["shape"], dtype=torch_dtype(e["dtype"])) for e in entries]
+            return [torch.empty(e["shape"], dtype=torch_dtype(e)) for e in entries]
         region = MappedRegion(self.lib, address.value, size.value)
         storage = torch.frombuffer(region.buffer(), dtype=torch.uint8).untyped_storage()
-        tensors = []
-        for entry, offset in zip(entries, offsets.tolist()):
-            shape = entry["shape"]
-            strides, step = [], 1
-            for dim in reversed(shape):
-                strides.append(step)
-                step *= dim
-            tensor = torch.empty(0, dtype=torch_dtype(entry["dtype"]))
-            tensor.set_(storage, offset // itemsize(entry["dtype"]), shape, list(reversed(strides)))
-            tensors.append(tensor)
-        return tensors
+        return [_torch_over(storage, entry, offset) for entry, offset in zip(entries, offsets.tolist())]
 
     def mapped_numpy(self, entry: dict):
         """ENTRY as a numpy array over the source file's pages (no copy)."""
         import numpy as np
 
-        from ._dtypes import numpy_dtype
-
-        dtype = numpy_dtype(entry["dtype"])
+        dtype = numpy_dtype(entry)
         count = entry["nbytes"] // dtype.itemsize
         array = np.frombuffer(self._mapping(entry["extent"]["file"], "numpy"), dtype, count, entry["extent"]["offset"])
         return array.reshape(entry["shape"])
+
+
+def _torch_over(storage, entry: dict, byte_offset: int):
+    """A contiguous torch tensor of ENTRY over STORAGE (an UntypedStorage), its first element
+    BYTE_OFFSET bytes in."""
+    import torch
+
+    shape = entry["shape"]
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    tensor = torch.empty(0, dtype=torch_dtype(entry))
+    tensor.set_(storage, byte_offset // entry["itemsize"], shape, list(reversed(strides)))
+    return tensor

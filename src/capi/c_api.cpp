@@ -1,8 +1,6 @@
 // libckptfs.so: the C ABI of include/ckptfs/c_api.h.
 #include "ckptfs/c_api.h"
 
-#include "capi/tensor_map.hpp"
-
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -15,6 +13,7 @@
 #include "ckptfs/device.hpp"
 #include "ckptfs/open.hpp"
 #include "ckptfs/options.hpp"
+#include "ckptfs/tensor_map.hpp"
 #include "ckptfs/view.hpp"
 
 #define CKPTFS_EXPORT extern "C" __attribute__((visibility("default")))
@@ -24,6 +23,7 @@ struct ckptfs_handle {
   std::string info;          // ckptfs_tensor_info
   std::string source_files;  // ckptfs_source_files
   std::string metadata;      // ckptfs_metadata
+  std::string loading;       // ckptfs_tensor_loading, made when first asked for
 };
 
 namespace {
@@ -34,6 +34,7 @@ using ckptfs::Status;
 thread_local std::string g_error;
 thread_local std::string g_stats = "{}";
 thread_local std::string g_map_layout;
+thread_local std::string g_selection;
 
 void SetError(const std::string& message) { g_error = message; }
 
@@ -47,31 +48,36 @@ Status ParseOptionsText(const char* text, unsigned groups, OptionValues* out) {
   return ParseJsonOptions(options, groups, out);
 }
 
-// Where tensor `t`'s served bytes lie when they are one byte range of a local file, as
-// stored: what a caller may map instead of reading (ckptfs_tensor_info's "extent").
-std::optional<ckptfs::Extent> MappableExtent(const ckptfs::TensorEntry& t, const ckptfs::SourceFiles& files) {
-  if (ckptfs::RouteOf(t) != ckptfs::ReadRoute::kExtents) return std::nullopt;
-  const std::vector<ckptfs::Extent> extents = ckptfs::ExtentsOf(t);
-  if (extents.size() != 1 || files.file(extents[0].file).local_path().empty()) return std::nullopt;
-  return extents[0];
-}
-
 nlohmann::json TensorInfo(const ckptfs::View& view) {
   nlohmann::json info = nlohmann::json::array();
-  const auto& tensors = view.catalog().tensors;
+  const ckptfs::ServedTensors& tensors = view.served();
   for (size_t i = 0; i < tensors.size(); ++i) {
     std::string_view dtype;
     std::vector<uint64_t> shape;
     ckptfs::ServedDTypeAndShape(tensors[i], &dtype, &shape);
-    nlohmann::json entry = {{"index", i}, {"key", tensors[i].key}, {"dtype", std::string(dtype)},
-                            {"shape", shape}, {"nbytes", tensors[i].served_nbytes()}};
-    if (auto extent = MappableExtent(tensors[i], *view.catalog().files))
+    nlohmann::json entry = {{"index", i}, {"key", tensors[i].key()}, {"dtype", std::string(dtype)},
+                            {"shape", shape}, {"nbytes", tensors[i].nbytes()}};
+    if (auto extent = MappableExtent(tensors[i], *view.source().files))
       entry["extent"] = {{"file", extent->file}, {"offset", extent->offset}};
-    else if (size_t maps = ckptfs::MappedPieceCount(tensors[i], *view.catalog().files); maps > 0)
+    else if (size_t maps = ckptfs::MappedPieceCount(tensors[i], *view.source().files); maps > 0)
       entry["maps"] = maps;
     info.push_back(std::move(entry));
   }
   return info;
+}
+
+nlohmann::json TensorLoading(const ckptfs::View& view) {
+  nlohmann::json loading = nlohmann::json::array();
+  const ckptfs::SourceFiles& files = *view.source().files;
+  const ckptfs::ServedTensors& tensors = view.served();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ckptfs::ServedTensor t = tensors[i];
+    const ckptfs::DTypeInfo& served = ckptfs::Info(ckptfs::ServedAs(t.dtype).dtype);
+    loading.push_back({{"itemsize", served.itemsize},
+                       {"torch_dtype", std::string(served.torch_name)},
+                       {"cpu", ckptfs::CpuPlacementName(ckptfs::PlaceOnCpu(t, files))}});
+  }
+  return loading;
 }
 
 nlohmann::json SourceFilesInfo(const ckptfs::SourceFiles& files) {
@@ -108,10 +114,10 @@ CKPTFS_EXPORT ckptfs_handle* ckptfs_open(const char* source, const char* options
     }
     auto handle = std::make_unique<ckptfs_handle>();
     handle->view = std::move(opened.view);
-    const Catalog& presented = handle->view->catalog();
+    const ServedTensors& presented = handle->view->served();
     handle->info = TensorInfo(*handle->view).dump();
-    handle->source_files = SourceFilesInfo(*presented.files).dump();
-    handle->metadata = presented.metadata.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    handle->source_files = SourceFilesInfo(*presented.source().files).dump();
+    handle->metadata = presented.metadata().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     return handle.release();
   } catch (const std::exception& e) {
     SetError(std::string("ckptfs_open: ") + e.what());
@@ -122,7 +128,7 @@ CKPTFS_EXPORT ckptfs_handle* ckptfs_open(const char* source, const char* options
 CKPTFS_EXPORT void ckptfs_close(ckptfs_handle* handle) { delete handle; }
 
 CKPTFS_EXPORT size_t ckptfs_tensor_count(const ckptfs_handle* handle) {
-  return handle ? handle->view->catalog().tensors.size() : 0;
+  return handle ? handle->view->served().size() : 0;
 }
 
 CKPTFS_EXPORT const char* ckptfs_tensor_info(ckptfs_handle* handle) { return handle ? handle->info.c_str() : "[]"; }
@@ -175,10 +181,10 @@ int LoadInto(ckptfs_handle* handle, size_t count, const uint64_t* indices, void*
     const View& view = *handle->view;
     for (size_t i = 0; i < count; ++i) {
       dests.push_back({static_cast<size_t>(indices[i]), ptrs[i], nbytes[i]});
-      if (options.verify && indices[i] < view.catalog().tensors.size()) {
+      if (options.verify && indices[i] < view.served().size()) {
         DeviceTensor t;
         t.index = indices[i];
-        t.key = view.catalog().tensors[indices[i]].key;
+        t.key = view.served()[indices[i]].key();
         t.device_ptr = ptrs[i];
         t.nbytes = nbytes[i];
         check.push_back(t);
@@ -189,15 +195,7 @@ int LoadInto(ckptfs_handle* handle, size_t count, const uint64_t* indices, void*
     s = LoadIntoDevice(view, *be, options.load, dests, &stats);
     if (s.ok() && options.verify) s = VerifyDeviceTensors(view, *be, check);
     if (!s.ok()) return SetError(s.message()), -1;
-    g_stats = nlohmann::json{{"tensors", stats.tensors},
-                             {"bytes", stats.bytes},
-                             {"bytes_read", stats.bytes_read},
-                             {"direct_bytes", stats.direct_bytes},
-                             {"view_bytes", stats.view_bytes},
-                             {"seconds", stats.seconds},
-                             {"backend", be->name()},
-                             {"o_direct", stats.used_o_direct}}
-                  .dump();
+    g_stats = LoadStatsJson(stats, be->name(), be->Describe(), options.verify);
     return 0;
   } catch (const std::exception& e) {
     SetError(std::string("ckptfs_load_into: ") + e.what());
@@ -254,21 +252,12 @@ CKPTFS_EXPORT int ckptfs_load_mapped(ckptfs_handle* handle, size_t count, const 
     *region = nullptr;
     *region_size = 0;
     if (!handle) return SetError("ckptfs_load_mapped: null handle"), -1;
-    const std::vector<size_t> positions(indices, indices + count);
     TensorRegion mapped;
-    Status s = MapTensors(*handle->view, positions, &mapped);
-    if (s.ok()) s = ReadUnmapped(*handle->view, positions, &mapped);
-    if (!s.ok()) {
-      UnmapRegion(mapped.base, mapped.size);
+    DeviceLoadStats stats;
+    if (Status s = LoadMapped(*handle->view, std::vector<size_t>(indices, indices + count), &mapped, &stats); !s.ok())
       return SetError(s.message()), -1;
-    }
-    uint64_t bytes = 0, read_bytes = 0;
-    for (size_t i = 0; i < count; ++i) bytes += handle->view->catalog().tensors[positions[i]].served_nbytes();
-    for (const TensorRead& r : mapped.reads) read_bytes += r.length;
     try {
-      g_stats = nlohmann::json{{"tensors", count},         {"bytes", bytes}, {"mapped_bytes", mapped.mapped_bytes},
-                               {"read_bytes", read_bytes}, {"maps", mapped.maps}, {"backend", "map"}}
-                    .dump();
+      g_stats = LoadStatsJson(stats, kMapLoadBackend, "host memory (private maps of the source files)", false);
     } catch (...) {
       UnmapRegion(mapped.base, mapped.size);
       throw;
@@ -279,6 +268,62 @@ CKPTFS_EXPORT int ckptfs_load_mapped(ckptfs_handle* handle, size_t count, const 
     return 0;
   } catch (const std::exception& e) {
     SetError(std::string("ckptfs_load_mapped: ") + e.what());
+    return -1;
+  }
+}
+
+CKPTFS_EXPORT const char* ckptfs_tensor_loading(ckptfs_handle* handle) {
+  if (!handle) return "[]";
+  try {
+    if (handle->loading.empty()) handle->loading = TensorLoading(*handle->view).dump();
+    return handle->loading.c_str();
+  } catch (const std::exception& e) {
+    SetError(std::string("ckptfs_tensor_loading: ") + e.what());
+    return nullptr;
+  }
+}
+
+CKPTFS_EXPORT const char* ckptfs_select(ckptfs_handle* handle, const char* patterns_json) {
+  using namespace ckptfs;
+  try {
+    if (!handle) return SetError("ckptfs_select: null handle"), nullptr;
+    const nlohmann::json patterns =
+        patterns_json ? nlohmann::json::parse(patterns_json, nullptr, false) : nlohmann::json(nullptr);
+    std::vector<size_t> indices;
+    if (patterns.is_null()) {
+      for (size_t i = 0; i < handle->view->served().size(); ++i) indices.push_back(i);
+    } else {
+      std::vector<std::string> select;
+      if (patterns.is_string()) select.push_back(patterns.get<std::string>());
+      if (patterns.is_array())
+        for (const nlohmann::json& p : patterns) {
+          if (!p.is_string()) return SetError("select: not a list of keys or globs: " + patterns.dump()), nullptr;
+          select.push_back(p.get<std::string>());
+        }
+      if (!patterns.is_string() && !patterns.is_array())
+        return SetError(std::string("select: not a key, a glob or a list of them: ") + patterns_json), nullptr;
+      // An empty list selects nothing (SelectTensors reads no patterns as all of them).
+      if (!select.empty())
+        if (Status s = SelectTensors(*handle->view, select, &indices); !s.ok()) return SetError(s.message()), nullptr;
+    }
+    g_selection = nlohmann::json(indices).dump();
+    return g_selection.c_str();
+  } catch (const std::exception& e) {
+    SetError(std::string("ckptfs_select: ") + e.what());
+    return nullptr;
+  }
+}
+
+CKPTFS_EXPORT int ckptfs_open_source_file(ckptfs_handle* handle, uint32_t file) {
+  using namespace ckptfs;
+  try {
+    if (!handle) return SetError("ckptfs_open_source_file: null handle"), -1;
+    int fd = -1;
+    if (Status s = OpenUnchangedForMap(*handle->view->source().files, file, &fd); !s.ok())
+      return SetError(s.message()), -1;
+    return fd;
+  } catch (const std::exception& e) {
+    SetError(std::string("ckptfs_open_source_file: ") + e.what());
     return -1;
   }
 }

@@ -48,9 +48,9 @@ struct CommandLine {
 int StartCommand(const Args& args, const CommandLine& command, ReadOptions* options,
                  std::vector<std::string>* positional);
 
-// The catalog of `source` as the view options present it, for commands that list rather than
-// read (OpenSource up to OpenStage::kPresentedCatalog).
-Status OpenPresented(const std::string& source, const ReadOptions& options, std::shared_ptr<const Catalog>* out);
+// The tensors `source` serves with the view options, for commands that list rather than read
+// (OpenSource up to OpenStage::kServedTensors).
+Status OpenPresented(const std::string& source, const ReadOptions& options, ServedTensors* out);
 // The view of `source` with `options` (OpenSource).
 Status OpenView(const std::string& source, const ReadOptions& options, std::unique_ptr<View>* out);
 

@@ -83,8 +83,8 @@ int RunLs(const Args& args) {
   ReadOptions options;
   std::vector<std::string> positional;
   if (int rc = StartCommand(args, kLs, &options, &positional); rc >= 0) return rc;
-  std::shared_ptr<const Catalog> catalog;
-  if (Status s = OpenPresented(positional[0], options, &catalog); !s.ok()) return Fail(s);
+  ServedTensors served;
+  if (Status s = OpenPresented(positional[0], options, &served); !s.ok()) return Fail(s);
 
   // Output goes out in pieces of about a megabyte: one string of a million tensors' lines
   // would be ~100 MB of a listing's peak memory.
@@ -98,9 +98,9 @@ int RunLs(const Args& args) {
   if (options.json) {
     // One TensorSummary object per line.
     text = "[";
-    for (size_t i = 0; i < catalog->tensors.size(); ++i) {
+    for (size_t i = 0; i < served.size(); ++i) {
       text += i ? ",\n {" : "\n {";
-      AppendTensorSummary(&text, catalog->tensors[i]);
+      AppendTensorSummary(&text, served[i]);
       text += "}";
       flush_if_full();
     }
@@ -111,7 +111,7 @@ int RunLs(const Args& args) {
   // Aligned columns under a header line; built as plain text (JSON objects per row would
   // dominate the time on checkpoints of 100k tensors). Two passes: the column widths, then
   // the rows (each row's shape text is made again rather than kept).
-  auto served_shape_text = [](const TensorEntry& t, std::string_view* dtype, std::string* out) {
+  auto served_shape_text = [](const ServedTensor& t, std::string_view* dtype, std::string* out) {
     std::vector<uint64_t> shape;
     ServedDTypeAndShape(t, dtype, &shape);
     *out = ShapeText(shape);
@@ -119,9 +119,10 @@ int RunLs(const Args& args) {
   size_t key_w = 3, dtype_w = 5, shape_w = 5;
   std::string_view dtype;
   std::string shape;
-  for (const TensorEntry& t : catalog->tensors) {
+  for (size_t i = 0; i < served.size(); ++i) {
+    const ServedTensor t = served[i];
     served_shape_text(t, &dtype, &shape);
-    key_w = std::max(key_w, t.key.size());
+    key_w = std::max(key_w, t.key().size());
     dtype_w = std::max(dtype_w, dtype.size());
     shape_w = std::max(shape_w, shape.size());
   }
@@ -131,10 +132,11 @@ int RunLs(const Args& args) {
   };
   cell("key", key_w), cell("dtype", dtype_w), cell("shape", shape_w);
   text += "bytes\n";
-  for (const TensorEntry& t : catalog->tensors) {
+  for (size_t i = 0; i < served.size(); ++i) {
+    const ServedTensor t = served[i];
     served_shape_text(t, &dtype, &shape);
-    cell(t.key, key_w), cell(dtype, dtype_w), cell(shape, shape_w);
-    text += std::to_string(t.served_nbytes());
+    cell(t.key(), key_w), cell(dtype, dtype_w), cell(shape, shape_w);
+    text += std::to_string(t.nbytes());
     text += '\n';
     flush_if_full();
   }
@@ -146,16 +148,18 @@ int RunInfo(const Args& args) {
   ReadOptions options;
   std::vector<std::string> positional;
   if (int rc = StartCommand(args, InfoCommand(), &options, &positional); rc >= 0) return rc;
-  std::shared_ptr<const Catalog> catalog;
-  if (Status s = OpenPresented(positional[0], options, &catalog); !s.ok()) return Fail(s);
+  ServedTensors served;
+  if (Status s = OpenPresented(positional[0], options, &served); !s.ok()) return Fail(s);
+  const Catalog* catalog = &served.source();
 
   uint64_t total = 0;
   std::map<std::string, std::pair<uint64_t, uint64_t>> by_dtype;  // torch dtype -> (count, bytes)
-  for (const TensorEntry& t : catalog->tensors) {
-    total += t.served_nbytes();
-    auto& slot = by_dtype[std::string(Info(t.served_dtype()).torch_name)];
+  for (size_t i = 0; i < served.size(); ++i) {
+    const ServedTensor t = served[i];
+    total += t.nbytes();
+    auto& slot = by_dtype[std::string(Info(t.dtype).torch_name)];
     slot.first += 1;
-    slot.second += t.served_nbytes();
+    slot.second += t.nbytes();
   }
   json info;
   info["source"] = catalog->source;
@@ -163,13 +167,13 @@ int RunInfo(const Args& args) {
   info["source_files"] = json::array();
   for (uint32_t f = 0; f < catalog->files->count(); ++f)
     info["source_files"].push_back({{"path", catalog->files->path(f)}, {"size", catalog->files->size(f)}});
-  info["tensor_count"] = catalog->tensors.size();
+  info["tensor_count"] = served.size();
   info["total_bytes"] = total;
   info["dtypes"] = json::object();
   for (const auto& [name, cb] : by_dtype) info["dtypes"][name] = {{"tensors", cb.first}, {"bytes", cb.second}};
   info["metadata"] = json::object();
-  if (catalog->metadata.is_object())
-    for (auto& [k, v] : catalog->metadata.items()) info["metadata"][k] = Summarize(v);
+  if (served.metadata().is_object())
+    for (auto& [k, v] : served.metadata().items()) info["metadata"][k] = Summarize(v);
   // What building the catalog fetched, where its Env fetches.
   FetchCounters fetched;
   if (catalog->files->env().fetch_counters(&fetched))
@@ -183,7 +187,7 @@ int RunInfo(const Args& args) {
   std::string text;
   text += "source:       " + catalog->source + "\n";
   text += "format:       " + catalog->format + "\n";
-  text += "tensors:      " + std::to_string(catalog->tensors.size()) + "\n";
+  text += "tensors:      " + std::to_string(served.size()) + "\n";
   text += "tensor bytes: " + std::to_string(total) + "\n";
   text += "files:\n";
   for (uint32_t f = 0; f < catalog->files->count(); ++f)

@@ -3,8 +3,6 @@
 #include <cstdio>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "ckptfs/device.hpp"
 #include "cli/commands.hpp"
 
@@ -42,21 +40,9 @@ int RunLoad(const Args& args) {
   FreeDeviceTensors(*backend, &tensors);
   if (!verified.ok()) return Fail(verified);
 
-  const double gbps = stats.seconds > 0 ? static_cast<double>(stats.bytes) / stats.seconds / 1e9 : 0.0;
+  const double gbps = stats.gb_per_s();
   if (options.json) {
-    nlohmann::json j = {{"backend", backend->name()},
-                        {"device", backend->Describe()},
-                        {"tensors", stats.tensors},
-                        {"bytes", stats.bytes},
-                        {"bytes_read", stats.bytes_read},
-                        {"direct_bytes", stats.direct_bytes},
-                        {"view_bytes", stats.view_bytes},
-                        {"buffers_filled", stats.buffers_filled},
-                        {"o_direct", stats.used_o_direct},
-                        {"seconds", stats.seconds},
-                        {"gb_per_s", gbps},
-                        {"verified", options.verify}};
-    std::printf("%s\n", j.dump().c_str());
+    std::printf("%s\n", LoadStatsJson(stats, backend->name(), backend->Describe(), options.verify).c_str());
     return 0;
   }
   std::printf("loaded %llu tensors, %.3f GB in %.3f s: %.2f GB/s\n", static_cast<unsigned long long>(stats.tensors),

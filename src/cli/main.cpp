@@ -73,10 +73,10 @@ Status OpenForCommand(const std::string& source, const ReadOptions& options, Ope
 
 }  // namespace
 
-Status OpenPresented(const std::string& source, const ReadOptions& options, std::shared_ptr<const Catalog>* out) {
+Status OpenPresented(const std::string& source, const ReadOptions& options, ServedTensors* out) {
   OpenedSource opened;
-  CKPTFS_RETURN_IF_ERROR(OpenForCommand(source, options, OpenStage::kPresentedCatalog, &opened));
-  *out = std::move(opened.catalog);
+  CKPTFS_RETURN_IF_ERROR(OpenForCommand(source, options, OpenStage::kServedTensors, &opened));
+  *out = std::move(opened.served);
   return Status::OK();
 }
 

@@ -299,7 +299,7 @@ int RunHash(const Args& args) {
   if (int rc = StartCommand(args, kHash, &options, &positional); rc >= 0) return rc;
   std::unique_ptr<View> view;
   if (Status s = OpenView(positional[0], options, &view); !s.ok()) return Fail(s);
-  const size_t count = view->catalog().tensors.size();
+  const size_t count = view->served().size();
   uint64_t total = 0;
   for (size_t i = 0; i < count; ++i) total += view->SizeOf(view->TensorFile(i));
   ProgressBar bar(total);

@@ -18,6 +18,8 @@
 
 #include "ckptfs/device.hpp"
 #include "device/plan.hpp"
+#include "io/full_pread.hpp"
+#include "io/source_changed.hpp"
 
 namespace ckptfs {
 namespace {
@@ -205,16 +207,9 @@ class HostBackend final : public DeviceBackend {
     // O_DIRECT descriptors want whole blocks: read them, the end of the file stops it.
     const size_t want = device::AlignUp(bytes);
     size_t done = 0;
-    while (done < want) {
-      ssize_t n = ::pread(fd, static_cast<char*>(device_ptr) + done, want - done, static_cast<off_t>(file_offset + done));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return Status::FromErrno(path, "direct read failed", errno);
-      }
-      if (n == 0) break;
-      done += static_cast<size_t>(n);
-    }
-    if (done < bytes) return Status::SourceChanged(path, "file is shorter than when it was indexed");
+    if (Status s = PreadFull(fd, device_ptr, want, file_offset, path, &done); !s.ok())
+      return Status::FromErrno(path, "direct read failed", s.sys_errno());
+    if (done < bytes) return ShorterThanIndexed(path);
     ++stats_.direct_reads;
     return Status::OK();
   }

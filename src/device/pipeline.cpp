@@ -43,7 +43,7 @@ class Loader {
   Loader(const View& view, DeviceBackend& backend, const DeviceLoadOptions& options,
          const std::vector<DeviceDestination>& dests)
       : view_(view), backend_(backend), options_(options), dests_(dests),
-        reader_(*view.catalog().files, options.direct_io) {}
+        reader_(*view.source().files, options.direct_io) {}
 
   ~Loader() { Release(); }
 
@@ -90,14 +90,14 @@ void Loader::SetError(const Status& s) {
 }
 
 Status Loader::Prepare() {
-  const Catalog& catalog = view_.catalog();
+  const Catalog& catalog = view_.source();
   // Which source files the pinned and direct routes read.
   std::vector<bool> stored_file(catalog.files->count(), false);
   for (const DeviceDestination& d : dests_) {
-    if (d.index >= catalog.tensors.size()) continue;  // MakePlan reports it
-    const TensorEntry& t = catalog.tensors[d.index];
+    if (d.index >= view_.served().size()) continue;  // MakePlan reports it
+    const ServedTensor t = view_.served()[d.index];
     if (RouteOf(t) != ReadRoute::kExtents) continue;
-    for (const Box& box : t.boxes)
+    for (const Box& box : t.stored.boxes)
       if (box.file < stored_file.size()) stored_file[box.file] = true;
   }
   direct_files_.assign(catalog.files->count(), nullptr);
@@ -157,17 +157,17 @@ Status Loader::Fill(size_t batch_index, Slot& slot) {
     slot.in_flight = false;
   }
   // Another thread failed or saw the cancellation: start nothing more (its status is kept).
-  if (stop_) return Status::FromErrno(view_.catalog().source, "load stopped", ECANCELED);
+  if (stop_) return Status::FromErrno(view_.source().source, "load stopped", ECANCELED);
   if (options_.cancelled) {
     std::lock_guard<std::mutex> lock(cancel_mu_);
-    if (stop_) return Status::FromErrno(view_.catalog().source, "load stopped", ECANCELED);
+    if (stop_) return Status::FromErrno(view_.source().source, "load stopped", ECANCELED);
     if (options_.cancelled()) {
       stop_ = true;
-      return Status::FromErrno(view_.catalog().source, "load cancelled", ECANCELED);
+      return Status::FromErrno(view_.source().source, "load cancelled", ECANCELED);
     }
   }
   const Batch& batch = plan_.batches[batch_index];
-  const Catalog& catalog = view_.catalog();
+  const Catalog& catalog = view_.source();
   for (const BufferRead& r : batch.reads) {
     switch (r.route) {
       case Route::kStored: {
@@ -296,7 +296,7 @@ Status Loader::Run(DeviceLoadStats* stats) {
   if (stats) {
     *stats = DeviceLoadStats();
     for (const DeviceDestination& d : dests_) {
-      if (d.index < view_.catalog().tensors.size()) ++stats->tensors;
+      if (d.index < view_.served().size()) ++stats->tensors;
     }
     stats->bytes = copied_;
     stats->bytes_read = bytes_read_;
@@ -328,13 +328,13 @@ Status LoadToDevice(const View& view, DeviceBackend& backend, const DeviceLoadOp
   std::vector<DeviceDestination> dests;
   Status s;
   for (size_t i : indices) {
-    const TensorEntry& t = view.catalog().tensors[i];
+    const ServedTensor t = view.served()[i];
     DeviceTensor dt;
     dt.index = i;
-    dt.key = t.key;
-    dt.dtype = t.served_dtype();
-    dt.shape = t.shape;
-    dt.nbytes = t.served_nbytes();
+    dt.key = t.key();
+    dt.dtype = t.dtype;
+    dt.shape = t.shape();
+    dt.nbytes = t.nbytes();
     if (dt.nbytes > 0) {
       s = backend.AllocDevice(dt.nbytes, &dt.device_ptr);
       if (!s.ok()) break;

@@ -8,7 +8,7 @@
 namespace ckptfs {
 
 Status SelectTensors(const View& view, const std::vector<std::string>& select, std::vector<size_t>* indices) {
-  const auto& tensors = view.catalog().tensors;
+  const ServedTensors& tensors = view.served();
   indices->clear();
   if (select.empty()) {
     for (size_t i = 0; i < tensors.size(); ++i) indices->push_back(i);
@@ -18,12 +18,13 @@ Status SelectTensors(const View& view, const std::vector<std::string>& select, s
   for (const std::string& pattern : select) {
     bool any = false;
     for (size_t i = 0; i < tensors.size(); ++i) {
-      if (tensors[i].key == pattern || ::fnmatch(pattern.c_str(), tensors[i].key.c_str(), 0) == 0) {
+      const std::string& key = tensors[i].key();
+      if (key == pattern || ::fnmatch(pattern.c_str(), key.c_str(), 0) == 0) {
         picked[i] = true;
         any = true;
       }
     }
-    if (!any) return Status::NotFound(pattern, "no tensor of " + view.catalog().source + " matches");
+    if (!any) return Status::NotFound(pattern, "no tensor of " + view.source().source + " matches");
   }
   for (size_t i = 0; i < tensors.size(); ++i)
     if (picked[i]) indices->push_back(i);
@@ -54,31 +55,31 @@ void Cut(Route route, uint32_t dest, uint32_t file, uint64_t src, uint64_t lengt
 
 Status MakePlan(const View& view, const std::vector<DeviceDestination>& destinations, size_t buffer_bytes,
                 const std::function<bool(uint32_t)>& direct_file, Plan* plan) {
-  const Catalog& catalog = view.catalog();
+  const ServedTensors& served = view.served();
   *plan = Plan();
   const uint64_t max_piece = std::max<uint64_t>(kAlign, AlignDown(buffer_bytes));
   for (size_t d = 0; d < destinations.size(); ++d) {
     const DeviceDestination& dest = destinations[d];
-    if (dest.index >= catalog.tensors.size())
-      return Status::InvalidArgument(catalog.source, "tensor index " + std::to_string(dest.index) + " out of range");
-    const TensorEntry& t = catalog.tensors[dest.index];
-    if (dest.nbytes != t.served_nbytes())
-      return Status::InvalidArgument(t.key, "destination holds " + std::to_string(dest.nbytes) +
-                                                " bytes, the tensor has " + std::to_string(t.served_nbytes()));
-    if (dest.nbytes > 0 && dest.device_ptr == nullptr) return Status::InvalidArgument(t.key, "null destination");
-    if (t.served_nbytes() == 0) continue;
+    if (dest.index >= served.size())
+      return Status::InvalidArgument(served.source().source, "tensor index " + std::to_string(dest.index) + " out of range");
+    const ServedTensor t = served[dest.index];
+    if (dest.nbytes != t.nbytes())
+      return Status::InvalidArgument(t.key(), "destination holds " + std::to_string(dest.nbytes) +
+                                                  " bytes, the tensor has " + std::to_string(t.nbytes()));
+    if (dest.nbytes > 0 && dest.device_ptr == nullptr) return Status::InvalidArgument(t.key(), "null destination");
+    if (t.nbytes() == 0) continue;
     const uint32_t di = static_cast<uint32_t>(d);
     if (RouteOf(t) != ReadRoute::kExtents) {
-      Cut(Route::kView, di, 0, 0, t.served_nbytes(), 0, max_piece, &plan->pieces);
+      Cut(Route::kView, di, 0, 0, t.nbytes(), 0, max_piece, &plan->pieces);
       continue;
     }
     uint64_t dst = 0;
-    for (const Extent& e : ExtentsOf(t)) {
+    for (const Extent& e : ExtentsOf(t.stored)) {
       const Route route = direct_file && direct_file(e.file) ? Route::kDirect : Route::kStored;
       Cut(route, di, e.file, e.offset, e.length, dst, max_piece, &plan->pieces);
       dst += e.length;
     }
-    if (dst != t.nbytes()) return Status::Corruption(t.key, "extents do not add up to the tensor's size");
+    if (dst != t.stored.nbytes()) return Status::Corruption(t.key(), "extents do not add up to the tensor's size");
   }
 
   // A widened piece of max_piece bytes spans at most max_piece + 2 * kAlign - 1.

@@ -5,6 +5,7 @@
 #include <cerrno>
 
 #include "device/plan.hpp"
+#include "io/full_pread.hpp"
 #include "io/source_changed.hpp"
 
 namespace ckptfs::device {
@@ -46,20 +47,11 @@ Status SourceReader::Read(uint32_t file, uint64_t offset, uint64_t length, char*
   if (h && h->direct) {
     const uint64_t want = AlignUp(offset + length) - a0;
     const uint64_t need = offset + length - a0;
-    uint64_t done = 0;
-    while (done < want) {
-      ssize_t n = ::pread(h->fd, buf + done, want - done, static_cast<off_t>(a0 + done));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EINVAL && done == 0) {
-          // The file system took O_DIRECT at open but not this read: buffered from now on.
-          h->direct = false;
-          break;
-        }
-        return Status::FromErrno(path, "read failed", errno);
-      }
-      if (n == 0) break;  // end of file
-      done += static_cast<uint64_t>(n);
+    size_t done = 0;
+    if (Status s = PreadFull(h->fd, buf, want, a0, path, &done); !s.ok()) {
+      if (s.sys_errno() != EINVAL || done != 0) return s;
+      // The file system took O_DIRECT at open but not this read: buffered from now on.
+      h->direct = false;
     }
     if (h->direct) {
       *bytes_read = done;

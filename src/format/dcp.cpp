@@ -17,6 +17,7 @@
 #include "format/dcp_metadata.hpp"
 #include "format/readers.hpp"
 #include "format/safetensors_header.hpp"
+#include "format/sibling_files.hpp"
 #include "format/torch_archive.hpp"
 #include "io/checked_math.hpp"
 
@@ -463,16 +464,12 @@ Status DcpReader::PlaceObject(const DcpItem& item, json value) {
 // Files beside .metadata that no chunk reads (Megatron's common.pt and metadata.json, a
 // README) are served as they are; .distcp files that nothing references are not.
 Status DcpReader::AddSiblings() {
-  std::vector<FolderEntry> entries;
-  CKPTFS_RETURN_IF_ERROR(catalog_->files->env().ListFolder(folder_, &entries));
-  for (const FolderEntry& e : entries) {
-    if (e.type != PathType::kFile || e.name.empty() || e.name.front() == '.' || data_files_.count(e.name)) continue;
-    if (e.name.size() > 7 && e.name.compare(e.name.size() - 7, 7, ".distcp") == 0) continue;
-    uint32_t index;
-    CKPTFS_RETURN_IF_ERROR(catalog_->files->Add(JoinPath(folder_, e.name), &index));
-    catalog_->sibling_files.push_back(index);
-  }
-  return Status::OK();
+  return AddFolderSiblingFiles(
+      folder_,
+      [this](const std::string& name) {
+        return data_files_.count(name) > 0 || (name.size() > 7 && name.compare(name.size() - 7, 7, ".distcp") == 0);
+      },
+      catalog_);
 }
 
 }  // namespace

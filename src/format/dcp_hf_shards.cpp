@@ -13,6 +13,7 @@
 #include "format/chunk_boxes.hpp"
 #include "format/readers.hpp"
 #include "format/safetensors_header.hpp"
+#include "format/sibling_files.hpp"
 #include "io/checked_math.hpp"
 
 namespace ckptfs {
@@ -46,12 +47,9 @@ struct ShardChunk {
 
 Status ListShardFiles(Env& env, const std::string& dir, std::vector<std::string>* shards,
                       std::vector<std::string>* others) {
-  std::vector<FolderEntry> entries;
-  CKPTFS_RETURN_IF_ERROR(env.ListFolder(dir, &entries));
-  for (const FolderEntry& e : entries) {
-    if (e.type != PathType::kFile || e.name.empty() || e.name.front() == '.') continue;
-    (IsShardFileName(e.name) ? shards : others)->push_back(e.name);
-  }
+  std::vector<std::string> names;
+  CKPTFS_RETURN_IF_ERROR(ListFolderFiles(env, dir, &names));
+  for (std::string& name : names) (IsShardFileName(name) ? shards : others)->push_back(std::move(name));
   std::sort(shards->begin(), shards->end());
   std::sort(others->begin(), others->end());
   return Status::OK();
@@ -161,11 +159,7 @@ Status ReadDcpHfShards(const std::string& dir, const SourceOptions& options, Cat
     }
     catalog->tensors.push_back(std::move(entry));
   }
-  for (const std::string& name : others) {
-    uint32_t index;
-    CKPTFS_RETURN_IF_ERROR(catalog->files->Add(JoinPath(dir, name), &index));
-    catalog->sibling_files.push_back(index);
-  }
+  CKPTFS_RETURN_IF_ERROR(AddSiblingFiles(dir, others, {}, catalog));
   catalog->layout_file = dir;
   catalog->metadata["dcp"] = json{{"writer", "HuggingFaceStorageWriter (save_distributed)"},
                                   {"shard_files", shards.size()},

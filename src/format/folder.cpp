@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "format/readers.hpp"
+#include "format/sibling_files.hpp"
 
 namespace ckptfs {
 namespace {
@@ -22,15 +23,6 @@ bool IsTorchFile(std::string_view name) {
 }
 bool IsIndex(std::string_view name) {
   return EndsWith(name, ".safetensors.index.json") || EndsWith(name, ".bin.index.json");
-}
-
-// Regular, non-hidden files of `dir`, sorted by name.
-Status ListFiles(Env& env, const std::string& dir, std::vector<std::string>* names) {
-  std::vector<FolderEntry> entries;
-  CKPTFS_RETURN_IF_ERROR(env.ListFolder(dir, &entries));
-  for (FolderEntry& e : entries)
-    if (e.type == PathType::kFile && !e.name.empty() && e.name[0] != '.') names->push_back(std::move(e.name));
-  return Status::OK();
 }
 
 // The shard file names an index maps weights to, and the weight -> shard map itself.
@@ -117,7 +109,7 @@ Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const Read
                             const std::string& index_name) {
   std::vector<std::string> names;
   Env& env = catalog->files->env();
-  if (Status listed = ListFiles(env, dir, &names); !listed.ok()) {
+  if (Status listed = ListFolderFiles(env, dir, &names); !listed.ok()) {
     if (!IsFolderNotListable(listed)) return listed;
     names.clear();
     CKPTFS_RETURN_IF_ERROR(ProbeConventionalFiles(env, dir, index_name, &names));
@@ -180,13 +172,8 @@ Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const Read
   if (!index_used.empty() && !index_metadata.is_null()) catalog->metadata["index_metadata"] = index_metadata;
 
   std::unordered_set<std::string> used(weights.begin(), weights.end());
-  for (const auto& n : names) {
-    if (used.count(n) || IsIndex(n)) continue;
-    uint32_t index;
-    CKPTFS_RETURN_IF_ERROR(catalog->files->Add(JoinPath(dir, n), &index));
-    catalog->sibling_files.push_back(index);
-  }
-  return Status::OK();
+  return AddSiblingFiles(dir, names, [&used](const std::string& n) { return used.count(n) > 0 || IsIndex(n); },
+                         catalog);
 }
 
 // Any folder the folder readers tried before it did not take, or a weight index: an index

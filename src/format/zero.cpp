@@ -12,6 +12,7 @@
 
 #include "format/byte_reader.hpp"
 #include "format/readers.hpp"
+#include "format/sibling_files.hpp"
 #include "format/torch_archive.hpp"
 #include "format/zero_layout.hpp"
 
@@ -593,15 +594,9 @@ Status ZeroReader::Read() {
 // model.safetensors, they make the mount a model folder that from_pretrained opens as it is.
 // `latest` only names the tag; sub-folders (the tag folders) are not served.
 Status AddSaveFolderFiles(Env& env, const std::string& dir, Catalog* catalog) {
-  std::vector<FolderEntry> entries;
-  CKPTFS_RETURN_IF_ERROR(env.ListFolder(dir, &entries));
-  for (const FolderEntry& e : entries) {
-    if (e.type != PathType::kFile || e.name.empty() || e.name.front() == '.' || e.name == "latest") continue;
-    uint32_t index;
-    CKPTFS_RETURN_IF_ERROR(catalog->files->Add(JoinPath(dir, e.name), &index));
-    catalog->sibling_files.push_back(index);
-  }
-  return Status::OK();
+  std::vector<std::string> names;
+  CKPTFS_RETURN_IF_ERROR(ListFolderFiles(env, dir, &names));
+  return AddSiblingFiles(dir, names, [](const std::string& name) { return name == "latest"; }, catalog);
 }
 
 }  // namespace

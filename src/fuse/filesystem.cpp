@@ -262,7 +262,7 @@ Status XattrValue(Filesystem& fs, View::NodeId id, std::string_view name, std::s
     *value = hex;
     return Status::OK();
   }
-  nlohmann::json summary = TensorSummary(fs.view->catalog().tensors[static_cast<size_t>(n.tensor)]);
+  nlohmann::json summary = TensorSummary(fs.view->served()[static_cast<size_t>(n.tensor)]);
   if (name == kXattrDType) *value = summary["dtype"].get<std::string>();
   else if (name == kXattrShape) *value = summary["shape"].dump();
   else *found = false;

@@ -25,7 +25,7 @@ bool SourceWatcher::Start(fuse_session* session, const Filesystem* fs) {
   inotify_fd_ = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (inotify_fd_ < 0 || stop_fd_ < 0) return false;
-  const SourceFiles& files = *fs->view->catalog().files;
+  const SourceFiles& files = *fs->view->source().files;
   std::set<std::string> dirs;
   for (uint32_t f = 0; f < files.count(); ++f) {
     // Sources that are not local files cannot be watched: their reads' identity checks
@@ -53,7 +53,7 @@ void SourceWatcher::Stop() {
 }
 
 void SourceWatcher::Run() {
-  const SourceFiles& files = *fs_->view->catalog().files;
+  const SourceFiles& files = *fs_->view->source().files;
   std::set<std::string> names;  // base names of source files, to filter folder events
   for (uint32_t f = 0; f < files.count(); ++f) {
     const std::string& path = files.file(f).local_path();

@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "ckptfs/env.hpp"
+#include "io/full_pread.hpp"
 #include "io/source_changed.hpp"
 
 namespace ckptfs {
@@ -48,18 +49,9 @@ class LocalFile final : public SourceFile {
   const std::string& local_path() const override { return path_; }
 
   Status Read(uint64_t offset, size_t length, void* out) const override {
-    char* dst = static_cast<char*>(out);
     size_t done = 0;
-    while (done < length) {
-      ssize_t n = ::pread(fd_, dst + done, length - done, static_cast<off_t>(offset + done));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return Status::FromErrno(path_, "read failed", errno);
-      }
-      if (n == 0) return ShorterThanIndexed(path_);
-      done += static_cast<size_t>(n);
-    }
-    return Status::OK();
+    CKPTFS_RETURN_IF_ERROR(PreadFull(fd_, out, length, offset, path_, &done));
+    return done < length ? ShorterThanIndexed(path_) : Status::OK();
   }
 
   // Through the descriptor: the file was not rewritten. Through the path: the name still

@@ -37,7 +37,7 @@ Status OpenCatalog(const std::string& source, const SourceOptions& options, std:
 Status OpenSource(const std::string& source, const OpenRequest& request, OpenedSource* out) {
   std::shared_ptr<const Catalog> catalog;
   CKPTFS_RETURN_IF_ERROR(OpenCatalog(source, request.source, &catalog, &out->notes));
-  if (request.stage == OpenStage::kPresentedCatalog) return ApplyViewOptions(std::move(catalog), request.view, &out->catalog);
+  if (request.stage == OpenStage::kServedTensors) return ApplyViewOptions(std::move(catalog), request.view, &out->served);
   // Parsing left freed memory in the heap (a million-tensor pickle's values, the catalog
   // reader's scratch): hand it back before the View's build allocates its own scratch on top
   // (the names it sorts), or the two add up in the peak; and again after, or the process keeps

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "io/full_pread.hpp"
 #include "remote/disk_cache_budget.hpp"
 
 namespace ckptfs {
@@ -24,15 +25,10 @@ std::string Hex64(uint64_t v) {
   return buf;
 }
 
+// A cache file that fails a read or ends early is a miss, whatever the cause.
 bool PreadAll(int fd, char* out, size_t length, uint64_t offset) {
   size_t done = 0;
-  while (done < length) {
-    ssize_t n = ::pread(fd, out + done, length - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
+  return PreadFull(fd, out, length, offset, {}, &done).ok() && done == length;
 }
 
 bool PwriteAll(int fd, const char* data, size_t length, uint64_t offset) {

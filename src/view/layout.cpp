@@ -27,10 +27,9 @@ constexpr size_t kSortTensorsPerWorker = 65536;
 
 class ViewBuilder {
  public:
-  ViewBuilder(std::shared_ptr<const Catalog> catalog, const ViewOptions& options, View* view)
-      : catalog_(*catalog), options_(options), view_(view) {
-    view_->catalog_ = std::move(catalog);
-  }
+  // Lays out the tensors `view` serves (View::served_, set before).
+  ViewBuilder(const ViewOptions& options, View* view)
+      : served_(view->served_), catalog_(view->served_.source()), options_(options), view_(view) {}
 
   Status Build();
 
@@ -43,7 +42,8 @@ class ViewBuilder {
   Status SortTensorFiles();
   Status BuildManifest(View::NodeId manifest);
 
-  const Catalog& catalog_;
+  const ServedTensors& served_;
+  const Catalog& catalog_;  // the source: its files, format and path
   const ViewOptions& options_;
   View* view_;
   std::set<std::string> hidden_siblings_;
@@ -80,16 +80,16 @@ void ViewBuilder::FinishFile(View::NodeId id, uint64_t size, int64_t mtime_ns) {
   n.segment_count = static_cast<uint32_t>(view_->segments_.size() - n.first_segment);
 }
 
-// One safetensors file holding `members` (tensor indices, catalog order). Only its data
+// One safetensors file holding `members` (tensor indices, served order). Only its data
 // order is settled here; its header and size are laid out on first need
 // (View::LayOutModelFiles).
 void ViewBuilder::AddModelFile(View::NodeId root, std::string name, const std::vector<uint32_t>& members) {
-  // Lay data out by descending item size (the reference writer's order), keeping catalog
+  // Lay data out by descending item size (the reference writer's order), keeping served
   // order among equals: every tensor is then aligned to its element size.
-  const auto& tensors = catalog_.tensors;
+  const ServedTensors& tensors = served_;
   // Item sizes are few (1 to 16 bytes): one stable pass per size, largest first, instead of
   // a comparison sort of a million indices.
-  auto served_itemsize = [&](size_t i) { return Info(ServedAs(tensors[i].served_dtype()).dtype).itemsize; };
+  auto served_itemsize = [&](size_t i) { return Info(ServedAs(tensors[i].dtype).dtype).itemsize; };
   std::vector<uint8_t> itemsizes(members.size());  // each looked up once, not once a pass
   for (size_t k = 0; k < members.size(); ++k) itemsizes[k] = static_cast<uint8_t>(std::min<uint64_t>(served_itemsize(members[k]), 255));
   View::ModelFile file;
@@ -111,12 +111,12 @@ void ViewBuilder::AddModelFile(View::NodeId root, std::string name, const std::v
   view_->model_files_.push_back(std::move(file));
 }
 
-// model.safetensors, or with a shard size the Hugging Face layout: shards split in catalog
+// model.safetensors, or with a shard size the Hugging Face layout: shards split in served
 // order as huggingface_hub's split_state_dict_into_shards does (a tensor over the limit
 // gets a shard of its own; tensors sharing storage follow the first one's shard and do not
 // count toward sizes), plus model.safetensors.index.json.
 void ViewBuilder::BuildModelFiles(View::NodeId root) {
-  const auto& tensors = catalog_.tensors;
+  const ServedTensors& tensors = served_;
   std::vector<uint32_t> all(tensors.size());
   std::iota(all.begin(), all.end(), 0);
   if (options_.shard_size == 0) return AddModelFile(root, "model.safetensors", all);
@@ -127,15 +127,16 @@ void ViewBuilder::BuildModelFiles(View::NodeId root) {
   std::map<std::string, uint32_t> first_of_storage;  // storage id -> first tensor
   std::vector<uint32_t> followers;
   for (uint32_t i = 0; i < tensors.size(); ++i) {
-    const TensorEntry& t = tensors[i];
-    if (!t.storage_id.empty()) {
-      if (first_of_storage.count(t.storage_id)) {
+    const ServedTensor t = tensors[i];
+    const std::string& storage_id = t.stored.storage_id;
+    if (!storage_id.empty()) {
+      if (first_of_storage.count(storage_id)) {
         followers.push_back(i);
         continue;
       }
-      first_of_storage[t.storage_id] = i;
+      first_of_storage[storage_id] = i;
     }
-    const uint64_t size = t.served_nbytes();
+    const uint64_t size = t.nbytes();
     total_size += size;
     if (size > options_.shard_size) {
       shards.push_back({i});
@@ -151,14 +152,14 @@ void ViewBuilder::BuildModelFiles(View::NodeId root) {
   }
   if (!current.empty()) shards.push_back(std::move(current));
   for (uint32_t i : followers) {
-    const uint32_t first = first_of_storage[tensors[i].storage_id];
+    const uint32_t first = first_of_storage[tensors[i].stored.storage_id];
     for (auto& shard : shards)
       if (std::find(shard.begin(), shard.end(), first) != shard.end()) {
         shard.push_back(i);
         break;
       }
   }
-  for (auto& shard : shards) std::sort(shard.begin(), shard.end());  // catalog order within a shard
+  for (auto& shard : shards) std::sort(shard.begin(), shard.end());  // served order within a shard
   if (shards.size() <= 1) return AddModelFile(root, "model.safetensors", all);
 
   char name[64];
@@ -172,7 +173,7 @@ void ViewBuilder::BuildModelFiles(View::NodeId root) {
   index["metadata"] = {{"total_size", total_size}};
   json weight_map = json::object();
   for (size_t i = 0; i < tensors.size(); ++i)
-    weight_map[tensors[i].key] = view_->model_files_[view_->model_file_of_[i]].name;
+    weight_map[tensors[i].key()] = view_->model_files_[view_->model_file_of_[i]].name;
   index["weight_map"] = std::move(weight_map);
   View::NodeId id = AddEntry(root, "model.safetensors.index.json", false);
   uint64_t pos = 0;
@@ -184,14 +185,14 @@ void ViewBuilder::BuildModelFiles(View::NodeId root) {
 // name. The names are made once into buffers for the sort and dropped: the folder keeps
 // only the order (4 bytes per tensor) and makes a name again when it is asked for one.
 //
-// A large catalog is cut into a few consecutive parts whose names are made and sorted on
+// A large tensors/ folder is cut into a few consecutive parts whose names are made and sorted on
 // threads of their own (for a million tensors each step is ~50 ms on one core), then
 // merged; ties go to the earlier part, so the order is the one a stable sort of the whole
 // gives, whatever the number of threads.
 Status ViewBuilder::SortTensorFiles() {
-  const auto& tensors = catalog_.tensors;
+  const ServedTensors& tensors = served_;
   const size_t count = tensors.size();
-  // Sorted by (prefix, name, index) held side by side: comparing through the catalog costs
+  // Sorted by (prefix, name, index) held side by side: comparing through the tensor entries costs
   // a cache miss per comparison. The prefix is 8 bytes of the name, big-endian, taken after
   // the part every name shares ("layers." of "layers.0.weight", "layers.1.weight", ...), so
   // most comparisons are one integer compare and not a memcmp of the shared part. A merge
@@ -210,7 +211,7 @@ Status ViewBuilder::SortTensorFiles() {
   std::vector<Keyed> keyed(count);
   std::vector<size_t> shared_of(parts, std::numeric_limits<size_t>::max());
   std::string first_name;
-  if (count > 0) AppendTensorFileName(&first_name, tensors[0].key);
+  if (count > 0) AppendTensorFileName(&first_name, tensors[0].key());
   // Each part's names, and how many leading bytes they share with the first name.
   RunOnWorkers(parts, [&](size_t w) {
     const auto [begin, end] = PartRange(count, parts, w);
@@ -218,11 +219,11 @@ Status ViewBuilder::SortTensorFiles() {
     // Sized for names without escapes, the usual case: grown by doubling, the buffer
     // held up to twice its size at the peak of a mount.
     size_t expected = 0;
-    for (size_t i = begin; i < end; ++i) expected += std::min(tensors[i].key.size(), kMaxFileName) + kTensorFileSuffix.size();
+    for (size_t i = begin; i < end; ++i) expected += std::min(tensors[i].key().size(), kMaxFileName) + kTensorFileSuffix.size();
     buffer.reserve(expected);
     // Each name's end goes into its prefix field until the buffer is whole (it may move).
     for (size_t i = begin; i < end; ++i) {
-      AppendTensorFileName(&buffer, tensors[i].key);
+      AppendTensorFileName(&buffer, tensors[i].key());
       keyed[i].prefix = buffer.size();
     }
     size_t shared = std::numeric_limits<size_t>::max();
@@ -289,8 +290,8 @@ Status ViewBuilder::BuildManifest(View::NodeId id) {
   m["source"] = {{"path", catalog_.source}, {"format", catalog_.format}, {"files", std::move(files)}};
   // The file a loader opens: the single model file, or the shard index.
   m["model_file"] = view_->model_files_.size() == 1 ? "model.safetensors" : "model.safetensors.index.json";
-  if (options_.dtype) m["dtype"] = Info(*options_.dtype).safetensors_name;
-  if (!options_.root.empty()) m["root"] = options_.root;
+  // What the transforms record of themselves ("dtype", "root").
+  for (const auto& [name, value] : served_.manifest_fields().items()) m[name] = value;
   if (options_.shard_size) m["shard_size"] = options_.shard_size;
   if (!hidden_siblings_.empty()) m["hidden_sibling_files"] = hidden_siblings_;
   // The per-tensor entries are written as text: a json tree of 100,000 entries would take
@@ -298,7 +299,7 @@ Status ViewBuilder::BuildManifest(View::NodeId id) {
   std::string head = m.dump(1, ' ', false, json::error_handler_t::replace);
   head.pop_back();  // the closing brace; "tensors" goes last
   head += ",\n \"tensors\": [";
-  std::string tail = catalog_.tensors.empty() ? "]\n}\n" : "\n ]\n}\n";
+  std::string tail = served_.empty() ? "]\n}\n" : "\n ]\n}\n";
   if (!options_.checksums) {
     // Entries are made on read (View::ReadManifest), laid out on first need.
     view_->entries_[id].content = View::Content::kManifest;
@@ -310,7 +311,7 @@ Status ViewBuilder::BuildManifest(View::NodeId id) {
   view_->EnsureModelFiles();
   view_->EnsureManifest();  // shares_storage_; its layout of entries without hashes is unused
   std::string text = std::move(head);
-  for (size_t i = 0; i < catalog_.tensors.size(); ++i) {
+  for (size_t i = 0; i < served_.size(); ++i) {
     uint64_t hash = 0;
     CKPTFS_RETURN_IF_ERROR(view_->Xxh3(view_->TensorFile(i), &hash));
     char hex[17];
@@ -326,7 +327,7 @@ Status ViewBuilder::BuildManifest(View::NodeId id) {
 
 // One tensor's entry in manifest.json, preceded by its separator; `xxh3_hex` may be null.
 void View::AppendManifestEntry(size_t index, const char* xxh3_hex, std::string* text) const {
-  const TensorEntry& t = catalog_->tensors[index];
+  const ServedTensor t = served_[index];
   *text += index == 0 ? "\n  {" : ",\n  {";
   bool shortened = false;
   AppendTensorSummary(text, t, &shortened);
@@ -336,7 +337,7 @@ void View::AppendManifestEntry(size_t index, const char* xxh3_hex, std::string* 
   const uint64_t begin = model_begin_[index];
   AppendDecimal(text, begin);
   *text += ", ";
-  AppendDecimal(text, begin + t.served_nbytes());
+  AppendDecimal(text, begin + t.nbytes());
   *text += ']';
   if (xxh3_hex) {
     *text += ", \"xxh3\": \"";
@@ -345,7 +346,7 @@ void View::AppendManifestEntry(size_t index, const char* xxh3_hex, std::string* 
   }
   if (shares_storage_[index]) {
     *text += ", \"shared_storage\": ";
-    AppendJsonString(text, t.storage_id);
+    AppendJsonString(text, t.stored.storage_id);
   }
   if (shortened) *text += ", \"file_name_shortened\": true";
   *text += '}';
@@ -354,7 +355,7 @@ void View::AppendManifestEntry(size_t index, const char* xxh3_hex, std::string* 
 Status ViewBuilder::Build() {
   for (uint32_t f = 0; f < catalog_.files->count(); ++f)
     view_->newest_mtime_ = std::max(view_->newest_mtime_, catalog_.files->identity(f).mtime_ns);
-  if (catalog_.tensors.size() >= (size_t{1} << 31))
+  if (served_.size() >= (size_t{1} << 31))
     return Status::NotSupported(catalog_.source, "more than 2^31 tensors");
   View::NodeId root = AddEntry(View::kRoot, "", true);
 
@@ -362,7 +363,7 @@ Status ViewBuilder::Build() {
   view_->tensors_dir_ = AddEntry(root, "tensors", true);
   View::NodeId meta = AddEntry(root, "metadata.json", false);
   uint64_t pos = 0;
-  AddLiteral(catalog_.metadata.dump(1, ' ', false, json::error_handler_t::replace) + "\n", &pos);
+  AddLiteral(served_.metadata().dump(1, ' ', false, json::error_handler_t::replace) + "\n", &pos);
   FinishFile(meta, pos, view_->newest_mtime_);
 
   std::set<std::string> ours = {"tensors", "metadata.json", "manifest.json"};
@@ -396,33 +397,33 @@ Status ViewBuilder::Build() {
   return BuildManifest(manifest);
 }
 
-json TensorSummary(const TensorEntry& t) {
+json TensorSummary(const ServedTensor& t) {
   std::string_view dtype;
   std::vector<uint64_t> shape;
   ServedDTypeAndShape(t, &dtype, &shape);
   json path = json::array();
-  for (const PathElement& p : t.path) {
+  for (const PathElement& p : t.stored.path) {
     if (const auto* s = std::get_if<std::string>(&p)) path.push_back(*s);
     else path.push_back(std::get<int64_t>(p));
   }
-  return {{"key", t.key},
+  return {{"key", t.key()},
           {"path", std::move(path)},
           {"dtype", dtype},
-          {"torch_dtype", Info(t.dtype).torch_name},
+          {"torch_dtype", Info(t.stored.dtype).torch_name},
           {"shape", std::move(shape)},
-          {"nbytes", t.served_nbytes()},
-          {"file", "tensors/" + TensorFileName(t.key)}};
+          {"nbytes", t.nbytes()},
+          {"file", "tensors/" + TensorFileName(t.key())}};
 }
 
-void AppendTensorSummary(std::string* out, const TensorEntry& t, bool* file_name_shortened) {
+void AppendTensorSummary(std::string* out, const ServedTensor& t, bool* file_name_shortened) {
   std::string_view dtype;
   std::vector<uint64_t> shape;
   ServedDTypeAndShape(t, &dtype, &shape);
   *out += "\"key\": ";
-  AppendJsonString(out, t.key);
+  AppendJsonString(out, t.key());
   *out += ", \"path\": [";
   bool first = true;
-  t.path.ForEach(
+  t.stored.path.ForEach(
       [&](std::string_view s) {
         if (!first) *out += ", ";
         first = false;
@@ -436,25 +437,24 @@ void AppendTensorSummary(std::string* out, const TensorEntry& t, bool* file_name
   *out += "], \"dtype\": \"";
   *out += dtype;
   *out += "\", \"torch_dtype\": \"";
-  *out += Info(t.dtype).torch_name;
+  *out += Info(t.stored.dtype).torch_name;
   *out += "\", \"shape\": ";
   AppendJsonArray(out, shape);
   *out += ", \"nbytes\": ";
-  AppendDecimal(out, t.served_nbytes());
+  AppendDecimal(out, t.nbytes());
   *out += ", \"file\": ";
   // One buffer per thread for the file name: a million entries made a million strings.
   thread_local std::string file;
   file.assign("tensors/");
-  AppendTensorFileName(&file, t.key, file_name_shortened);
+  AppendTensorFileName(&file, t.key(), file_name_shortened);
   AppendJsonString(out, file);
 }
 
 Status View::Build(std::shared_ptr<const Catalog> catalog, const ViewOptions& options,
                    std::unique_ptr<View>* out) {
-  std::shared_ptr<const Catalog> presented;
-  CKPTFS_RETURN_IF_ERROR(ApplyViewOptions(std::move(catalog), options, &presented));
   std::unique_ptr<View> view(new View());
-  ViewBuilder builder(std::move(presented), options, view.get());
+  CKPTFS_RETURN_IF_ERROR(ApplyViewOptions(std::move(catalog), options, &view->served_));
+  ViewBuilder builder(options, view.get());
   CKPTFS_RETURN_IF_ERROR(builder.Build());
   *out = std::move(view);
   return Status::OK();

@@ -1,5 +1,5 @@
 // The files with a part per tensor, laid out on first need and made again on read:
-// model files (header pieces from the catalog, then each tensor's data) and manifest.json
+// model files (header pieces from the served tensors, then each tensor's data) and manifest.json
 // (one entry per tensor). Only offsets are kept: for a million tensors the header text would
 // be ~70 MB and the manifest entries ~250 MB, and laying them out takes ~0.4 s that a mount
 // that is only listed never needs.
@@ -19,15 +19,11 @@ namespace {
 // entry), so a piece is a little more than a typical read.
 constexpr uint32_t kEntriesPerPiece = 1024;
 
-// Bytes of the header before its first entry: the 8-byte length and the metadata.
-constexpr char kHeaderStart[] = "\0\0\0\0\0\0\0\0" R"({"__metadata__":{"format":"pt"})";
-constexpr uint64_t kHeaderStartSize = sizeof kHeaderStart - 1;
-
-void FillHeaderEntry(const TensorEntry& t, uint64_t data_begin, HeaderEntry* e) {
-  e->key = t.key;
+void FillHeaderEntry(const ServedTensor& t, uint64_t data_begin, HeaderEntry* e) {
+  e->key = t.key();
   ServedDTypeAndShape(t, &e->dtype, &e->shape);
   e->begin = data_begin;
-  e->end = data_begin + t.served_nbytes();
+  e->end = data_begin + t.nbytes();
 }
 
 }  // namespace
@@ -35,23 +31,23 @@ void FillHeaderEntry(const TensorEntry& t, uint64_t data_begin, HeaderEntry* e) 
 void View::EnsureModelFiles() const { std::call_once(model_once_, [this] { LayOutModelFiles(); }); }
 
 void View::LayOutModelFiles() const {
-  const auto& tensors = catalog_->tensors;
+  const ServedTensors& tensors = served_;
   model_begin_.assign(tensors.size(), 0);
   std::string scratch;  // one entry's text at a time, measured and dropped
   HeaderEntry e;
   for (ModelFile& f : model_files_) {
     f.pieces.clear();
-    uint64_t pos = kHeaderStartSize, data = 0;
+    uint64_t pos = kSafetensorsHeaderStartSize, data = 0;
     for (uint32_t k = 0; k < f.members.size(); ++k) {
       if (k % kEntriesPerPiece == 0 && k > 0) f.pieces.push_back(HeaderPiece{k, pos});
       if (k == 0) f.pieces.push_back(HeaderPiece{0, 0});
-      const TensorEntry& t = tensors[f.members[k]];
+      const ServedTensor t = tensors[f.members[k]];
       FillHeaderEntry(t, data, &e);
       scratch.clear();
       AppendSafetensorsHeaderEntry(e, &scratch);
       pos += scratch.size();
       model_begin_[f.members[k]] = data;  // relative to the data until the header's size is known
-      data += t.served_nbytes();
+      data += t.nbytes();
     }
     if (f.pieces.empty()) f.pieces.push_back(HeaderPiece{0, 0});
     // The end, as AppendSafetensorsHeaderEnd writes it: '}', then spaces to a multiple of 8.
@@ -67,14 +63,14 @@ void View::MakeHeaderPiece(const ModelFile& f, size_t p, std::string* out) const
   const uint32_t first = f.pieces[p].first_member;
   const uint32_t end = p + 1 < f.pieces.size() ? f.pieces[p + 1].first_member : static_cast<uint32_t>(f.members.size());
   if (p == 0) {
-    out->append(kHeaderStart, kHeaderStartSize);
+    AppendSafetensorsHeaderStart(out);
     const uint64_t json_size = f.header_size - 8;
     for (int b = 0; b < 8; ++b) (*out)[b] = static_cast<char>((json_size >> (8 * b)) & 0xFF);
   }
   HeaderEntry e;
   for (uint32_t k = first; k < end; ++k) {
     const uint32_t i = f.members[k];
-    FillHeaderEntry(catalog_->tensors[i], model_begin_[i] - f.header_size, &e);
+    FillHeaderEntry(served_[i], model_begin_[i] - f.header_size, &e);
     AppendSafetensorsHeaderEntry(e, out);
   }
   if (p + 1 == f.pieces.size()) {
@@ -95,7 +91,7 @@ Status View::ReadModelFile(NodeId id, uint64_t offset, uint64_t end, char* out) 
         f.pieces.begin() - 1);
     const uint64_t piece_end = p + 1 < f.pieces.size() ? f.pieces[p + 1].start : f.header_size;
     MakeHeaderPiece(f, p, &piece);
-    // The layout measured the same entries of the same catalog.
+    // The layout measured the same entries of the same served tensors.
     if (piece.size() != piece_end - f.pieces[p].start)
       return Status::Corruption(PathOf(id), "header piece changed size");
     const uint64_t hi = std::min(end, piece_end);
@@ -105,20 +101,20 @@ Status View::ReadModelFile(NodeId id, uint64_t offset, uint64_t end, char* out) 
   if (pos >= end) return Status::OK();
   // The data: members in order, each at model_begin_; the last member that starts at or
   // before `pos` holds it (or is empty, and the next one does).
-  const auto& tensors = catalog_->tensors;
+  const ServedTensors& tensors = served_;
   size_t k = static_cast<size_t>(
       std::upper_bound(f.members.begin(), f.members.end(), pos, [&](uint64_t o, uint32_t i) { return o < model_begin_[i]; }) -
       f.members.begin());
   if (k > 0) --k;
-  FileChecks checks(*catalog_->files);  // each source file checked once for the whole read
+  FileChecks checks(*served_.source().files);  // each source file checked once for the whole read
   for (; pos < end && k < f.members.size(); ++k) {
     const uint32_t i = f.members[k];
-    const TensorEntry& t = tensors[i];
-    const uint64_t begin = model_begin_[i], size = t.served_nbytes();
+    const ServedTensor t = tensors[i];
+    const uint64_t begin = model_begin_[i], size = t.nbytes();
     if (begin + size <= pos) continue;
     const uint64_t hi = std::min(end, begin + size);
     if (RouteOf(t) == ReadRoute::kExtents)
-      CKPTFS_RETURN_IF_ERROR(ReadStored(t, pos - begin, hi - pos, out + (pos - offset), &checks));
+      CKPTFS_RETURN_IF_ERROR(ReadStored(t.stored, pos - begin, hi - pos, out + (pos - offset), &checks));
     else
       CKPTFS_RETURN_IF_ERROR(ReadTensorData(i, pos - begin, hi - pos, out + (pos - offset)));
     pos = hi;
@@ -130,7 +126,7 @@ void View::EnsureManifest() const { std::call_once(manifest_once_, [this] { LayO
 
 void View::LayOutManifest() const {
   EnsureModelFiles();
-  const auto& tensors = catalog_->tensors;
+  const ServedTensors& tensors = served_;
   // Storage shared by several tensors (tied weights): the manifest names the group on each
   // member. Found by sorting (hash of id, tensor) pairs and comparing the ids only within a
   // run of equal hashes: a map of a million ids would take ~100 MB and a second, and sorting
@@ -139,7 +135,7 @@ void View::LayOutManifest() const {
   {
     std::vector<std::pair<uint64_t, uint32_t>> ids;
     for (size_t i = 0; i < tensors.size(); ++i) {
-      const std::string& id = tensors[i].storage_id;
+      const std::string& id = tensors[i].stored.storage_id;
       if (!id.empty()) ids.emplace_back(XXH3_64bits(id.data(), id.size()), static_cast<uint32_t>(i));
     }
     std::sort(ids.begin(), ids.end());
@@ -148,7 +144,7 @@ void View::LayOutManifest() const {
       while (end < ids.size() && ids[end].first == ids[k].first) ++end;
       for (size_t a = k; a < end; ++a)  // a run is one id, or rarely a few colliding ones
         for (size_t b = a + 1; b < end; ++b)
-          if (tensors[ids[a].second].storage_id == tensors[ids[b].second].storage_id)
+          if (tensors[ids[a].second].stored.storage_id == tensors[ids[b].second].stored.storage_id)
             shares_storage_[ids[a].second] = shares_storage_[ids[b].second] = true;
       k = end;
     }

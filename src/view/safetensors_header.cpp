@@ -4,17 +4,16 @@
 
 namespace ckptfs {
 
-void ServedDTypeAndShape(const TensorEntry& t, std::string_view* dtype, std::vector<uint64_t>* shape) {
-  ServedType served = ServedAs(t.served_dtype());
+void ServedDTypeAndShape(const ServedTensor& t, std::string_view* dtype, std::vector<uint64_t>* shape) {
+  ServedType served = ServedAs(t.dtype);
   *dtype = Info(served.dtype).safetensors_name;
-  *shape = t.shape;
+  *shape = t.shape();
   if (served.extra_dim) shape->push_back(2);
 }
 
-// Bytes of the header before its first entry: the 8-byte length and the metadata.
-constexpr char kHeaderStart[] = "\0\0\0\0\0\0\0\0" R"({"__metadata__":{"format":"pt"})";
-
-void AppendSafetensorsHeaderStart(std::string* out) { out->append(kHeaderStart, sizeof kHeaderStart - 1); }
+void AppendSafetensorsHeaderStart(std::string* out) {
+  out->append(kSafetensorsHeaderStart, kSafetensorsHeaderStartSize);
+}
 
 void AppendSafetensorsHeaderEntry(const HeaderEntry& e, std::string* out) {
   *out += ',';
@@ -51,11 +50,11 @@ std::string SafetensorsHeader(const std::vector<HeaderEntry>& entries) {
   return out;
 }
 
-void AppendTensorFileHeader(const TensorEntry& t, std::string* out) {
+void AppendTensorFileHeader(const ServedTensor& t, std::string* out) {
   HeaderEntry e;
-  e.key = t.key;
+  e.key = t.key();
   ServedDTypeAndShape(t, &e.dtype, &e.shape);
-  e.end = t.served_nbytes();
+  e.end = t.nbytes();
   AppendSafetensorsHeader(&e, 1, out);
 }
 

@@ -29,12 +29,16 @@ void AppendSafetensorsHeader(const HeaderEntry* entries, size_t count, std::stri
 // bytes left for the end to fill in), each entry, the end (closing brace, padding, length)
 // given where in *out the start was written.
 void AppendSafetensorsHeaderStart(std::string* out);
+// What AppendSafetensorsHeaderStart writes: the 8 length bytes (zero until the end fills them
+// in) and the metadata, the bytes before the first entry.
+inline constexpr char kSafetensorsHeaderStart[] = "\0\0\0\0\0\0\0\0" R"({"__metadata__":{"format":"pt"})";
+inline constexpr uint64_t kSafetensorsHeaderStartSize = sizeof kSafetensorsHeaderStart - 1;
 void AppendSafetensorsHeaderEntry(const HeaderEntry& e, std::string* out);
 void AppendSafetensorsHeaderEnd(size_t start, std::string* out);
 
 // Appends the header of tensor `t`'s own file (tensors/<name>): `t` alone, data at
 // [0, nbytes). Into a caller's buffer: the View measures a million of them at build time.
-void AppendTensorFileHeader(const TensorEntry& t, std::string* out);
+void AppendTensorFileHeader(const ServedTensor& t, std::string* out);
 
 }  // namespace ckptfs
 

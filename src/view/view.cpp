@@ -53,25 +53,25 @@ View::View() = default;
 View::~View() = default;
 
 int64_t View::TensorMTime(size_t index) const {
-  const TensorEntry& t = catalog_->tensors[index];
+  const TensorEntry& t = served_[index].stored;
   int64_t m = 0;
-  for (const Box& box : t.boxes) m = std::max(m, catalog_->files->identity(box.file).mtime_ns);
+  for (const Box& box : t.boxes) m = std::max(m, source().files->identity(box.file).mtime_ns);
   return m == 0 ? newest_mtime_ : m;
 }
 
 uint64_t View::TensorFileSize(size_t index) const {
   thread_local std::string header;  // measured and dropped
   header.clear();
-  const TensorEntry& t = catalog_->tensors[index];
+  const ServedTensor t = served_[index];
   AppendTensorFileHeader(t, &header);
-  return header.size() + t.served_nbytes();
+  return header.size() + t.nbytes();
 }
 
 View::Node View::node(NodeId id) const {
   Node n;
   if (id >= entries_.size()) {
     const size_t index = id - first_tensor_file_;
-    n.name = TensorFileName(catalog_->tensors[index].key);
+    n.name = TensorFileName(served_[index].key());
     n.parent = tensors_dir_;
     n.size = TensorFileSize(index);
     n.mtime_ns = TensorMTime(index);
@@ -104,13 +104,13 @@ uint64_t View::SizeOf(NodeId id) const {
 }
 
 std::string View::NameOf(NodeId id) const {
-  if (id >= entries_.size()) return TensorFileName(catalog_->tensors[id - first_tensor_file_].key);
+  if (id >= entries_.size()) return TensorFileName(served_[id - first_tensor_file_].key());
   return entries_[id].name;
 }
 
 void View::NameOf(NodeId id, std::string* name) const {
   name->clear();
-  if (id >= entries_.size()) AppendTensorFileName(name, catalog_->tensors[id - first_tensor_file_].key);
+  if (id >= entries_.size()) AppendTensorFileName(name, served_[id - first_tensor_file_].key());
   else name->assign(entries_[id].name);
 }
 
@@ -128,16 +128,16 @@ std::optional<View::NodeId> View::Child(NodeId dir, std::string_view name) const
   if (!IsDir(dir)) return std::nullopt;
   if (dir == tensors_dir_) {
     // Binary search of the file-name order, each probe's name made again from its key.
-    const auto& tensors = catalog_->tensors;
+    const ServedTensors& tensors = served_;
     thread_local std::string probe;
     auto it = std::lower_bound(tensor_file_order_.begin(), tensor_file_order_.end(), name, [&](uint32_t i, std::string_view n) {
       probe.clear();
-      AppendTensorFileName(&probe, tensors[i].key);
+      AppendTensorFileName(&probe, tensors[i].key());
       return probe < n;
     });
     if (it == tensor_file_order_.end()) return std::nullopt;
     probe.clear();
-    AppendTensorFileName(&probe, tensors[*it].key);
+    AppendTensorFileName(&probe, tensors[*it].key());
     if (probe != name) return std::nullopt;
     return first_tensor_file_ + *it;
   }
@@ -199,7 +199,7 @@ Status View::ReadSegments(NodeId id, uint64_t offset, uint64_t end, char* out) c
   const Segment* last = first + n.segment_count;
   const Segment* seg = std::upper_bound(first, last, offset, [](uint64_t off, const Segment& s) { return off < s.start; }) - 1;
   uint64_t pos = offset;
-  FileChecks checks(*catalog_->files);
+  FileChecks checks(*source().files);
   for (; pos < end && seg < last; ++seg) {
     const uint64_t in_seg = pos - seg->start;
     const uint64_t piece = std::min(seg->length - in_seg, end - pos);
@@ -210,7 +210,7 @@ Status View::ReadSegments(NodeId id, uint64_t offset, uint64_t end, char* out) c
         break;
       case Segment::Kind::kExtent:
         CKPTFS_RETURN_IF_ERROR(checks.Check(seg->ref));
-        CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(seg->ref, seg->source_offset + in_seg, piece, dst));
+        CKPTFS_RETURN_IF_ERROR(source().files->ReadExact(seg->ref, seg->source_offset + in_seg, piece, dst));
         break;
     }
     pos += piece;
@@ -221,11 +221,11 @@ Status View::ReadSegments(NodeId id, uint64_t offset, uint64_t end, char* out) c
 
 Status View::ReadTensorFile(NodeId id, uint64_t offset, size_t length, char* out, size_t* nread) const {
   const size_t index = id - first_tensor_file_;
-  const TensorEntry& t = catalog_->tensors[index];
+  const ServedTensor t = served_[index];
   thread_local std::string header;
   header.clear();
   AppendTensorFileHeader(t, &header);
-  const uint64_t data_size = t.served_nbytes();
+  const uint64_t data_size = t.nbytes();
   const uint64_t header_size = header.size();
   const uint64_t size = header_size + data_size;
   if (offset >= size || length == 0) return Status::OK();
@@ -247,19 +247,19 @@ Status View::ReadStored(const TensorEntry& t, uint64_t offset, size_t length, ch
   const std::vector<uint64_t> dims = TiledDims(t);
   const uint64_t itemsize = Info(t.dtype).itemsize, end = offset + length;
   std::optional<FileChecks> own;
-  FileChecks& checks = shared ? *shared : own.emplace(*catalog_->files);
+  FileChecks& checks = shared ? *shared : own.emplace(*source().files);
   for (const Box& box : t.boxes) {
     const uint64_t begin = RowMajorPosition(box.offset, dims) * itemsize;
     const uint64_t lo = std::max(begin, offset), hi = std::min(begin + box.numel() * itemsize, end);
     if (lo >= hi) continue;
     CKPTFS_RETURN_IF_ERROR(checks.Check(box.file));
-    CKPTFS_RETURN_IF_ERROR(catalog_->files->ReadExact(box.file, box.base_offset + (lo - begin), hi - lo, out + (lo - offset)));
+    CKPTFS_RETURN_IF_ERROR(source().files->ReadExact(box.file, box.base_offset + (lo - begin), hi - lo, out + (lo - offset)));
   }
   return Status::OK();
 }
 
-Status View::ReadConverted(const TensorEntry& t, uint64_t offset, size_t length, char* out) const {
-  const DType from = t.dtype, to = t.served_dtype();
+Status View::ReadConverted(const ServedTensor& t, uint64_t offset, size_t length, char* out) const {
+  const DType from = t.stored.dtype, to = t.dtype;
   const uint64_t in_size = Info(from).itemsize;
   // Per-thread buffers, reused by every read of this thread (FUSE workers live for the
   // mount): no allocation, and no page faults on fresh memory, per request.
@@ -267,7 +267,7 @@ Status View::ReadConverted(const TensorEntry& t, uint64_t offset, size_t length,
   return ReadElementwise(offset, length, Info(to).itemsize, out, scratch, [&](uint64_t first, uint64_t count, char* dst) {
     const size_t need = count * in_size;
     if (stored.size() < need) stored.resize(need);
-    CKPTFS_RETURN_IF_ERROR(ReadStored(t, first * in_size, need, stored.data()));
+    CKPTFS_RETURN_IF_ERROR(ReadStored(t.stored, first * in_size, need, stored.data()));
     ConvertElements(from, to, stored.data(), count, dst);
     return Status::OK();
   });
@@ -299,23 +299,23 @@ Status View::Xxh3(NodeId id, uint64_t* hash) const {
 Status View::ReadGather(const TensorEntry& t, uint64_t offset, size_t length, char* out) const {
   thread_local GatherBuffers buffers;
   thread_local std::vector<char> scratch;
-  Gather gather(*catalog_->files, t, &buffers);
+  Gather gather(*source().files, t, &buffers);
   return ReadElementwise(offset, length, Info(t.dtype).itemsize, out, scratch,
                          [&](uint64_t first, uint64_t count, char* elems) { return gather.Read(first, count, elems); });
 }
 
 // The served bytes of a tensor's data, for the device loader (src/device/).
 Status View::ReadTensorData(size_t tensor_index, uint64_t offset, size_t length, char* out) const {
-  if (tensor_index >= catalog_->tensors.size())
-    return Status::InvalidArgument(catalog_->source, "tensor index " + std::to_string(tensor_index) + " out of range");
-  const TensorEntry& t = catalog_->tensors[tensor_index];
-  const uint64_t size = t.served_nbytes();
+  if (tensor_index >= served_.size())
+    return Status::InvalidArgument(source().source, "tensor index " + std::to_string(tensor_index) + " out of range");
+  const ServedTensor t = served_[tensor_index];
+  const uint64_t size = t.nbytes();
   if (offset > size || length > size - offset)
-    return Status::InvalidArgument(t.key, "read of " + std::to_string(length) + " bytes at " + std::to_string(offset) +
+    return Status::InvalidArgument(t.key(), "read of " + std::to_string(length) + " bytes at " + std::to_string(offset) +
                                               " is past the tensor's " + std::to_string(size) + " bytes");
   if (length == 0) return Status::OK();
   if (RouteOf(t) == ReadRoute::kConvert) return ReadConverted(t, offset, length, out);
-  return ReadStored(t, offset, length, out);
+  return ReadStored(t.stored, offset, length, out);
 }
 
 }  // namespace ckptfs

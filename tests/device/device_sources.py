@@ -17,6 +17,8 @@ import torch
 from safetensors.torch import save_file
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TESTS_DIR))
+from ckptfs_checkpoints import device_checkpoint  # noqa: E402
 
 # Two DeepSpeed saves of tests/zero/make_zero_checkpoints.py (ZeRO-2 fp16 and ZeRO-3 fp32, two
 # ranks each) and one FSDP2 save of tests/dcp/make_dcp_checkpoints.py (two ranks).
@@ -29,35 +31,11 @@ KINDS = ("pt", "safetensors", "sharded", "zero2", "zero3", "dcp")
 DTYPES = (None, "bf16", "fp16", "fp32")
 
 
-def torch_checkpoint() -> dict:
-    g = torch.Generator().manual_seed(8)
-    big = torch.randn(300, 257, generator=g)  # about 300 KiB: many 4 KiB buffers
-    emb = torch.randn(37, 10, generator=g)
-    return {
-        "model": {
-            "emb.weight": emb,
-            "out.weight": emb,  # tied: one storage, two keys
-            "big": big,
-            "big_t": big.t(),  # non-contiguous (strided) view of the same storage
-            "every_other": torch.randn(64, 40, generator=g)[:, ::2],  # non-contiguous, own storage
-            "half": torch.randn(333, generator=g).half(),
-            "bf": torch.randn(1001, generator=g).bfloat16(),
-            "double": torch.randn(17, 3, generator=g).double(),
-            "ids": torch.arange(1000, dtype=torch.int64),
-            "mask": torch.rand(99, generator=g) > 0.5,
-            "scalar": torch.tensor(3.25),
-            "empty": torch.zeros(0, 4),
-        },
-        "step": 12,
-    }
-
-
 def framework_fixtures() -> tuple[Path, Path]:
     """(folder of the ZeRO cases, folder of the DCP cases)."""
     packed = os.environ.get("CKPTFS_DEVICE_FIXTURES")
     if packed:
         return Path(packed) / "zero", Path(packed) / "dcp"
-    sys.path.insert(0, str(TESTS_DIR))
     from ckptfs_fixture_cache import DCP_CHECKPOINTS, ZERO_CHECKPOINTS, cached_fixtures
 
     return cached_fixtures(ZERO_CHECKPOINTS), cached_fixtures(DCP_CHECKPOINTS, packages=("torch", "transformers"))
@@ -67,7 +45,7 @@ def make_sources(root: Path) -> dict:
     """{kind: (path, torch reference state dict or None)} for every kind in KINDS, written
     under ROOT where they are written here. The reference is what torch holds for the kinds
     whose keys ckptfs serves unchanged; the others are compared with the View."""
-    ck = torch_checkpoint()
+    ck = device_checkpoint()
     pt = root / "ck.pt"
     torch.save(ck, pt)
     model = {k: v.contiguous().clone() for k, v in ck["model"].items() if k != "out.weight"}

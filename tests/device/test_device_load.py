@@ -132,6 +132,7 @@ def test_stats_and_verify(sources):
     stats = ckptfs.last_load_stats()
     assert stats["backend"] == "host"
     assert stats["bytes"] == sum(e["nbytes"] for e in ckptfs.list_tensors(sources["safetensors"][0]))
+    assert stats["verified"] is True and stats["tensors"] > 0
 
 
 def test_missing_source_one_line(run_ckptfs, tmp_path):

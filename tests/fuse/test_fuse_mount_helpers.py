@@ -33,10 +33,10 @@ def assert_ckptfs_mount(mnt, source: Path, served_model: bytes):
 
 
 @pytest.fixture
-def sample(training_ckpt, run_ckptfs_bytes):
+def sample(training_ckpt, run_ckptfs):
     """(a relative SOURCE, its directory to run from, the model.safetensors it serves)."""
     source, _ = training_ckpt
-    return Path(source.name), source.parent, run_ckptfs_bytes("cat", source, "model.safetensors")
+    return Path(source.name), source.parent, run_ckptfs("cat", source, "model.safetensors").stdout
 
 
 def test_mount_fuse3_with_subtype(sample, mounts, ckptfs_bin):

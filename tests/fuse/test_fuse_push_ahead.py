@@ -64,7 +64,7 @@ def read_by_faults(path, size) -> bytes:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", ["default", "on", "refused", "off"])
-def test_mapped_reads_with_push_ahead(ckptfs_bin, mounts, run_ckptfs_bytes, source, tmp_path, case):
+def test_mapped_reads_with_push_ahead(ckptfs_bin, mounts, run_ckptfs, source, tmp_path, case):
     # On by default (src/fuse/daemon.cpp says why); CKPTFS_PUSH_AHEAD_MIB=0 turns it off.
     env = {"on": {"CKPTFS_PUSH_AHEAD_MIB": "256"},
            "refused": {"CKPTFS_PUSH_AHEAD_MIB": "256", "CKPTFS_TEST_PUSH_REFUSED": "1"},
@@ -79,7 +79,7 @@ def test_mapped_reads_with_push_ahead(ckptfs_bin, mounts, run_ckptfs_bytes, sour
         mounts.unmount(mnt)
         proc.wait(timeout=scaled(30))
     log = log_path.read_text(errors="replace")
-    expected = run_ckptfs_bytes("cat", str(source), "model.safetensors")
+    expected = run_ckptfs("cat", source, "model.safetensors").stdout
     assert len(expected) == size > 32 << 20
     assert got == expected, f"{case}: the mapped bytes differ from ckptfs cat's"
     pushed = PUSHED.search(log)
@@ -98,7 +98,7 @@ def test_mapped_reads_with_push_ahead(ckptfs_bin, mounts, run_ckptfs_bytes, sour
 
 
 @pytest.mark.timeout(180)
-def test_files_released_and_opened_again_while_a_chunk_is_pushed(ckptfs_bin, mounts, run_ckptfs_bytes, tmp_path):
+def test_files_released_and_opened_again_while_a_chunk_is_pushed(ckptfs_bin, mounts, run_ckptfs, tmp_path):
     # The pusher reads a claimed chunk without its lock; a file released and opened again
     # meanwhile has a fresh state with no READ yet, which the pusher must not index
     # (PushAhead::Unread). A 150,000-tensor file makes the header's first chunks slow to serve
@@ -112,7 +112,7 @@ def test_files_released_and_opened_again_while_a_chunk_is_pushed(ckptfs_bin, mou
     names = [f"w.{i}" for i in range(150_000)]
     path = tmp_path / "many.safetensors"
     save_file({k: np.full((1,), i, dtype=np.float32) for i, k in enumerate(names)}, str(path))
-    expected = run_ckptfs_bytes("cat", str(path), "model.safetensors")
+    expected = run_ckptfs("cat", path, "model.safetensors").stdout
     for attempt in range(8):
         log_path = tmp_path / f"daemon-{attempt}.log"
         mnt, proc = mount_foreground(ckptfs_bin, mounts, path, log_path, {"CKPTFS_PUSH_AHEAD_MIB": "256"},

@@ -85,7 +85,7 @@ void CheckReads(const View& view, View::NodeId id, Rng* rng) {
 
 // A served safetensors file must be valid safetensors (our own reader enforces the
 // reference implementation's rules) with the tensors as served.
-void CheckServedSafetensors(const View& view, View::NodeId id, const TensorEntry* single) {
+void CheckServedSafetensors(const View& view, View::NodeId id, const ServedTensor* single) {
   if (view.node(id).size > kMaxFullRead) return;
   const std::string all = ReadAll(view, id);
   const std::string& path = OutFile().Write(reinterpret_cast<const uint8_t*>(all.data()), all.size());
@@ -160,12 +160,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (++files > 32 && rng.Below(8)) continue;
     CheckReads(*view, id, &rng);
   }
-  const Catalog& served = view->catalog();
-  for (size_t i = 0; i < served.tensors.size() && i < 8; ++i) {
+  const ServedTensors& served = view->served();
+  for (size_t i = 0; i < served.size() && i < 8; ++i) {
     const View::NodeId id = view->TensorFile(i);
+    const ServedTensor t = served[i];
     FUZZ_CHECK(!view->node(id).is_dir);
-    FUZZ_CHECK(view->node(id).size >= served.tensors[i].served_nbytes() + 8);
-    CheckServedSafetensors(*view, id, &served.tensors[i]);
+    FUZZ_CHECK(view->node(id).size >= t.nbytes() + 8);
+    CheckServedSafetensors(*view, id, &t);
   }
   if (auto model = view->Lookup("model.safetensors")) CheckServedSafetensors(*view, *model, nullptr);
   return 0;

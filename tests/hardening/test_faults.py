@@ -31,6 +31,7 @@ from fusetools import (
     mount_entry,
     run_bounded,
 )
+from ckptfs_checkpoints import medium_checkpoint
 from ckptfs_testlib import flatten_tensors
 
 # A reader that loops over PATH until DEADLINE_S: open, read it all in 1 MiB chunks, check
@@ -113,15 +114,8 @@ def reference_sha(run_ckptfs_bin, source: Path, rel: str) -> str:
 
 @pytest.fixture(scope="module")
 def medium_ckpt(tmp_path_factory):
-    """~48 MB torch.save checkpoint: one 32 MB float32 tensor (many 1 MiB FUSE reads per
-    pass), a transposed one, a few small ones."""
-    g = torch.Generator().manual_seed(5)
-    state = {
-        "big": torch.randn(8 << 20, generator=g).reshape(-1, 1024),
-        "transposed": torch.randn(1024, 2048, generator=g).t(),
-        "small": torch.arange(100, dtype=torch.int64),
-        "half": torch.randn(1000, generator=g).to(torch.float16),
-    }
+    """(a ~48 MB torch.save checkpoint (ckptfs_checkpoints.medium_checkpoint), {key: tensor})."""
+    state = medium_checkpoint()
     path = tmp_path_factory.mktemp("medium") / "medium.pt"
     torch.save(state, path)
     return path, flatten_tensors(torch.load(path, weights_only=True))

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 import ckptfs
+from ckptfs_checkpoints import package_checkpoint
 from ckptfs_testlib import REPO_ROOT, flatten_tensors, served_form, zero_fixtures_root  # noqa: F401
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "zero"))
@@ -42,41 +43,18 @@ def installed() -> Path:
     return venv
 
 
-def mixed_state() -> dict:
-    """Tensors of the layouts ckptfs serves differently: contiguous (a file's byte range, mapped
-    on the CPU), a transposed view (gathered), a slice at an offset of a shared storage,
-    16-bit, integer, bool, complex, 0-d and empty tensors."""
-    g = torch.Generator().manual_seed(16)
-    base = torch.randn(64, 48, generator=g)
-    return {
-        "model": {
-            "embed.weight": torch.randn(300, 96, generator=g),
-            "proj.weight": base,
-            "proj.weight_t": base.t(),  # same storage, strided: gathered
-            "tail": base[40:],  # same storage, at an offset
-            "norm.weight": torch.randn(96, generator=g).to(torch.bfloat16),
-            "half": torch.randn(7, 5, generator=g).half(),
-        },
-        "ids": torch.arange(1000, dtype=torch.int64).reshape(10, 100),
-        "mask": torch.rand(33, generator=g) > 0.5,
-        "phase": torch.randn(4, 3, generator=g, dtype=torch.complex64),
-        "step": torch.tensor(7),
-        "empty": torch.zeros(0, 5),
-    }
-
-
 @pytest.fixture(scope="session")
 def pt_source(tmp_path_factory) -> tuple[Path, dict]:
     """(a torch.save file, {key: tensor} as torch.load reads it back)."""
     path = tmp_path_factory.mktemp("pt") / "mixed.pt"
-    torch.save(mixed_state(), path)
+    torch.save(package_checkpoint(), path)
     return path, flatten_tensors(torch.load(path, weights_only=True))
 
 
 @pytest.fixture(scope="session")
 def safetensors_source(tmp_path_factory) -> Path:
     """A safetensors file with metadata, written by safetensors."""
-    state = {key: t.contiguous() for key, t in flatten_tensors(mixed_state()).items() if key != "model.tail"}
+    state = {key: t.contiguous() for key, t in flatten_tensors(package_checkpoint()).items() if key != "model.tail"}
     path = tmp_path_factory.mktemp("st") / "model.safetensors"
     save_file(state, path, metadata={"format": "pt", "origin": "tests/pypkg"})
     return path

@@ -2,6 +2,8 @@
 safetensors.safe_open for safetensors, DeepSpeed's zero_to_fp32 for ZeRO, dcp_to_torch_save
 for DCP; key for key, byte for byte."""
 
+import os
+
 import pytest
 import torch
 from conftest import mapped_file
@@ -100,10 +102,20 @@ def test_a_replaced_file_is_an_error_not_other_bytes(tmp_path, pt_source):
         replacement = tmp_path / "other.pt"
         torch.save({"x": torch.zeros(3)}, replacement)
         replacement.rename(source)
-        with pytest.raises(ckptfs.CkptfsError, match="changed"):
+        with pytest.raises(ckptfs.CkptfsError, match="ck.pt: file was replaced since it was indexed"):
             f.get_tensor("model.embed.weight")  # mapped
         with pytest.raises(ckptfs.CkptfsError):
             f.get_tensor("model.proj.weight_t")  # read by the library
+
+
+def test_a_rewritten_file_is_an_error_not_other_bytes(tmp_path, pt_source):
+    source = tmp_path / "ck.pt"
+    source.write_bytes(pt_source[0].read_bytes())
+    with ckptfs.safe_open(source) as f:
+        stat = source.stat()
+        os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+        with pytest.raises(ckptfs.CkptfsError, match=r"ck.pt: file changed since it was indexed \(size, mtime"):
+            f.get_tensor("model.embed.weight")  # mapped
 
 
 def test_errors(tmp_path, sources):

@@ -200,7 +200,7 @@ def test_a_refused_map_is_read_instead(zero3_root):
     assert before["rank_files_mapped"] == files
     assert before["differing"] == []
     assert refused["load_stats"]["maps"] == 0 and refused["load_stats"]["mapped_bytes"] == 0
-    assert refused["load_stats"]["read_bytes"] == refused["load_stats"]["bytes"] > 0
+    assert refused["load_stats"]["bytes_read"] == refused["load_stats"]["bytes"] > 0
     assert refused["map_tensors_maps"] == 0
     assert refused["map_tensors_read_bytes"] == refused["map_tensors_bytes"] > 0
     assert refused["rank_files_mapped"] == []
@@ -220,7 +220,7 @@ def test_a_read_that_fails_after_the_maps_unmaps_them(zero3_root):
     if "skip" in report:
         pytest.skip(report["skip"])
     # Unfiltered, the same call maps and reads: the failing read comes after maps were made.
-    assert report["before"]["maps"] > 0 and report["before"]["read_bytes"] > 0, report
+    assert report["before"]["maps"] > 0 and report["before"]["bytes_read"] > 0, report
     assert report["error"] is not None, "the load succeeded although every pread64 failed"
     assert any(Path(f).name in report["error"] for f in files), report["error"]
     assert "Input/output error" in report["error"] or "I/O error" in report["error"], report["error"]

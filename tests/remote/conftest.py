@@ -12,8 +12,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from ckptfs_testlib import ckptfs_bin  # noqa: E402,F401
-from fusetools import MOUNT_TIMEOUT_S, run_bounded  # noqa: E402
+from ckptfs_checkpoints import remote_checkpoint  # noqa: E402
+from ckptfs_testlib import ckptfs_bin, run_ckptfs  # noqa: E402,F401  (shared fixtures)
 from minilm import NON_WEIGHT_FILES, minilm_dir  # noqa: E402,F401
 from remote_servers import MotoS3, Nginx  # noqa: E402
 
@@ -46,46 +46,11 @@ def s3(tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def run_ckptfs(ckptfs_bin):
-    """run_ckptfs(*args, check=True, env=None) -> fusetools.Bounded."""
-
-    def run(*args, check: bool = True, timeout: float = MOUNT_TIMEOUT_S, env=None):
-        kwargs = {} if env is None else {"env": env}
-        res = run_bounded([ckptfs_bin, *map(str, args)], timeout, **kwargs)
-        if check and res.returncode != 0:
-            pytest.fail(res.describe(), pytrace=False)
-        return res
-
-    return run
-
-
 def save_training_pt(path: Path, seed: int = 0, scale: int = 1) -> None:
-    """A nested checkpoint by the real torch.save: several dtypes, a transposed
-    (non-contiguous) tensor, a view at a storage offset, a tied pair and scalars."""
+    """ckptfs_checkpoints.remote_checkpoint(SEED, SCALE) by the real torch.save."""
     import torch
 
-    g = torch.Generator().manual_seed(seed)
-    base = torch.randn(24 * scale, 40, generator=g)
-    flat = torch.randn(1000, generator=g)
-    shared = torch.randn(64, 16, generator=g)
-    state = {
-        "model": {
-            "embed.weight": shared,
-            "head.weight": shared,
-            "proj.weight": torch.randn(128 * scale, 64, generator=g),
-            "proj.bias": torch.randn(128 * scale, generator=g),
-            "norm.weight": torch.randn(64, generator=g).to(torch.bfloat16),
-            "half": torch.randn(33, 17, generator=g).to(torch.float16),
-            "transposed": base.t(),
-            "window": flat[10:50].view(5, 8),
-            "ids": torch.arange(-30, 30, dtype=torch.int64).reshape(6, 10),
-            "mask": torch.rand(10, 6, generator=g) > 0.5,
-        },
-        "epoch": 3,
-        "note": "remote",
-    }
-    torch.save(state, path)
+    torch.save(remote_checkpoint(seed, scale), path)
 
 
 def save_random_pt(path: Path, count: int, seed: int) -> Path:

@@ -74,7 +74,7 @@ def test_credentials_from_a_profile_file(s3, bucket, training_pt, tmp_path, run_
     env = s3.env(AWS_SHARED_CREDENTIALS_FILE=str(creds), AWS_PROFILE="ckpt")
     del env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]
     res = run_ckptfs("ls", f"s3://{bucket}/profile/training.pt", env=env)
-    assert "model.proj.weight" in res.stdout
+    assert b"model.proj.weight" in res.stdout
     env["AWS_PROFILE"] = "default"
     res = run_ckptfs("ls", f"s3://{bucket}/profile/training.pt", env=env, check=False)
-    assert res.returncode == 1 and "403" in res.stderr
+    assert res.returncode == 1 and b"403" in res.stderr

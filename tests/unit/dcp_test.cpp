@@ -14,13 +14,11 @@
 
 using ckptfs::Catalog;
 using ckptfs::DType;
-using ckptfs::ReadRoute;
 using ckptfs::Status;
 using ckptfs::TensorEntry;
 using namespace ckptfs_test;
 
 BOOST_TEST_DONT_PRINT_LOG_VALUE(ckptfs::DType)
-BOOST_TEST_DONT_PRINT_LOG_VALUE(ckptfs::ReadRoute)
 BOOST_TEST_DONT_PRINT_LOG_VALUE(ckptfs::Status::Code)
 
 namespace {
@@ -92,7 +90,7 @@ BOOST_AUTO_TEST_CASE(world_size_one_save) {
   BOOST_TEST(w.dtype == DType::kF32);
   BOOST_TEST(w.shape == (std::vector<uint64_t>{3, 4}));
   BOOST_TEST(w.path.size() == 4u);
-  BOOST_REQUIRE(ckptfs::RouteOf(w) == ReadRoute::kExtents);
+  BOOST_REQUIRE(ckptfs::StoredAsExtents(w));
   BOOST_TEST(ExtentBytes(*c, w) == Arange<float>(12));
 
   const TensorEntry& b = Tensor(*c, "model.layers.0.bias");
@@ -105,7 +103,7 @@ BOOST_AUTO_TEST_CASE(world_size_one_save) {
   BOOST_TEST(head.shape == (std::vector<uint64_t>{3, 2}));
   BOOST_REQUIRE_EQUAL(head.boxes.size(), 1u);
   BOOST_TEST(head.boxes[0].strides == (std::vector<uint64_t>{1, 3}));
-  BOOST_TEST(ckptfs::RouteOf(head) == ReadRoute::kGather);
+  BOOST_TEST(!ckptfs::StoredAsExtents(head));
 
   const TensorEntry& step = Tensor(*c, "optim.state.model.layers.0.weight.step");
   BOOST_TEST(step.shape.empty());
@@ -131,7 +129,7 @@ BOOST_AUTO_TEST_CASE(sharded_chunks) {
   BOOST_REQUIRE_EQUAL(rows.boxes.size(), 2u);
   BOOST_TEST(rows.boxes[0].file != rows.boxes[1].file);
   BOOST_TEST(rows.boxes[1].offset == (std::vector<uint64_t>{5, 0}));
-  BOOST_REQUIRE(ckptfs::RouteOf(rows) == ReadRoute::kExtents);
+  BOOST_REQUIRE(ckptfs::StoredAsExtents(rows));
   BOOST_TEST(ExtentBytes(*c, rows) == Arange<float>(24));
 
   // Chunks split along dim 1 are gathered.
@@ -141,7 +139,7 @@ BOOST_AUTO_TEST_CASE(sharded_chunks) {
   BOOST_TEST(cols.boxes[1].offset == (std::vector<uint64_t>{0, 4}));
   BOOST_TEST(cols.boxes[1].extent == (std::vector<uint64_t>{2, 2}));
   BOOST_TEST(cols.boxes[1].strides == (std::vector<uint64_t>{2, 1}));
-  BOOST_TEST(ckptfs::RouteOf(cols) == ReadRoute::kGather);
+  BOOST_TEST(!ckptfs::StoredAsExtents(cols));
 
   // A chunk replicated on both ranks is served once.
   const TensorEntry& rep = Tensor(*c, "replicated");

@@ -12,11 +12,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "ckptfs/device.hpp"
+#include "ckptfs/tensor_map.hpp"
 #include "ckptfs/view.hpp"
 #include "device/plan.hpp"
 #include "test_util.hpp"
@@ -104,7 +108,7 @@ std::string Expected(const View& view, size_t i) {
   size_t n = 0;
   Status s = view.Read(id, 0, whole.size(), whole.data(), &n);
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
-  const uint64_t nbytes = view.catalog().tensors[i].served_nbytes();
+  const uint64_t nbytes = view.served()[i].nbytes();
   return whole.substr(whole.size() - nbytes);
 }
 
@@ -345,8 +349,8 @@ BOOST_AUTO_TEST_CASE(adjacent_tensors_share_reads) {
   auto view = MustOpenView(src.path);
   std::vector<DeviceDestination> dests;
   std::vector<std::string> storage;
-  for (size_t i = 0; i < view->catalog().tensors.size(); ++i) {
-    storage.emplace_back(view->catalog().tensors[i].served_nbytes(), '\0');
+  for (size_t i = 0; i < view->served().size(); ++i) {
+    storage.emplace_back(view->served()[i].nbytes(), '\0');
     dests.push_back({i, storage.back().data(), storage.back().size()});
   }
   ckptfs::device::Plan plan;
@@ -472,4 +476,70 @@ BOOST_AUTO_TEST_CASE(cuda_backend_without_gpu_says_so) {
   // auto never falls back to the host.
   BOOST_TEST(ckptfs::OpenBackend("auto", 0, &backend).message().rfind("no CUDA device: ", 0) == 0u);
   BOOST_TEST(ckptfs::OpenBackend("gpu", 0, &backend).code() == Status::Code::kInvalidArgument);
+}
+
+// The CPU load's map-or-copy decision: a view of the file only for one local range as stored,
+// not empty and aligned for its type. SafetensorsSource packs tensors after a 3-byte one, so
+// only that one starts aligned.
+BOOST_AUTO_TEST_CASE(cpu_placement_and_mapped_load) {
+  SafetensorsSource src;
+  auto view = MustOpenView(src.path);
+  const ckptfs::ServedTensors& tensors = view->served();
+  const ckptfs::SourceFiles& files = *view->source().files;
+  std::vector<std::string> placed;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    placed.push_back(ckptfs::CpuPlacementName(ckptfs::PlaceOnCpu(tensors[i], files)));
+  const std::vector<std::string> want = {"file_map", "copy", "copy", "copy", "copy", "copy"};
+  BOOST_TEST(placed == want, boost::test_tools::per_element());
+
+  std::vector<size_t> all(tensors.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  ckptfs::TensorRegion region;
+  DeviceLoadStats stats;
+  BOOST_REQUIRE(ckptfs::LoadMapped(*view, all, &region, &stats).ok());
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const std::string expected = Expected(*view, i);
+    bytes += expected.size();
+    BOOST_TEST(std::memcmp(static_cast<char*>(region.base) + region.offsets[i], expected.data(), expected.size()) == 0,
+               "tensor " << tensors[i].key() << " differs in the region");
+  }
+  BOOST_TEST(stats.tensors == all.size());
+  BOOST_TEST(stats.bytes == bytes);
+  BOOST_TEST(stats.bytes_read + stats.mapped_bytes == bytes);
+  BOOST_REQUIRE(ckptfs::UnmapRegion(region.base, region.size).ok());
+
+  // A file rewritten since it was indexed is never mapped.
+  int fd = -1;
+  BOOST_REQUIRE(ckptfs::OpenUnchangedForMap(files, 0, &fd).ok());
+  ::close(fd);
+  const struct timespec times[2] = {{0, UTIME_OMIT}, {1, 0}};
+  BOOST_REQUIRE(::utimensat(AT_FDCWD, src.path.c_str(), times, 0) == 0);
+  Status s = ckptfs::OpenUnchangedForMap(files, 0, &fd);
+  BOOST_TEST(s.code() == Status::Code::kSourceChanged);
+  BOOST_TEST(Contains(s.message(), "changed since it was indexed"));
+  BOOST_TEST(fd == -1);
+}
+
+// `ckptfs load --json` and ckptfs_last_load_stats share these keys; scripts read them.
+BOOST_AUTO_TEST_CASE(load_statistics_json_keys) {
+  DeviceLoadStats stats;
+  stats.bytes = 2000000000;
+  stats.seconds = 2;
+  stats.maps = 3;
+  const nlohmann::json piped = nlohmann::json::parse(ckptfs::LoadStatsJson(stats, "host", "host memory", true));
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : piped.items()) keys.push_back(key);
+  const std::vector<std::string> want = {"backend",        "bytes",    "bytes_read", "device",
+                                         "direct_bytes",   "gb_per_s", "o_direct",   "seconds",
+                                         "buffers_filled", "tensors",  "verified",   "view_bytes"};
+  std::vector<std::string> sorted_want = want;
+  std::sort(sorted_want.begin(), sorted_want.end());
+  BOOST_TEST(keys == sorted_want, boost::test_tools::per_element());
+  BOOST_TEST(piped["gb_per_s"].get<double>() == 1.0);
+  BOOST_TEST(piped["verified"].get<bool>());
+  const nlohmann::json mapped = nlohmann::json::parse(ckptfs::LoadStatsJson(stats, ckptfs::kMapLoadBackend, "", false));
+  BOOST_TEST(mapped.size() == want.size() + 2);
+  BOOST_TEST(mapped["maps"].get<uint64_t>() == 3u);
+  BOOST_TEST(mapped.contains("mapped_bytes"));
 }

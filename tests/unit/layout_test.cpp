@@ -275,10 +275,10 @@ void CheckServed(const Tiled& tiled, const ckptfs::ViewOptions& options, uint64_
   const View::NodeId model = *view->Lookup("model.safetensors");
   const std::string model_bytes = ReadRange(*view, model, 0, view->node(model).size);
   for (size_t i = 0; i < tiled.refs.size(); ++i) {
-    const TensorEntry& t = view->catalog().tensors[i];
+    const ckptfs::ServedTensor t = view->served()[i];
     const std::string expected = Served(tiled.refs[i], options);
-    BOOST_TEST_CONTEXT("tensor " << t.key) {
-      BOOST_REQUIRE_EQUAL(t.served_nbytes(), expected.size());
+    BOOST_TEST_CONTEXT("tensor " << t.key()) {
+      BOOST_REQUIRE_EQUAL(t.nbytes(), expected.size());
       // Its own file: the data after the header, then random reads of any part of it.
       const View::NodeId id = view->TensorFile(i);
       const std::string whole = ReadRange(*view, id, 0, view->node(id).size);
@@ -286,7 +286,7 @@ void CheckServed(const Tiled& tiled, const ckptfs::ViewOptions& options, uint64_
       BOOST_TEST((whole.substr(whole.size() - expected.size()) == expected));
       CheckRandomReads(*view, id, whole, rng, 200);
       // Its place in model.safetensors.
-      const auto [begin, end] = DataRange(model_bytes, t.key);
+      const auto [begin, end] = DataRange(model_bytes, t.key());
       BOOST_TEST((model_bytes.substr(begin, end - begin) == expected));
       // The device loader's reads: any range, partial elements included.
       for (int k = 0; k < 100 && !expected.empty(); ++k) {
@@ -309,7 +309,7 @@ BOOST_AUTO_TEST_CASE(routes_of_the_layouts) {
   const auto& tensors = tiled.sources.catalog->tensors;
   auto route = [&](const std::string& key) {
     for (const TensorEntry& t : tensors)
-      if (t.key == key) return ckptfs::RouteOf(t);
+      if (t.key == key) return ckptfs::RouteOf(ckptfs::ServedTensor{t, t.dtype});
     BOOST_FAIL("no tensor " << key);
     return ReadRoute::kConvert;
   };
@@ -317,10 +317,10 @@ BOOST_AUTO_TEST_CASE(routes_of_the_layouts) {
   for (const char* key : {"dim0", "flat", "scalar", "empty"}) BOOST_TEST((route(key) == ReadRoute::kExtents), key);
   for (const char* key : {"dim1", "grid", "transposed", "flat.spaced", "cube", "wide", "ints"})
     BOOST_TEST((route(key) == ReadRoute::kGather), key);
-  TensorEntry converted = tensors[0];
-  converted.convert_to = DType::kBF16;
+  BOOST_REQUIRE(tensors[0].dtype != DType::kBF16);
+  const ckptfs::ServedTensor converted{tensors[0], DType::kBF16};
   BOOST_TEST((ckptfs::RouteOf(converted) == ReadRoute::kConvert));
-  BOOST_TEST(ckptfs::StoredAsExtents(converted));
+  BOOST_TEST(ckptfs::StoredAsExtents(converted.stored));
 }
 
 BOOST_AUTO_TEST_CASE(extents_follow_the_tensor_order_and_merge) {

@@ -80,7 +80,7 @@ BOOST_AUTO_TEST_CASE(valid_file) {
       BOOST_TEST(ts[i].path.size() == 1u);
       BOOST_TEST((ts[i].dtype == want[i].dtype));
       BOOST_TEST(ts[i].shape == want[i].shape, boost::test_tools::per_element());
-      BOOST_TEST((ckptfs::RouteOf(ts[i]) == ckptfs::ReadRoute::kExtents));
+      BOOST_TEST(ckptfs::StoredAsExtents(ts[i]));
       BOOST_TEST(ts[i].nbytes() == want[i].end - want[i].begin);
       const std::vector<ckptfs::Extent> extents = ckptfs::ExtentsOf(ts[i]);
       if (want[i].end == want[i].begin) {

@@ -162,14 +162,14 @@ std::string ServedName(DType dtype, std::vector<uint64_t>* shape) {
 // tensor's bytes equal `expected(i)`. Returns the file's header.
 template <typename ExpectedBytes>
 Header CheckModelFile(const View& view, const std::string& whole, ExpectedBytes expected) {
-  const Catalog& c = view.catalog();
+  const ckptfs::ServedTensors& c = view.served();  // as stored: no view options
   Header h = ParseHeader(whole);
   BOOST_TEST(h.n % 8 == 0u);
   BOOST_TEST(h.doc["__metadata__"] == json({{"format", "pt"}}));
-  BOOST_REQUIRE_EQUAL(h.doc.size(), c.tensors.size() + 1);
+  BOOST_REQUIRE_EQUAL(h.doc.size(), c.size() + 1);
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (size_t i = 0; i < c.tensors.size(); ++i) {
-    const TensorEntry& t = c.tensors[i];
+  for (size_t i = 0; i < c.size(); ++i) {
+    const TensorEntry& t = c[i].stored;
     BOOST_TEST_CONTEXT("tensor " << t.key) {
       BOOST_REQUIRE(h.doc.contains(t.key));
       const json& e = h.doc[t.key];
@@ -209,9 +209,9 @@ std::vector<uint64_t> ModelBoundaries(const Header& h) {
 // Checks every per-tensor file: a one-entry header and the tensor's bytes.
 template <typename ExpectedBytes>
 void CheckTensorFiles(const View& view, std::mt19937_64& rng, int reads, ExpectedBytes expected) {
-  const Catalog& c = view.catalog();
-  for (size_t i = 0; i < c.tensors.size(); ++i) {
-    const TensorEntry& t = c.tensors[i];
+  const ckptfs::ServedTensors& c = view.served();  // as stored: no view options
+  for (size_t i = 0; i < c.size(); ++i) {
+    const TensorEntry& t = c[i].stored;
     BOOST_TEST_CONTEXT("tensor file of " << t.key) {
       BOOST_TEST(view.TensorFilePath(i) == "tensors/" + ckptfs::TensorFileName(t.key));
       View::NodeId id = MustLookup(view, view.TensorFilePath(i));

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ckptfs_checkpoints import Layouts
 from ckptfs_testlib import FLOAT_DTYPES, SERVED_DTYPE, served_form  # noqa: F401  (re-exported)
 from minilm import NON_WEIGHT_FILES, SENTENCES, embed, load_model  # noqa: F401  (re-exported)
 
@@ -369,7 +370,8 @@ def make_dtype_checkpoint(path: Path) -> None:
     bit pattern of the 8/16-bit types), tensors conversion must leave alone (integers, bool,
     complex), non-contiguous and storage-sharing views, a 0-dim and an empty tensor, and
     tensors large enough to span many conversion buffers and FUSE reads."""
-    g = torch.Generator().manual_seed(20261122)
+    lay = Layouts(20261122)
+    g = lay.g  # the edge values below draw from the same generator
     f32 = float32_edge_values(g)
     f64 = float64_edge_values(g)
     base = torch.randn(24, 40, generator=g)
@@ -396,9 +398,9 @@ def make_dtype_checkpoint(path: Path) -> None:
         "empty_f32": torch.zeros(0, 5),
     }
     views = {
-        "transposed_f32": base.t(),  # (40, 24), strides (1, 40)
+        "transposed_f32": lay.transposed(base),  # (40, 24), strides (1, 40)
         "full_f16": full16,
-        "window_f16": full16[11:51].view(5, 8),  # shares full_f16's storage at an odd offset
+        "window_f16": lay.window(full16, 11, 5, 8),  # shares full_f16's storage at an odd offset
         "big_f64": big64,
         "big_bf16": torch.randn(700_001, generator=g).to(torch.bfloat16),
     }

@@ -7,7 +7,7 @@
 // of every rank's flat fp32 partition; those partitions sit at the same offset within a page
 // in every rank's file, and the ranges have whole-page lengths for ordinary shapes, so all but
 // the page where two ranks' ranges meet can be the files' own pages.
-#include "capi/tensor_map.hpp"
+#include "ckptfs/tensor_map.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -24,6 +25,7 @@
 #include <thread>
 
 #include "ckptfs/catalog.hpp"
+#include "io/source_changed.hpp"
 
 namespace ckptfs {
 namespace {
@@ -151,15 +153,15 @@ struct PieceMap {
 // extent's): one per extent whose file offset lies at the same offset within a page as its
 // place in the tensor, covering its whole pages, when those are at least kMinMapBytes. Empty
 // when the tensor is not stored as byte ranges of local files.
-std::vector<PieceMap> PlanMaps(const TensorEntry& t, const SourceFiles& files, uint64_t page, uint64_t* lead) {
+std::vector<PieceMap> PlanMaps(const ServedTensor& t, const SourceFiles& files, uint64_t page, uint64_t* lead) {
   std::vector<PieceMap> out;
   *lead = 0;
   if (RouteOf(t) != ReadRoute::kExtents) return out;
-  const std::vector<Extent> extents = ExtentsOf(t);
+  const std::vector<Extent> extents = ExtentsOf(t.stored);
   if (extents.empty()) return out;
   *lead = extents[0].offset % page;
-  if (*lead % Info(t.served_dtype()).itemsize != 0) return out;  // a view must start on an element
-  const uint64_t nbytes = t.served_nbytes();
+  if (*lead % Info(t.dtype).itemsize != 0) return out;  // a view must start on an element
+  const uint64_t nbytes = t.nbytes();
   uint64_t at = 0;
   for (const Extent& e : extents) {
     const uint64_t begin = *lead + at, end = begin + e.length;  // from the tensor's first page
@@ -174,25 +176,6 @@ std::vector<PieceMap> PlanMaps(const TensorEntry& t, const SourceFiles& files, u
   return out;
 }
 
-// Opens source file `index` for mapping, checked to be the file the view indexed: a file
-// put in its place or rewritten since is an error, never other bytes.
-Status OpenChecked(const SourceFiles& files, uint32_t index, int* fd) {
-  const std::string& path = files.file(index).local_path();
-  const std::string& name = files.path(index);
-  *fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (*fd < 0) return Status::FromErrno(name, "cannot open to map", errno);
-  struct stat st {};
-  if (::fstat(*fd, &st) != 0) return Status::FromErrno(name, "cannot stat to map", errno);
-  const FileIdentity& id = files.identity(index);
-  if (st.st_dev != id.dev || st.st_ino != id.ino || !S_ISREG(st.st_mode))
-    return Status::SourceChanged(name, "file was replaced since it was indexed");
-  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  const int64_t ctime = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
-  if (static_cast<uint64_t>(st.st_size) != id.size || mtime != id.mtime_ns || ctime != id.ctime_ns)
-    return Status::SourceChanged(name, "file changed since it was indexed (size, mtime or ctime differ)");
-  return Status::OK();
-}
-
 class FileDescriptors {
  public:
   explicit FileDescriptors(const SourceFiles& files) : files_(files) {}
@@ -204,9 +187,9 @@ class FileDescriptors {
 
   Status Get(uint32_t index, int* fd) {
     if (auto it = fds_.find(index); it != fds_.end()) return *fd = it->second, Status::OK();
-    Status s = OpenChecked(files_, index, fd);
-    if (*fd >= 0) fds_[index] = *fd;
-    return s;
+    CKPTFS_RETURN_IF_ERROR(OpenUnchangedForMap(files_, index, fd));
+    fds_[index] = *fd;
+    return Status::OK();
   }
 
  private:
@@ -219,17 +202,73 @@ void AddRead(size_t position, uint64_t begin, uint64_t end, std::vector<TensorRe
   if (end > begin) reads->push_back({position, begin, end - begin});
 }
 
+// Identity checks of a descriptor opened for mapping, in the order OpenUnchangedForMap makes them.
+Status CheckIdentity(int fd, const FileIdentity& id, const std::string& name) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Status::FromErrno(name, "cannot stat to map", errno);
+  if (st.st_dev != id.dev || st.st_ino != id.ino || !S_ISREG(st.st_mode)) return ReplacedSinceIndexed(name);
+  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  const int64_t ctime = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+  if (static_cast<uint64_t>(st.st_size) != id.size || mtime != id.mtime_ns || ctime != id.ctime_ns)
+    return ChangedSinceIndexed(name);
+  return Status::OK();
+}
+
 }  // namespace
 
-size_t MappedPieceCount(const TensorEntry& tensor, const SourceFiles& files) {
+std::optional<Extent> MappableExtent(const ServedTensor& t, const SourceFiles& files) {
+  if (RouteOf(t) != ReadRoute::kExtents) return std::nullopt;
+  const std::vector<Extent> extents = ExtentsOf(t.stored);
+  if (extents.size() != 1 || files.file(extents[0].file).local_path().empty()) return std::nullopt;
+  return extents[0];
+}
+
+CpuPlacement PlaceOnCpu(const ServedTensor& t, const SourceFiles& files) {
+  if (std::optional<Extent> extent = MappableExtent(t, files)) {
+    // A view must start on an element of the type it is served as (complex128 as float64 pairs).
+    const uint64_t itemsize = Info(ServedAs(t.dtype).dtype).itemsize;
+    return t.nbytes() > 0 && extent->offset % itemsize == 0 ? CpuPlacement::kFileMap : CpuPlacement::kCopy;
+  }
+  return MappedPieceCount(t, files) > 0 ? CpuPlacement::kRegion : CpuPlacement::kCopy;
+}
+
+const char* CpuPlacementName(CpuPlacement placement) {
+  switch (placement) {
+    case CpuPlacement::kFileMap:
+      return "file_map";
+    case CpuPlacement::kRegion:
+      return "region";
+    case CpuPlacement::kCopy:
+      break;
+  }
+  return "copy";
+}
+
+Status OpenUnchangedForMap(const SourceFiles& files, uint32_t index, int* fd) {
+  *fd = -1;
+  if (index >= files.count()) return Status::InvalidArgument("map_tensors", "source file index out of range");
+  const std::string& path = files.file(index).local_path();
+  const std::string& name = files.path(index);
+  if (path.empty()) return Status::InvalidArgument(name, "not a local file: it cannot be mapped");
+  const int opened = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (opened < 0) return Status::FromErrno(name, "cannot open to map", errno);
+  if (Status s = CheckIdentity(opened, files.identity(index), name); !s.ok()) {
+    ::close(opened);
+    return s;
+  }
+  *fd = opened;
+  return Status::OK();
+}
+
+size_t MappedPieceCount(const ServedTensor& tensor, const SourceFiles& files) {
   uint64_t lead = 0;
   const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   return PlanMaps(tensor, files, page, &lead).size();
 }
 
 Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRegion* region) {
-  const auto& tensors = view.catalog().tensors;
-  const SourceFiles& files = *view.catalog().files;
+  const ServedTensors& tensors = view.served();
+  const SourceFiles& files = *view.source().files;
   const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   *region = TensorRegion{};
 
@@ -244,12 +283,12 @@ Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRe
   uint64_t end = 0;
   for (size_t i = 0; i < indices.size(); ++i) {
     if (indices[i] >= tensors.size()) return Status::InvalidArgument("map_tensors", "tensor index out of range");
-    const TensorEntry& t = tensors[indices[i]];
+    const ServedTensor t = tensors[indices[i]];
     uint64_t lead = 0;
     plans[i] = PlanMaps(t, files, page, &lead);
     uint64_t start = RoundUp(end, kReadAlignment);
     if (!plans[i].empty()) {
-      const uint64_t unit = t.served_nbytes() >= huge ? huge : page;
+      const uint64_t unit = t.nbytes() >= huge ? huge : page;
       const uint64_t free_from = RoundUp(end, page);
       // Agreeing with the largest map (several maps of one tensor agree modulo a page, not
       // necessarily modulo a huge page).
@@ -262,7 +301,7 @@ Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRe
     }
     region->offsets.push_back(start);
     page_starts[i] = start - (plans[i].empty() ? 0 : lead);
-    if (__builtin_add_overflow(start, t.served_nbytes(), &end) || end > (uint64_t{1} << 62))
+    if (__builtin_add_overflow(start, t.nbytes(), &end) || end > (uint64_t{1} << 62))
       return Status::InvalidArgument("map_tensors", "tensors too large to map");
     if (!plans[i].empty()) end = RoundUp(end, page);
   }
@@ -280,7 +319,7 @@ Status MapTensors(const View& view, const std::vector<size_t>& indices, TensorRe
     return s;
   };
   for (size_t i = 0; i < indices.size(); ++i) {
-    const uint64_t nbytes = tensors[indices[i]].served_nbytes();
+    const uint64_t nbytes = tensors[indices[i]].nbytes();
     uint64_t unread_from = 0;  // tensor bytes before this are mapped or listed to read
     for (const PieceMap& m : plans[i]) {
       if (region->maps >= kMaxMaps) break;
@@ -328,6 +367,31 @@ Status ReadUnmapped(const View& view, const std::vector<size_t>& indices, Tensor
   });
   for (const Status& s : failures)
     if (!s.ok()) return s;
+  return Status::OK();
+}
+
+Status LoadMapped(const View& view, const std::vector<size_t>& indices, TensorRegion* region,
+                  DeviceLoadStats* stats) {
+  const auto start = std::chrono::steady_clock::now();
+  Status s = MapTensors(view, indices, region);
+  if (s.ok()) s = ReadUnmapped(view, indices, region);
+  if (!s.ok()) {
+    UnmapRegion(region->base, region->size);
+    *region = TensorRegion{};
+    return s;
+  }
+  if (!stats) return Status::OK();
+  const auto& tensors = view.served();
+  *stats = DeviceLoadStats{};
+  stats->tensors = indices.size();
+  for (size_t index : indices) stats->bytes += tensors[index].nbytes();
+  for (const TensorRead& r : region->reads) {
+    stats->bytes_read += r.length;
+    if (RouteOf(tensors[indices[r.tensor]]) != ReadRoute::kExtents) stats->view_bytes += r.length;
+  }
+  stats->mapped_bytes = region->mapped_bytes;
+  stats->maps = region->maps;
+  stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return Status::OK();
 }
 

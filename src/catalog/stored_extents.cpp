@@ -1,5 +1,6 @@
-// The one decision of how a tensor's served bytes are produced (include/ckptfs/catalog.hpp,
-// ReadRoute): the View, the layout builder and the device plan all ask here.
+// Whether a tensor's stored bytes are byte ranges of source files, and which ranges: what
+// the catalog says of its storage. How a view serves a tensor is the view's (RouteOf,
+// src/view/route.cpp).
 #include <algorithm>
 
 #include "catalog/tiling.hpp"
@@ -19,11 +20,6 @@ bool StoredAsExtents(const TensorEntry& tensor) {
     if (!CoversRun(box, dims)) return false;
   }
   return true;
-}
-
-ReadRoute RouteOf(const TensorEntry& tensor) {
-  if (tensor.convert_to) return ReadRoute::kConvert;
-  return StoredAsExtents(tensor) ? ReadRoute::kExtents : ReadRoute::kGather;
 }
 
 std::vector<Extent> ExtentsOf(const TensorEntry& tensor) {

@@ -1,0 +1,12 @@
+// The one decision of how a served tensor's bytes are produced (include/ckptfs/view.hpp,
+// ReadRoute): the View, the layout builder, the device plan and the C API all ask here.
+#include "ckptfs/view.hpp"
+
+namespace ckptfs {
+
+ReadRoute RouteOf(const ServedTensor& tensor) {
+  if (tensor.converted()) return ReadRoute::kConvert;
+  return StoredAsExtents(tensor.stored) ? ReadRoute::kExtents : ReadRoute::kGather;
+}
+
+}  // namespace ckptfs

@@ -1,0 +1,39 @@
+// ServedTensors: the tensors a view serves, as handles into the catalog's entries or into
+// entries a transform made.
+#include "ckptfs/view.hpp"
+
+namespace ckptfs {
+
+ServedTensors::ServedTensors(std::shared_ptr<const Catalog> source)
+    : source_(std::move(source)),
+      // Aliasing pointers: they keep the catalog alive and point into it (no copy).
+      stored_(source_, &source_->tensors),
+      metadata_(source_, &source_->metadata) {}
+
+void ServedTensors::Replace(std::vector<TensorEntry> stored, const std::vector<uint32_t>& from) {
+  std::vector<uint32_t> source_index(from.size());
+  std::vector<DType> dtypes;
+  if (!dtypes_.empty()) dtypes.resize(from.size());
+  for (size_t k = 0; k < from.size(); ++k) {
+    source_index[k] = static_cast<uint32_t>(this->source_index(from[k]));
+    if (!dtypes_.empty()) dtypes[k] = dtypes_[from[k]];
+  }
+  stored_ = std::make_shared<const std::vector<TensorEntry>>(std::move(stored));
+  source_index_ = std::move(source_index);
+  dtypes_ = std::move(dtypes);
+}
+
+void ServedTensors::SetDType(size_t i, DType dtype) {
+  if (dtypes_.empty()) {
+    if (dtype == (*stored_)[i].dtype) return;
+    dtypes_.resize(stored_->size());
+    for (size_t k = 0; k < stored_->size(); ++k) dtypes_[k] = (*stored_)[k].dtype;
+  }
+  dtypes_[i] = dtype;
+}
+
+void ServedTensors::SetMetadata(nlohmann::json metadata) {
+  metadata_ = std::make_shared<const nlohmann::json>(std::move(metadata));
+}
+
+}  // namespace ckptfs

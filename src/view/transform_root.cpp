@@ -1,0 +1,70 @@
+// The `root=PREFIX` view: only the tensors whose keys start with `PREFIX.`, that prefix
+// removed, and the metadata of the same subtree when the checkpoint nests it the same way.
+#include <set>
+
+#include "view/transform.hpp"
+
+namespace ckptfs {
+namespace {
+
+class RootTransform : public Transform {
+ public:
+  explicit RootTransform(std::string root) : root_(std::move(root)) {}
+
+  Status Apply(ServedTensors* served) const override {
+    const std::string prefix = root_ + ".";
+    std::vector<TensorEntry> kept;
+    std::vector<uint32_t> from;
+    for (size_t i = 0; i < served->size(); ++i) {
+      const TensorEntry& t = (*served)[i].stored;
+      if (t.key.compare(0, prefix.size(), prefix) != 0) continue;
+      TensorEntry copy = t;
+      copy.key = t.key.substr(prefix.size());
+      kept.push_back(std::move(copy));
+      from.push_back(static_cast<uint32_t>(i));
+    }
+    if (kept.empty()) {
+      std::set<std::string> tops;
+      for (size_t i = 0; i < served->size(); ++i) {
+        const std::string& key = (*served)[i].key();
+        tops.insert(key.substr(0, key.find('.')));
+      }
+      std::string list;
+      for (const auto& top : tops) list += (list.empty() ? "" : ", ") + top;
+      return Status::InvalidArgument("root=" + root_, "no tensor keys start with '" + prefix + "'; top-level prefixes: " + list);
+    }
+    served->Replace(std::move(kept), from);
+    served->SetMetadata(Narrowed(served->metadata()));
+    (*served->mutable_manifest_fields())["root"] = root_;
+    return Status::OK();
+  }
+
+ private:
+  // The node of `metadata` at the root's path (its dot-separated parts as object keys), or
+  // an empty object when the metadata does not nest that way.
+  nlohmann::json Narrowed(const nlohmann::json& metadata) const {
+    const nlohmann::json* node = &metadata;
+    size_t start = 0;
+    bool found = true;
+    while (found && start <= root_.size()) {
+      const size_t dot = root_.find('.', start);
+      const std::string part = root_.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      found = node->is_object() && node->contains(part);
+      if (found) node = &(*node)[part];
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    return found ? *node : nlohmann::json::object();
+  }
+
+  std::string root_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transform> MakeRootTransform(const ViewOptions& options) {
+  if (options.root.empty()) return nullptr;
+  return std::make_unique<RootTransform>(options.root);
+}
+
+}  // namespace ckptfs
