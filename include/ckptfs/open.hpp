@@ -23,7 +23,7 @@ namespace ckptfs {
 // How far OpenSource goes.
 enum class OpenStage : uint8_t {
   kServedTensors,  // the tensors the view options serve (ls, info: no tree built)
-  kView,              // the View (mount, cat, export, hash, load, the C API)
+  kView,           // the View (mount, cat, export, hash, load, the C API)
 };
 
 struct OpenRequest {
@@ -38,7 +38,7 @@ struct OpenRequest {
 struct OpenedSource {
   ServedTensors served;        // OpenStage::kServedTensors
   std::unique_ptr<View> view;  // OpenStage::kView (its tensors: view->served())
-  std::vector<std::string> notes;          // warnings, one line each, for the caller to show
+  std::vector<std::string> notes;  // warnings, one line each, for the caller to show
 };
 
 // The Env of `source`: options.env when set, else the one EnvForSource picks for the string.
