@@ -503,18 +503,8 @@ Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, C
 
 // The non-tensor values of the torch_save serialization are torch.save archives.
 extern const ReaderEntry kDcpReader = {
-    .name = "dcp",
-    .description = "torch.distributed.checkpoint folder, or a run folder of step folders",
-    .formats = {"dcp"},
-    .number = kDcpFormat,
-    .reads_through = {"torch-zip"},
-    .detect = [](SourceProbe& probe, bool* is_format) {
-      *is_format = probe.is_folder() && IsDcpFolder(probe.env(), probe.source());
-      return Status::OK();
-    },
-    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
-      return ReadDcpCheckpoint(probe.source(), options, catalog);
-    },
-};
+    "dcp", "torch.distributed.checkpoint folder, or a run folder of step folders", {"dcp"}, kDcpFormat,
+    {"torch-zip"}, DetectFolderOf<IsDcpFolder>,
+    [](SourceProbe& p, const SourceOptions& o, Catalog* c) { return ReadDcpCheckpoint(p.source(), o, c); }};
 
 }  // namespace ckptfs

@@ -176,28 +176,31 @@ Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const Read
                          catalog);
 }
 
+namespace {
+
 // Any folder the folder readers tried before it did not take, or a weight index: an index
 // names its shards relative to its own folder, which is read as a checkpoint folder with that
 // index (over HTTP the index is how the shards are found at all).
+Status DetectCheckpointFolder(SourceProbe& probe, bool* is_format) {
+  *is_format = probe.is_folder() || (probe.is_file() && (probe.NameEndsWith(".safetensors.index.json") ||
+                                                         probe.NameEndsWith(".bin.index.json")));
+  return Status::OK();
+}
+
+Status ReadCheckpointFolderSource(SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
+  const std::string& source = probe.source();
+  if (probe.is_folder()) return ReadCheckpointFolder(source, catalog, options.limits);
+  const size_t slash = source.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : source.substr(0, slash);
+  const std::string index_name = slash == std::string::npos ? source : source.substr(slash + 1);
+  return ReadCheckpointFolder(dir, catalog, options.limits, index_name);
+}
+
+}  // namespace
+
 extern const ReaderEntry kCheckpointFolderReader = {
-    .name = "folder",
-    .description = "safetensors or torch model folder (Hugging Face layout), or its weight index",
-    .formats = {"safetensors-folder", "torch-zip-folder"},
-    .number = kCheckpointFolderFormat,
-    .reads_through = {"safetensors", "torch-zip", "torch-legacy"},
-    .detect = [](SourceProbe& probe, bool* is_format) {
-      *is_format = probe.is_folder() || (probe.is_file() && (probe.NameEndsWith(".safetensors.index.json") ||
-                                                             probe.NameEndsWith(".bin.index.json")));
-      return Status::OK();
-    },
-    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
-      const std::string& source = probe.source();
-      if (probe.is_folder()) return ReadCheckpointFolder(source, catalog, options.limits);
-      const size_t slash = source.rfind('/');
-      const std::string dir = slash == std::string::npos ? "." : source.substr(0, slash);
-      const std::string index_name = slash == std::string::npos ? source : source.substr(slash + 1);
-      return ReadCheckpointFolder(dir, catalog, options.limits, index_name);
-    },
-};
+    "folder", "safetensors or torch model folder (Hugging Face layout), or its weight index",
+    {"safetensors-folder", "torch-zip-folder"}, kCheckpointFolderFormat, {"safetensors", "torch-zip", "torch-legacy"},
+    DetectCheckpointFolder, ReadCheckpointFolderSource};
 
 }  // namespace ckptfs

@@ -62,7 +62,8 @@ class SourceProbe {
 
 // One checkpoint format. Every entry has the same two functions: detect says whether the
 // source is in this format (reading as little as it can; an error ends detection), and read
-// fills the catalog (its files, tensors, metadata and Catalog::format).
+// fills the catalog (its files, tensors, metadata, and Catalog::format where the reader builds
+// more than one format: an entry with one has it set before read).
 struct ReaderEntry {
   // The reader's name, in the catalog cache's stamps (ReaderStamp) and the README's table.
   std::string_view name;
@@ -81,6 +82,13 @@ struct ReaderEntry {
   Status (*detect)(SourceProbe& probe, bool* is_format) = nullptr;
   Status (*read)(SourceProbe& probe, const SourceOptions& options, Catalog* catalog) = nullptr;
 };
+
+// detect of a folder format that `is_format(env, folder)` recognises.
+template <bool (*is_format)(Env& env, const std::string& dir)>
+Status DetectFolderOf(SourceProbe& probe, bool* is_format_out) {
+  *is_format_out = probe.is_folder() && is_format(probe.env(), probe.source());
+  return Status::OK();
+}
 
 // Every reader, in the order detection tries them.
 std::span<const ReaderEntry* const> Readers();

@@ -324,23 +324,21 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, json* meta
   return Status::OK();
 }
 
+namespace {
+
 // By content (byte 8 opens the JSON header), or by name so that a damaged header gets a
 // safetensors error message.
+Status DetectSafetensors(SourceProbe& probe, bool* is_format) {
+  std::string_view head;
+  if (probe.is_file()) CKPTFS_RETURN_IF_ERROR(probe.Head(&head));
+  *is_format = probe.is_file() && ((head.size() >= 9 && head[8] == '{') || probe.NameEndsWith(".safetensors"));
+  return Status::OK();
+}
+
+}  // namespace
+
 extern const ReaderEntry kSafetensorsReader = {
-    .name = "safetensors",
-    .description = "safetensors file",
-    .formats = {"safetensors"},
-    .number = kSafetensorsFormat,
-    .detect = [](SourceProbe& probe, bool* is_format) {
-      std::string_view head;
-      if (probe.is_file()) CKPTFS_RETURN_IF_ERROR(probe.Head(&head));
-      *is_format = probe.is_file() && ((head.size() >= 9 && head[8] == '{') || probe.NameEndsWith(".safetensors"));
-      return Status::OK();
-    },
-    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
-      catalog->format = "safetensors";
-      return ReadSafetensorsFile(probe.source(), catalog, &catalog->metadata, options.limits);
-    },
-};
+    "safetensors", "safetensors file", {"safetensors"}, kSafetensorsFormat, {}, DetectSafetensors,
+    [](SourceProbe& p, const SourceOptions& o, Catalog* c) { return ReadSafetensorsFile(p.source(), c, &c->metadata, o.limits); }};
 
 }  // namespace ckptfs

@@ -73,6 +73,7 @@ Status ReadCatalog(const std::string& source, std::shared_ptr<Env> env, const So
   SourceProbe probe(source, type, catalog.get());
   const ReaderEntry* reader = nullptr;
   CKPTFS_RETURN_IF_ERROR(DetectReader(probe, &reader));
+  if (reader->formats[1].empty()) catalog->format = std::string(reader->formats[0]);
   CKPTFS_RETURN_IF_ERROR(reader->read(probe, options, catalog.get()));
   CKPTFS_RETURN_IF_ERROR(CheckTensorLimit(*catalog, source, options.limits));
   // Nothing reads a tensor whose boxes do not tile it exactly inside their files.

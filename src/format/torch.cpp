@@ -485,20 +485,20 @@ Status ReadTorchZip(const std::string& path, Catalog* catalog, json* metadata, c
   return ReadTorchZipIn(catalog->files->whole(file), catalog, metadata, limits, opened);
 }
 
+namespace {
+
 // Any zip the TorchScript and torch.export readers (tried first) did not take.
+Status DetectTorchZip(SourceProbe& probe, bool* is_format) {
+  *is_format = false;
+  return probe.is_file() ? probe.HeadStartsWith(std::string_view("PK\x03\x04", 4), is_format) : Status::OK();
+}
+
+}  // namespace
+
 extern const ReaderEntry kTorchZipReader = {
-    .name = "torch-zip",
-    .description = "torch .pt/.bin: a torch.save zip (torch >= 1.6)",
-    .formats = {"torch-zip"},
-    .number = kTorchZipFormat,
-    .detect = [](SourceProbe& probe, bool* is_format) {
-      *is_format = false;
-      return probe.is_file() ? probe.HeadStartsWith(std::string_view("PK\x03\x04", 4), is_format) : Status::OK();
-    },
-    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
-      catalog->format = "torch-zip";
-      return ReadTorchZip(probe.source(), catalog, &catalog->metadata, options.limits, probe.zip());
-    },
-};
+    "torch-zip", "torch .pt/.bin: a torch.save zip (torch >= 1.6)", {"torch-zip"}, kTorchZipFormat, {}, DetectTorchZip,
+    [](SourceProbe& p, const SourceOptions& o, Catalog* c) {
+      return ReadTorchZip(p.source(), c, &c->metadata, o.limits, p.zip());
+    }};
 
 }  // namespace ckptfs

@@ -239,16 +239,16 @@ Status ReadTorchExport(const std::string& path, Catalog* catalog, json* metadata
   return reader.Read(metadata);
 }
 
+namespace {
+
+Status DetectTorchExport(SourceProbe& probe, bool* is_format) {
+  return IsTorchZipOfKind(probe, "torch-export", is_format);
+}
+
+}  // namespace
+
 extern const ReaderEntry kTorchExportReader = {
-    .name = "torch-export",
-    .description = "torch.export package (.pt2)",
-    .formats = {"torch-export"},
-    .number = kTorchExportFormat,
-    .detect = [](SourceProbe& probe, bool* is_format) { return IsTorchZipOfKind(probe, "torch-export", is_format); },
-    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
-      catalog->format = "torch-export";
-      return ReadTorchExport(probe.source(), catalog, &catalog->metadata, options.limits);
-    },
-};
+    "torch-export", "torch.export package (.pt2)", {"torch-export"}, kTorchExportFormat, {}, DetectTorchExport,
+    [](SourceProbe& p, const SourceOptions& o, Catalog* c) { return ReadTorchExport(p.source(), c, &c->metadata, o.limits); }};
 
 }  // namespace ckptfs

@@ -281,23 +281,24 @@ Status ReadTorchLegacy(const std::string& path, std::string_view head, Catalog* 
   return reader.Read(metadata);
 }
 
-extern const ReaderEntry kTorchLegacyReader = {
-    .name = "torch-legacy",
-    .description = "legacy torch.save stream (torch < 1.6)",
-    .formats = {"torch-legacy"},
-    .number = kTorchLegacyFormat,
-    .detect = [](SourceProbe& probe, bool* is_format) {
-      std::string_view head;
-      if (probe.is_file()) CKPTFS_RETURN_IF_ERROR(probe.Head(&head));
-      *is_format = probe.is_file() && IsTorchLegacy(head);
-      return Status::OK();
-    },
-    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
-      catalog->format = "torch-legacy";
-      std::string_view head;
-      CKPTFS_RETURN_IF_ERROR(probe.Head(&head));
-      return ReadTorchLegacy(probe.source(), head, catalog, &catalog->metadata, options.limits);
-    },
-};
+namespace {
+
+Status DetectTorchLegacy(SourceProbe& probe, bool* is_format) {
+  std::string_view head;
+  if (probe.is_file()) CKPTFS_RETURN_IF_ERROR(probe.Head(&head));
+  *is_format = probe.is_file() && IsTorchLegacy(head);
+  return Status::OK();
+}
+
+Status ReadTorchLegacySource(SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
+  std::string_view head;
+  CKPTFS_RETURN_IF_ERROR(probe.Head(&head));
+  return ReadTorchLegacy(probe.source(), head, catalog, &catalog->metadata, options.limits);
+}
+
+}  // namespace
+
+extern const ReaderEntry kTorchLegacyReader = {"torch-legacy", "legacy torch.save stream (torch < 1.6)", {"torch-legacy"},
+                                               kTorchLegacyFormat, {}, DetectTorchLegacy, ReadTorchLegacySource};
 
 }  // namespace ckptfs

@@ -79,16 +79,16 @@ Status ReadTorchScript(const std::string& path, Catalog* catalog, json* metadata
   return Status::OK();
 }
 
+namespace {
+
+Status DetectTorchScript(SourceProbe& probe, bool* is_format) {
+  return IsTorchZipOfKind(probe, "torchscript", is_format);
+}
+
+}  // namespace
+
 extern const ReaderEntry kTorchScriptReader = {
-    .name = "torchscript",
-    .description = "TorchScript archive (torch.jit.save)",
-    .formats = {"torchscript"},
-    .number = kTorchScriptFormat,
-    .detect = [](SourceProbe& probe, bool* is_format) { return IsTorchZipOfKind(probe, "torchscript", is_format); },
-    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
-      catalog->format = "torchscript";
-      return ReadTorchScript(probe.source(), catalog, &catalog->metadata, options.limits);
-    },
-};
+    "torchscript", "TorchScript archive (torch.jit.save)", {"torchscript"}, kTorchScriptFormat, {}, DetectTorchScript,
+    [](SourceProbe& p, const SourceOptions& o, Catalog* c) { return ReadTorchScript(p.source(), c, &c->metadata, o.limits); }};
 
 }  // namespace ckptfs

@@ -633,17 +633,8 @@ Status ReadDeepSpeedCheckpoint(const std::string& dir, const SourceOptions& opti
 }
 
 extern const ReaderEntry kDeepSpeedReader = {
-    .name = "deepspeed",
-    .description = "DeepSpeed ZeRO 1/2/3 or pipeline folder",
-    .formats = {"deepspeed-zero", "deepspeed-pipeline"},
-    .number = kDeepSpeedFormat,
-    .detect = [](SourceProbe& probe, bool* is_format) {
-      *is_format = probe.is_folder() && IsDeepSpeedFolder(probe.env(), probe.source());
-      return Status::OK();
-    },
-    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
-      return ReadDeepSpeedCheckpoint(probe.source(), options, catalog);
-    },
-};
+    "deepspeed", "DeepSpeed ZeRO 1/2/3 or pipeline folder", {"deepspeed-zero", "deepspeed-pipeline"},
+    kDeepSpeedFormat, {}, DetectFolderOf<IsDeepSpeedFolder>,
+    [](SourceProbe& p, const SourceOptions& o, Catalog* c) { return ReadDeepSpeedCheckpoint(p.source(), o, c); }};
 
 }  // namespace ckptfs
