@@ -36,6 +36,10 @@ struct PairState {
   diff::ValueStats stats;
   bool bytes_differ = false;   // some chunk had other bytes (or the dtypes differ)
   bool some_identical = false; // some chunk had the same bytes: its ||A||^2 was not summed
+  // The sums of squares of each chunk, kept while the pair's chunks come in and added in
+  // chunk order once all have: the figures do not depend on which thread ended first.
+  std::vector<std::pair<double, double>> chunk_sums;
+  uint64_t chunks_merged = 0;
 };
 
 // One worker's buffers: a chunk of each side and a block of values of each as float64.
@@ -71,6 +75,7 @@ class Comparison {
     for (size_t p : pass1)
       if (states_[p].bytes_differ && states_[p].some_identical) {
         states_[p].stats.sumsq_a = 0;
+        states_[p].chunks_merged = 0;
         pass2.push_back(p);
       }
     if (!pass2.empty()) CKPTFS_RETURN_IF_ERROR(RunPass(pass2, /*norm_only=*/true, failed));
@@ -138,14 +143,34 @@ class Comparison {
         stop_ = true;
         return;
       }
-      PairState& state = states_[item.pair];
-      state.stats.Merge(local.stats);
-      state.bytes_differ |= local.bytes_differ;
-      state.some_identical |= local.some_identical;
       const PairDiff& d = result_->pairs[item.pair];
+      Merge(item, local, &states_[item.pair]);
       done_ += item.count * Info(d.dtype_a).itemsize + (norm_only_ ? 0 : item.count * Info(d.dtype_b).itemsize);
       if (progress_) progress_(done_, total_);
     }
+  }
+
+  // Adds one chunk's figures to its pair's (under merge_mutex_).
+  void Merge(const Item& item, const PairState& local, PairState* state) const {
+    const PairDiff& d = result_->pairs[item.pair];
+    const uint64_t per_chunk = ChunkElements(d);
+    const uint64_t chunks = (d.elements + per_chunk - 1) / per_chunk;
+    diff::ValueStats figures = local.stats;
+    state->bytes_differ |= local.bytes_differ;
+    state->some_identical |= local.some_identical;
+    if (chunks > 1) {
+      if (state->chunk_sums.empty()) state->chunk_sums.assign(chunks, {0.0, 0.0});
+      state->chunk_sums[item.first / per_chunk] = {figures.sumsq_a, figures.sumsq_diff};
+      figures.sumsq_a = figures.sumsq_diff = 0;
+      if (++state->chunks_merged == chunks) {
+        for (const auto& [sumsq_a, sumsq_diff] : state->chunk_sums) {
+          figures.sumsq_a += sumsq_a;
+          figures.sumsq_diff += sumsq_diff;
+        }
+        std::vector<std::pair<double, double>>().swap(state->chunk_sums);
+      }
+    }
+    state->stats.Merge(figures);
   }
 
   // Reads the chunk `item` of both sides (A only in pass 2) and adds it to *state.
