@@ -29,7 +29,7 @@ struct DiffOptions {
   // torch.isclose(A, B) decides; NaN equals NaN. 0 and 0: equal values only.
   double atol = 0;
   double rtol = 0;
-  unsigned threads = 0;              // worker threads; 0: one per core, at most 8
+  unsigned threads = 0;              // worker threads (at most 64); 0: one per core, at most 8
   uint64_t chunk_bytes = 4u << 20;   // bytes of one side read per step of a worker
 };
 

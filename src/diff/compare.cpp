@@ -23,7 +23,9 @@ namespace {
 // Values taken to float64 at a time: small enough to stay in a core's cache beside the
 // chunk being read, large enough that each call's partial sums are few.
 constexpr size_t kBlockValues = 8192;
-constexpr unsigned kMaxThreads = 8;
+constexpr unsigned kDefaultMaxThreads = 8;
+// Each worker holds two chunks: more threads than this would only hold more memory.
+constexpr unsigned kMaxThreads = 64;
 
 // Elements [first, first + count) of pair `pair`.
 struct Item {
@@ -100,7 +102,7 @@ class Comparison {
       total_ += a_.served()[d.index_a].nbytes() + (norm_only ? 0 : b_.served()[d.index_b].nbytes());
     }
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    const size_t workers = options_.threads ? options_.threads : std::min(cores, kMaxThreads);
+    const size_t workers = options_.threads ? std::min(options_.threads, kMaxThreads) : std::min(cores, kDefaultMaxThreads);
     RunOnWorkers(workers, [this](size_t) { Work(); });
     if (!error_.ok() && failed) *failed = error_side_;
     return error_;
