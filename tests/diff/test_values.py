@@ -2,7 +2,10 @@
 dtypes, NaN, integers, tensors compared in several chunks on several threads; the summary,
 and the exit status."""
 
-import math
+import os
+import pty
+import select
+import subprocess
 
 import pytest
 import torch
@@ -131,4 +134,31 @@ def test_root_per_side(tmp_path, diff_json):
     assert code == 0 and {t["key"] for t in r["tensors"]} == {"w", "b"}
     code, r = diff_json(tmp_path / "full.pt", tmp_path / "model.safetensors")
     assert code == 1 and set(r["only_in_a"]) == {"model.w", "model.b", "step"}
-    assert math.isclose(len(r["only_in_b"]), 2)
+    assert set(r["only_in_b"]) == {"w", "b"}
+
+
+def test_progress_only_on_a_terminal(tmp_path, ckptfs_bin):
+    torch.save({"w": torch.randn(2_000_000)}, tmp_path / "a.pt")
+    argv = [str(ckptfs_bin), "diff", str(tmp_path / "a.pt"), str(tmp_path / "a.pt")]
+    leader, follower = pty.openpty()
+    try:
+        res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=follower, timeout=60)
+        os.close(follower)
+        follower = -1
+        drawn = b""
+        while select.select([leader], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        if follower >= 0:
+            os.close(follower)
+        os.close(leader)
+    assert res.returncode == 0
+    assert b"100.0%" in drawn and b"\r[" in drawn
+    res = subprocess.run(argv, capture_output=True, timeout=60)
+    assert res.returncode == 0 and res.stderr == b""
