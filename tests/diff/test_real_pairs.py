@@ -7,6 +7,9 @@ import torch
 
 import ckptfs
 
+# These tests load libckptfs.so into the test process.
+pytestmark = pytest.mark.loads_libckptfs
+
 # DCP cases whose reference torch can read back itself (<case>.reference.pt), and those
 # saved by DCP's safetensors serialization (reference: the default writer's save).
 DCP_CASES = ["fsdp2_ws2", "tp_ws2", "tied_ws2"]

@@ -7,6 +7,9 @@ from safetensors.torch import save_file
 
 import ckptfs
 
+# These tests load libckptfs.so into the test process.
+pytestmark = pytest.mark.loads_libckptfs
+
 REL = 1e-12
 
 

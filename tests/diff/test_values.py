@@ -13,6 +13,9 @@ from safetensors.torch import save_file
 
 import ckptfs
 
+# These tests load libckptfs.so into the test process.
+pytestmark = pytest.mark.loads_libckptfs
+
 
 def rel_l2(a, b):
     a, b = a.double(), b.double()
