@@ -2,10 +2,12 @@
 // reduced to each pair's figures.
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <new>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
@@ -316,8 +318,14 @@ Status CompareViews(const View& a, const View& b, const DiffOptions& options,
   for (size_t j = 0; j < tb.size(); ++j)
     if (!matched[j]) result.only_b.push_back(tb[j].key());
 
-  Comparison comparison(a, b, options, progress, &result);
-  CKPTFS_RETURN_IF_ERROR(comparison.Run(failed));
+  // The buffers are the only allocations that grow with the options (threads, chunk size):
+  // their failure is an error of this call, not of the process.
+  try {
+    Comparison comparison(a, b, options, progress, &result);
+    CKPTFS_RETURN_IF_ERROR(comparison.Run(failed));
+  } catch (const std::bad_alloc&) {
+    return Status::FromErrno("diff", "cannot allocate its buffers", ENOMEM);
+  }
   *out = std::move(result);
   return Status::OK();
 }
