@@ -168,7 +168,7 @@ struct DeviceLoadOptions {
 };
 
 struct DeviceTensor {
-  size_t index = 0;  // in view.catalog().tensors
+  size_t index = 0;  // in view.served()
   std::string key;
   DType dtype = DType::kF32;  // as served
   std::vector<uint64_t> shape;  // as the catalog has it (complex types: before the real view)

@@ -58,6 +58,24 @@ class SourceFile {
 
 enum class PathType : uint8_t { kMissing, kFile, kFolder, kOther };
 
+// What an Env is, as far as anyone above the readers needs to know.
+struct EnvTraits {
+  // Its files are files of the local file system (SourceFile::local_path is set): their
+  // identities can be recorded and checked again later (the catalog cache).
+  bool local_files = false;
+  // A mount should push bytes ahead of a sequential reader into the page cache. False for an
+  // Env that reads ahead itself, where a push would fetch bytes nobody may read.
+  bool push_ahead = false;
+};
+
+// What an Env fetched over a network so far (for remote Envs: all of this process's).
+struct FetchCounters {
+  uint64_t requests = 0;          // requests sent, retries included
+  uint64_t bytes = 0;             // body bytes received
+  uint64_t retries = 0;           // requests that were tries after a transient failure
+  uint64_t disk_cache_bytes = 0;  // bytes served from the on-disk cache instead of the network
+};
+
 struct FolderEntry {
   std::string name;
   PathType type = PathType::kOther;
@@ -80,10 +98,22 @@ class Env {
   virtual Status ListFolder(const std::string& path, std::vector<FolderEntry>* out) = 0;
 
   // The whole content of file `path` (an index, a tag file). A file larger than
-  // `max_bytes` is kRefused with "<what> is N bytes, over the limit of M" followed by
-  // `hint` (how to raise the limit).
+  // `max_bytes` is kRefused with "<what> is N bytes, over the limit of M", naming
+  // `limit_option` (the option that raises the limit: Status::WithLimitOption).
   Status ReadSmallFile(const std::string& path, uint64_t max_bytes, std::string* out,
-                       std::string_view what = "file", std::string_view hint = {});
+                       std::string_view what = "file", std::string_view limit_option = {});
+
+  // What the Env is, for those above the readers (the open layer, the front ends) that
+  // must treat sources differently without naming their kind.
+  virtual EnvTraits traits() const = 0;
+
+  // The name a long-lived user of `path` (a mount: its fsname, its catalog's source) should
+  // know it by: for local files the absolute path with links resolved; `path` itself where
+  // there is nothing to resolve (or it cannot be).
+  virtual std::string CanonicalName(const std::string& path) const { return path; }
+
+  // What the Env fetched so far; false (and *out untouched) for an Env that fetches nothing.
+  virtual bool fetch_counters(FetchCounters* out) const { return false; }
 };
 
 // What ListFolder returns where the Env has no folder listing (a plain HTTP server); readers

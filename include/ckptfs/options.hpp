@@ -120,6 +120,17 @@ Status ParseCommandLineOption(const std::vector<std::string>& args, size_t* next
 // numbers for value options, true or false for switches; null means not given.
 Status ParseJsonOptions(const nlohmann::json& options, unsigned groups, OptionValues* out);
 
+// The spelling a front end gives an option in its messages.
+enum class OptionSpelling : uint8_t {
+  kMount,        // -o max_pickle=N
+  kCommandLine,  // the ckptfs command: --max-pickle N (and -o max_pickle=N, its mount's)
+  kJson,         // the C API and the Python package: max_pickle=N
+};
+
+// status.message() with, for a refusal over a read limit (Status::limit_option), how to raise
+// the limit in `spelling`: "...: more than 5 tensors (raise it with -o max_tensors=N)".
+std::string StatusText(const Status& status, OptionSpelling spelling);
+
 // Help lines for the options of `groups`: "  --dtype T         serve ...".
 std::string CommandLineHelp(unsigned groups);
 // The same for the mount: "  -o dtype=T        serve ...".
@@ -128,6 +139,9 @@ std::string MountHelp(unsigned groups);
 // "help", "front_ends"}], front ends named mount, read_command, export_command, load_command, open,
 // load_into.
 nlohmann::json DescribeOptions();
+// The formats ckptfs reads, one help line per reader of the registry: the formats `ckptfs
+// info` names its catalogs by, and what it reads ("  torch-zip         torch .pt/.bin: ...").
+std::string FormatsHelp();
 
 }  // namespace ckptfs
 

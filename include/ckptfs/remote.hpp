@@ -3,8 +3,9 @@
 // A remote source is one more Env (include/ckptfs/env.hpp): its paths are URLs
 // ("https://host/dir/model.pt", "s3://bucket/prefix/step_100"), JoinPath appends names to
 // them, and its SourceFiles fetch byte ranges on demand through a bounded block cache. The
-// format readers and the View never know which Env they read. EnvForSource is the one place
-// that picks the Env for a SOURCE argument; OpenCatalog calls it for every front end.
+// format readers, the View and the front ends never know which Env they read. EnvForSource is
+// the one place that picks the Env for a SOURCE argument; the open layer (include/ckptfs/open.hpp)
+// calls it for every front end.
 #ifndef CKPTFS_REMOTE_HPP_
 #define CKPTFS_REMOTE_HPP_
 
@@ -41,13 +42,9 @@ struct RemoteOptions {
   std::string ca_file;
 };
 
-// What this process fetched from remote sources so far (all Envs together).
-struct RemoteCounters {
-  uint64_t requests = 0;   // HTTP requests sent, retries included
-  uint64_t bytes = 0;      // body bytes received
-  uint64_t retries = 0;    // requests that were tries after a transient failure
-  uint64_t disk_cache_bytes = 0;  // bytes served from the on-disk cache instead of the network
-};
+// What this process fetched from remote sources so far (all Envs together); a remote Env's
+// fetch_counters.
+using RemoteCounters = FetchCounters;
 RemoteCounters RemoteCountersNow();
 
 // Whether `source` names a remote source (http://, https:// or s3://).

@@ -1,12 +1,16 @@
-// Opening a source: which format reader a path needs, and what the reader includes.
+// Reading a source's catalog: which format reader a path needs, and what the reader includes.
 //
-// The format layer's public entry point: the front ends (mount, command line, C API) call
-// OpenCatalog and never a reader directly, so a new format is a new reader behind it.
+// The format layer's public entry point. ReadCatalog walks the reader registry
+// (src/format/registry.hpp), so a new format is a new reader file and a registry line behind
+// it. The front ends call the open layer (include/ckptfs/open.hpp), which picks the Env, uses
+// the catalog cache and calls ReadCatalog; they never call a reader.
 #ifndef CKPTFS_SOURCE_HPP_
 #define CKPTFS_SOURCE_HPP_
 
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "ckptfs/catalog.hpp"
 #include "ckptfs/env.hpp"
@@ -23,8 +27,8 @@ struct SourceOptions {
   // "exp_avg.<name>" and "exp_avg_sq.<name>" after the weights.
   bool zero_moments = false;
   ReadLimits limits;
-  // Where the source lives; null means the Env EnvForSource picks for the SOURCE string
-  // (a remote Env for http(s):// and s3:// URLs, else the local file system).
+  // Where the source lives; null means the Env the open layer picks for the SOURCE string
+  // (EnvForSource: a remote Env for http(s):// and s3:// URLs, else the local file system).
   std::shared_ptr<Env> env;
   // How remote sources are fetched and cached.
   RemoteOptions remote;
@@ -33,18 +37,23 @@ struct SourceOptions {
   std::string catalog_cache;
 };
 
-// Detects the format of `source` (a file or a folder) and reads its catalog.
-Status OpenCatalog(const std::string& source, const SourceOptions& options, std::shared_ptr<const Catalog>* out);
-inline Status OpenCatalog(const std::string& source, std::shared_ptr<const Catalog>* out) {
-  return OpenCatalog(source, SourceOptions{}, out);
-}
+// Detects the format of `source` (a file or a folder reached through `env`: the first reader of
+// the registry whose detect accepts it) and reads its catalog, then checks it: at most
+// options.limits.tensors tensors (CheckTensorLimit), each laid out exactly inside its files.
+Status ReadCatalog(const std::string& source, std::shared_ptr<Env> env, const SourceOptions& options,
+                   std::shared_ptr<Catalog>* out);
 
-// Whether OpenCatalog(source, options) would find the catalog in the catalog cache: an
-// intact entry of the current version, for these options, whose files are unchanged and
-// whose tensor keys are distinct. Checks the entry's checksum and the files' identities only
-// (a small part of reading it) and prints nothing. A mount that gets true mounts first and
-// opens the catalog in its daemon.
-bool CatalogCacheHit(const std::string& source, const SourceOptions& options);
+// kRefused when `catalog` (of `source`) has more tensors than `limits` allow.
+Status CheckTensorLimit(const Catalog& catalog, const std::string& source, const ReadLimits& limits);
+
+// A format reader of the registry, as help texts and the README's table of sources name it.
+struct ReaderDescription {
+  std::string_view name;                  // "torch-zip"
+  std::string_view description;           // "torch .pt/.bin: a torch.save zip (torch >= 1.6)"
+  std::vector<std::string_view> formats;  // the Catalog::format values of its catalogs
+};
+// Every reader, in the order detection tries them.
+std::vector<ReaderDescription> DescribeReaders();
 
 }  // namespace ckptfs
 

@@ -3,7 +3,8 @@
 // Every fallible operation in the core returns a Status. An error carries a code
 // (what kind of failure) and one human-readable line that names the file and the
 // problem ("ck.pt: record data/3 is compressed; tensor data must be stored").
-// Front ends print that line as is; the FUSE edge maps the code to an errno.
+// Front ends print that line (with the option that raises a read limit, when it names one,
+// in their own spelling); the FUSE edge maps the code to an errno.
 #ifndef CKPTFS_STATUS_HPP_
 #define CKPTFS_STATUS_HPP_
 
@@ -59,12 +60,25 @@ class Status {
   // The errno given to FromErrno, or 0.
   int sys_errno() const { return sys_errno_; }
 
+  // A refusal over a read limit names the option that raises it ("max_pickle": a name of the
+  // option table, in static storage). The core never spells an option: each front end says
+  // how to set it in its own spelling (StatusText, include/ckptfs/options.hpp), inserted at
+  // limit_option_at() in message(). Empty for other statuses.
+  Status WithLimitOption(std::string_view option) const;
+  // This status naming the limit option `from` names (same place in the message): for an
+  // error rebuilt from another's message.
+  Status WithLimitOptionOf(const Status& from) const;
+  std::string_view limit_option() const { return limit_option_; }
+  size_t limit_option_at() const { return limit_option_at_; }
+
  private:
   Status(Code code, std::string_view where, std::string_view what);
 
   Code code_ = Code::kOk;
   int sys_errno_ = 0;
   std::string message_;
+  std::string_view limit_option_;
+  size_t limit_option_at_ = 0;
 };
 
 }  // namespace ckptfs

@@ -2,6 +2,7 @@
 #include "ckptfs/c_api.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "ckptfs/device.hpp"
 #include "ckptfs/diff.hpp"
+#include "ckptfs/open.hpp"
 #include "ckptfs/options.hpp"
 #include "ckptfs/tensor_map.hpp"
 #include "ckptfs/view.hpp"
@@ -103,14 +105,16 @@ CKPTFS_EXPORT ckptfs_handle* ckptfs_open(const char* source, const char* options
       SetError(s.message());
       return nullptr;
     }
-    std::shared_ptr<const Catalog> catalog;
-    Status s = OpenCatalog(source, options.source, &catalog);
-    auto handle = std::make_unique<ckptfs_handle>();
-    if (s.ok()) s = View::Build(std::move(catalog), options.view, &handle->view);
+    OpenedSource opened;
+    Status s = OpenSource(source, OpenRequest{options.source, options.view}, &opened);
+    // The library has no channel for warnings of its own: they go where the command's go.
+    for (const std::string& note : opened.notes) std::fprintf(stderr, "ckptfs: %s\n", note.c_str());
     if (!s.ok()) {
-      SetError(s.message());
+      SetError(StatusText(s, OptionSpelling::kJson));
       return nullptr;
     }
+    auto handle = std::make_unique<ckptfs_handle>();
+    handle->view = std::move(opened.view);
     const ServedTensors& presented = handle->view->served();
     handle->info = TensorInfo(*handle->view).dump();
     handle->source_files = SourceFilesInfo(*presented.source().files).dump();

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "ckptfs/catalog.hpp"
-#include "ckptfs/source.hpp"
+#include "ckptfs/open.hpp"
 #include "ckptfs/options.hpp"
 #include "ckptfs/status.hpp"
 #include "ckptfs/view.hpp"
@@ -25,7 +25,7 @@ int RunLoad(const Args& args);  // src/cli/load.cpp: stream tensors to a GPU
 int RunDiff(const Args& args);  // src/cli/diff.cpp: compare two checkpoints
 
 // Shared helpers.
-int Fail(const Status& status);                  // prints "ckptfs: MESSAGE", returns 1
+int Fail(const Status& status);  // prints "ckptfs: MESSAGE" (options in the command line's spelling), returns 1
 int UsageError(const std::string& what, const char* usage);  // returns 2
 
 // A command's options: those of the option table it takes (include/ckptfs/options.hpp:
@@ -49,9 +49,10 @@ struct CommandLine {
 int StartCommand(const Args& args, const CommandLine& command, ReadOptions* options,
                  std::vector<std::string>* positional);
 
-// OpenCatalog + ApplyViewOptions, for commands that list rather than read.
+// The tensors `source` serves with the view options, for commands that list rather than read
+// (OpenSource up to OpenStage::kServedTensors).
 Status OpenPresented(const std::string& source, const ReadOptions& options, ServedTensors* out);
-// The view of `source` with `options`.
+// The view of `source` with `options` (OpenSource).
 Status OpenView(const std::string& source, const ReadOptions& options, std::unique_ptr<View>* out);
 
 }  // namespace ckptfs::cli

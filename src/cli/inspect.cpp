@@ -7,7 +7,6 @@
 
 #include "ckptfs/catalog.hpp"
 #include "ckptfs/names.hpp"
-#include "ckptfs/remote.hpp"
 #include "ckptfs/view.hpp"
 #include "cli/commands.hpp"
 #include "io/json_text.hpp"
@@ -25,16 +24,24 @@ constexpr char kLsUsage[] =
     "  --json            print a JSON array of {key, path, dtype, torch_dtype, shape, nbytes, file}\n";
 constexpr CommandLine kLs = {kLsUsage, true, kReadCommandGroups, 1, "ls takes one SOURCE"};
 
-constexpr char kInfoUsage[] =
+constexpr char kInfoUsageHead[] =
     "usage: ckptfs info [--json] [OPTIONS] SOURCE\n"
     "\n"
-    "Prints the format (torch-zip, torch-legacy, torchscript, torch-export, safetensors,\n"
-    "torch-zip-folder, safetensors-folder, deepspeed-zero, deepspeed-pipeline, dcp,\n"
-    "dcp-hf-shards), source files, tensor count, total tensor bytes, bytes per dtype and a summary of the\n"
-    "non-tensor metadata of SOURCE; for a remote SOURCE, the requests and bytes\n"
-    "building the catalog fetched.\n"
+    "Prints the format (one of those below), source files, tensor count, total tensor bytes,\n"
+    "bytes per dtype and a summary of the non-tensor metadata of SOURCE; for a source that is\n"
+    "fetched (a URL), the requests and bytes building the catalog fetched.\n"
+    "\n"
+    "formats:\n";
+constexpr char kInfoUsageTail[] =
+    "\n"
     "  --json            print the same as one JSON object\n";
-constexpr CommandLine kInfo = {kInfoUsage, true, kReadCommandGroups, 1, "info takes one SOURCE"};
+
+// The usage names the formats of the reader registry.
+const CommandLine& InfoCommand() {
+  static const std::string usage = kInfoUsageHead + FormatsHelp() + kInfoUsageTail;
+  static const CommandLine info = {usage.c_str(), true, kReadCommandGroups, 1, "info takes one SOURCE"};
+  return info;
+}
 
 void WriteAll(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
 
@@ -140,7 +147,7 @@ int RunLs(const Args& args) {
 int RunInfo(const Args& args) {
   ReadOptions options;
   std::vector<std::string> positional;
-  if (int rc = StartCommand(args, kInfo, &options, &positional); rc >= 0) return rc;
+  if (int rc = StartCommand(args, InfoCommand(), &options, &positional); rc >= 0) return rc;
   ServedTensors served;
   if (Status s = OpenPresented(positional[0], options, &served); !s.ok()) return Fail(s);
   const Catalog* catalog = &served.source();
@@ -167,9 +174,9 @@ int RunInfo(const Args& args) {
   info["metadata"] = json::object();
   if (served.metadata().is_object())
     for (auto& [k, v] : served.metadata().items()) info["metadata"][k] = Summarize(v);
-  // What building the catalog fetched from a remote source.
-  const RemoteCounters fetched = RemoteCountersNow();
-  if (IsRemoteSource(catalog->source))
+  // What building the catalog fetched, where its Env fetches.
+  FetchCounters fetched;
+  if (catalog->files->env().fetch_counters(&fetched))
     info["fetched"] = {{"requests", fetched.requests}, {"bytes", fetched.bytes}, {"retries", fetched.retries},
                        {"disk_cache_bytes", fetched.disk_cache_bytes}};
 

@@ -10,7 +10,7 @@
 namespace ckptfs::cli {
 
 int Fail(const Status& status) {
-  std::fprintf(stderr, "ckptfs: %s\n", status.message().c_str());
+  std::fprintf(stderr, "ckptfs: %s\n", StatusText(status, OptionSpelling::kCommandLine).c_str());
   return 1;
 }
 
@@ -62,30 +62,45 @@ int StartCommand(const Args& args, const CommandLine& command, ReadOptions* opti
   return -1;
 }
 
+namespace {
+
+// The one call of the open layer: its notes go to stderr as they would at a mount's start.
+Status OpenForCommand(const std::string& source, const ReadOptions& options, OpenStage stage, OpenedSource* out) {
+  Status s = OpenSource(source, OpenRequest{options.source, options.view, stage}, out);
+  for (const std::string& note : out->notes) std::fprintf(stderr, "ckptfs: %s\n", note.c_str());
+  return s;
+}
+
+}  // namespace
+
 Status OpenPresented(const std::string& source, const ReadOptions& options, ServedTensors* out) {
-  std::shared_ptr<const Catalog> catalog;
-  CKPTFS_RETURN_IF_ERROR(OpenCatalog(source, options.source, &catalog));
-  return ApplyViewOptions(std::move(catalog), options.view, out);
+  OpenedSource opened;
+  CKPTFS_RETURN_IF_ERROR(OpenForCommand(source, options, OpenStage::kServedTensors, &opened));
+  *out = std::move(opened.served);
+  return Status::OK();
 }
 
 Status OpenView(const std::string& source, const ReadOptions& options, std::unique_ptr<View>* out) {
-  std::shared_ptr<const Catalog> catalog;
-  CKPTFS_RETURN_IF_ERROR(OpenCatalog(source, options.source, &catalog));
-  return View::Build(std::move(catalog), options.view, out);
+  OpenedSource opened;
+  CKPTFS_RETURN_IF_ERROR(OpenForCommand(source, options, OpenStage::kView, &opened));
+  *out = std::move(opened.view);
+  return Status::OK();
 }
 
 }  // namespace ckptfs::cli
 
 namespace {
 
-constexpr char kUsage[] =
+constexpr char kUsageHead[] =
     "usage: ckptfs SOURCE MOUNTPOINT [-o OPTION,...] [-f] [-d] [-s]\n"
     "       ckptfs COMMAND [OPTIONS] ...\n"
     "\n"
-    "Presents a machine-learning checkpoint (torch .pt/.bin, legacy torch.save stream,\n"
-    "TorchScript archive, torch.export package, safetensors file or folder, DeepSpeed ZeRO\n"
-    "folder, torch.distributed.checkpoint folder) as safetensors files, reading tensor bytes\n"
-    "lazily from the source. SOURCE is a local path, an http(s):// URL or s3://BUCKET/KEY.\n"
+    "Presents a machine-learning checkpoint (a file or folder of a format below) as\n"
+    "safetensors files, reading tensor bytes lazily from the source. SOURCE is a local path,\n"
+    "an http(s):// URL or s3://BUCKET/KEY.\n"
+    "\n"
+    "formats:\n";
+constexpr char kUsageCommands[] =
     "\n"
     "commands:\n"
     "  mount SOURCE MOUNTPOINT\n"
@@ -103,6 +118,8 @@ constexpr char kUsage[] =
     "Run 'ckptfs COMMAND --help' for the options of a command; 'ckptfs --version' prints\n"
     "the version.\n";
 
+std::string Usage() { return kUsageHead + ckptfs::FormatsHelp() + kUsageCommands; }
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,13 +128,13 @@ int main(int argc, char** argv) {
   const std::string self = argv[0];
   if (self.substr(self.rfind('/') + 1) == "mount.ckptfs") return ckptfs::fuse::RunMount(argc - 1, argv + 1, true);
   if (argc < 2) {
-    std::fputs(kUsage, stderr);
+    std::fputs(Usage().c_str(), stderr);
     return 2;
   }
   const std::string command = argv[1];
   Args args(argv + 2, argv + argc);
   if (command == "--help" || command == "-h" || command == "help") {
-    std::fputs(kUsage, stdout);
+    std::fputs(Usage().c_str(), stdout);
     return 0;
   }
   if (command == "--version" || command == "-V") {

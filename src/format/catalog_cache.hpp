@@ -12,8 +12,8 @@
 //
 // Only local single-file sources (torch.save archives, safetensors files) are cached: a
 // folder, or the folder of a weight index, can gain files that no recorded identity would
-// reveal, and a URL's object has an identity the URL does not hold (OpenCatalog's
-// CacheableSource says why).
+// reveal, and a URL's object has an identity the URL does not hold (the open layer's
+// MayCacheCatalog, src/open/cached_catalog.cpp, says why).
 // Layout: doc/FORMATS.md, "Catalog cache".
 #ifndef CKPTFS_FORMAT_CATALOG_CACHE_HPP_
 #define CKPTFS_FORMAT_CATALOG_CACHE_HPP_
@@ -41,8 +41,8 @@ void LoadCachedCatalog(const std::string& source, const SourceOptions& options, 
 // Whether `source` opened with `options` would read its catalog from the cache: an intact
 // entry of the current version whose files, opened afresh, are unchanged, and whose tensor
 // keys are distinct (a View of it cannot fail for two keys naming one file). Checks the
-// entry's checksum, head and chunk table; decodes no tensor; says nothing on stderr
-// (OpenCatalog does, when it reads).
+// entry's checksum, head and chunk table; decodes no tensor; reports nothing (OpenCatalog
+// returns a note, when it reads).
 bool CachedCatalogUsable(const std::string& source, const SourceOptions& options);
 
 // Tensors per chunk of an entry: the unit that threads decode. A catalog of at most this

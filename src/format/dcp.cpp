@@ -15,7 +15,6 @@
 
 #include "format/chunk_boxes.hpp"
 #include "format/dcp_metadata.hpp"
-#include "format/limit_hint.hpp"
 #include "format/readers.hpp"
 #include "format/safetensors_header.hpp"
 #include "format/sibling_files.hpp"
@@ -105,13 +104,13 @@ Status ResolveStepFolder(Env& env, const std::string& dir, std::string* step) {
 Status Concerning(const Status& s, const std::string& fqn) {
   const std::string what = "while reading '" + fqn + "'";
   switch (s.code()) {
-    case Status::Code::kNotFound: return Status::NotFound(s.message(), what);
-    case Status::Code::kCorruption: return Status::Corruption(s.message(), what);
-    case Status::Code::kNotSupported: return Status::NotSupported(s.message(), what);
-    case Status::Code::kInvalidArgument: return Status::InvalidArgument(s.message(), what);
-    case Status::Code::kIOError: return Status::FromErrno(s.message(), what, s.sys_errno());
-    case Status::Code::kSourceChanged: return Status::SourceChanged(s.message(), what);
-    case Status::Code::kRefused: return Status::Refused(s.message(), what);
+    case Status::Code::kNotFound: return Status::NotFound(s.message(), what).WithLimitOptionOf(s);
+    case Status::Code::kCorruption: return Status::Corruption(s.message(), what).WithLimitOptionOf(s);
+    case Status::Code::kNotSupported: return Status::NotSupported(s.message(), what).WithLimitOptionOf(s);
+    case Status::Code::kInvalidArgument: return Status::InvalidArgument(s.message(), what).WithLimitOptionOf(s);
+    case Status::Code::kIOError: return Status::FromErrno(s.message(), what, s.sys_errno()).WithLimitOptionOf(s);
+    case Status::Code::kSourceChanged: return Status::SourceChanged(s.message(), what).WithLimitOptionOf(s);
+    case Status::Code::kRefused: return Status::Refused(s.message(), what).WithLimitOptionOf(s);
     case Status::Code::kOk: break;
   }
   return s;
@@ -188,7 +187,7 @@ Status DcpReader::Read(json* info) {
   Env& env = catalog_->files->env();
   std::string bytes;
   CKPTFS_RETURN_IF_ERROR(env.ReadSmallFile(metadata_path_, limits_.pickle_bytes, &bytes, "the .metadata pickle",
-                                           LimitHint("max_pickle")));
+                                           "max_pickle"));
   DcpMetadata meta;
   CKPTFS_RETURN_IF_ERROR(ParseDcpMetadata(std::move(bytes), metadata_path_, &meta, limits_));
   meta_ = &meta;
@@ -415,8 +414,8 @@ Status DcpReader::AddTensor(const DcpItem& item) {
       return Status::Corruption(metadata_path_, "'" + item.fqn + "': chunk size overflows");
   }
   if (catalog_->tensors.size() >= limits_.tensors)
-    return Status::Refused(metadata_path_, "more than " + std::to_string(limits_.tensors) + " tensors" +
-                                               LimitHint("max_tensors"));
+    return Status::Refused(metadata_path_, "more than " + std::to_string(limits_.tensors) + " tensors")
+        .WithLimitOption("max_tensors");
   catalog_->tensors.push_back(std::move(entry));
   return Status::OK();
 }
@@ -437,8 +436,8 @@ Status DcpReader::AddObject(const DcpItem& item) {
     t.key = t.path.empty() ? item.fqn : item.fqn + "." + FlattenKey(t.path);
     t.path = std::move(path);
     if (catalog_->tensors.size() >= limits_.tensors)
-      return Status::Refused(metadata_path_, "more than " + std::to_string(limits_.tensors) + " tensors" +
-                                                 LimitHint("max_tensors"));
+      return Status::Refused(metadata_path_, "more than " + std::to_string(limits_.tensors) + " tensors")
+          .WithLimitOption("max_tensors");
     catalog_->tensors.push_back(std::move(t));
   }
   return PlaceObject(item, std::move(value));
@@ -501,5 +500,21 @@ Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, C
   catalog->metadata[catalog->metadata.contains("dcp") ? "$dcp" : "dcp"] = std::move(info);
   return Status::OK();
 }
+
+// The non-tensor values of the torch_save serialization are torch.save archives.
+extern const ReaderEntry kDcpReader = {
+    .name = "dcp",
+    .description = "torch.distributed.checkpoint folder, or a run folder of step folders",
+    .formats = {"dcp"},
+    .number = kDcpFormat,
+    .reads_through = {"torch-zip"},
+    .detect = [](SourceProbe& probe, bool* is_format) {
+      *is_format = probe.is_folder() && IsDcpFolder(probe.env(), probe.source());
+      return Status::OK();
+    },
+    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
+      return ReadDcpCheckpoint(probe.source(), options, catalog);
+    },
+};
 
 }  // namespace ckptfs

@@ -167,4 +167,18 @@ Status ReadDcpHfShards(const std::string& dir, const SourceOptions& options, Cat
   return Status::OK();
 }
 
+extern const ReaderEntry kDcpHfShardsReader = {
+    .name = "dcp-hf-shards",
+    .description = "DCP Hugging Face storage shards folder (save_distributed=True)",
+    .formats = {"dcp-hf-shards"},
+    .number = kDcpHfShardsFormat,
+    .detect = [](SourceProbe& probe, bool* is_format) {
+      *is_format = probe.is_folder() && IsDcpHfShardFolder(probe.env(), probe.source());
+      return Status::OK();
+    },
+    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
+      return ReadDcpHfShards(probe.source(), options, catalog);
+    },
+};
+
 }  // namespace ckptfs

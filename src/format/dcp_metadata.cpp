@@ -7,7 +7,6 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "format/limit_hint.hpp"
 #include "format/pickle.hpp"
 #include "format/torch_archive.hpp"
 #include "io/checked_math.hpp"
@@ -156,7 +155,7 @@ Status MetadataParser::Parse(const PyValue* root) {
 
   if (sdm->entries().size() > limits_.tensors)
     return Status::Refused(where_, std::to_string(sdm->entries().size()) + " state-dict entries, over the limit of " +
-                                       std::to_string(limits_.tensors) + LimitHint("max_tensors"));
+                                       std::to_string(limits_.tensors)).WithLimitOption("max_tensors");
   std::unordered_set<std::string_view> seen;
   out_->items.reserve(sdm->entries().size());
   for (const auto& [k, v] : sdm->entries()) {
@@ -320,7 +319,8 @@ Status MetadataParser::ReadItem(const std::string& fqn, const PyValue* value, Dc
   if (!CheckedMul(uint64_t{chunks->items().size()}, 16 * uint64_t{rank}, &dims_bytes) ||
       !CheckedAdd(dims_bytes_, dims_bytes, &dims_bytes_) || dims_bytes_ > limits_.pickle_memory)
     return Status::Refused(where_, "'" + fqn + "': its chunk offsets and sizes would take more than " +
-                                       std::to_string(limits_.pickle_memory) + " bytes" + LimitHint("max_pickle_memory"));
+                                       std::to_string(limits_.pickle_memory) + " bytes")
+                                           .WithLimitOption("max_pickle_memory");
   item->chunk_slices.resize(chunks->items().size());
   item->chunk_dims.resize(chunks->items().size() * 2 * rank);
   for (size_t k = 0; k < chunks->items().size(); ++k) {
@@ -366,8 +366,8 @@ void MetadataParser::ReadStorageMeta(const PyValue* meta) {
 Status ParseDcpMetadata(std::string bytes, std::string_view where, DcpMetadata* out, const ReadLimits& limits) {
   if (bytes.size() > limits.pickle_bytes)
     return Status::Refused(where, "the .metadata pickle is " + std::to_string(bytes.size()) +
-                                      " bytes, over the limit of " + std::to_string(limits.pickle_bytes) +
-                                      LimitHint("max_pickle"));
+                                      " bytes, over the limit of " + std::to_string(limits.pickle_bytes))
+                                          .WithLimitOption("max_pickle");
   Pickle pickle;
   CKPTFS_RETURN_IF_ERROR(ParseOwnedPickle(std::move(bytes), where, &pickle, limits.pickle_memory));
   *out = DcpMetadata{};

@@ -6,7 +6,6 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "format/limit_hint.hpp"
 #include "format/readers.hpp"
 #include "format/sibling_files.hpp"
 
@@ -30,7 +29,7 @@ bool IsIndex(std::string_view name) {
 Status ReadIndex(Env& env, const std::string& path, const ReadLimits& limits, std::vector<std::string>* shards,
                  std::unordered_map<std::string, std::string>* weight_map, json* index_metadata) {
   std::string text;
-  CKPTFS_RETURN_IF_ERROR(env.ReadSmallFile(path, limits.header_bytes, &text, "index", LimitHint("max_header")));
+  CKPTFS_RETURN_IF_ERROR(env.ReadSmallFile(path, limits.header_bytes, &text, "index", "max_header"));
   json doc = json::parse(text, nullptr, false);
   if (doc.is_discarded() || !doc.is_object() || !doc.contains("weight_map") || !doc["weight_map"].is_object())
     return Status::Corruption(path, "index is not a JSON object with a weight_map");
@@ -176,5 +175,29 @@ Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const Read
   return AddSiblingFiles(dir, names, [&used](const std::string& n) { return used.count(n) > 0 || IsIndex(n); },
                          catalog);
 }
+
+// Any folder the folder readers tried before it did not take, or a weight index: an index
+// names its shards relative to its own folder, which is read as a checkpoint folder with that
+// index (over HTTP the index is how the shards are found at all).
+extern const ReaderEntry kCheckpointFolderReader = {
+    .name = "folder",
+    .description = "safetensors or torch model folder (Hugging Face layout), or its weight index",
+    .formats = {"safetensors-folder", "torch-zip-folder"},
+    .number = kCheckpointFolderFormat,
+    .reads_through = {"safetensors", "torch-zip", "torch-legacy"},
+    .detect = [](SourceProbe& probe, bool* is_format) {
+      *is_format = probe.is_folder() || (probe.is_file() && (probe.NameEndsWith(".safetensors.index.json") ||
+                                                             probe.NameEndsWith(".bin.index.json")));
+      return Status::OK();
+    },
+    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
+      const std::string& source = probe.source();
+      if (probe.is_folder()) return ReadCheckpointFolder(source, catalog, options.limits);
+      const size_t slash = source.rfind('/');
+      const std::string dir = slash == std::string::npos ? "." : source.substr(0, slash);
+      const std::string index_name = slash == std::string::npos ? source : source.substr(slash + 1);
+      return ReadCheckpointFolder(dir, catalog, options.limits, index_name);
+    },
+};
 
 }  // namespace ckptfs

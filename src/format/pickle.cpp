@@ -13,7 +13,6 @@
 #include <unordered_set>
 
 #include "format/byte_reader.hpp"
-#include "format/limit_hint.hpp"
 
 namespace ckptfs {
 
@@ -318,8 +317,8 @@ class Machine {
   }
   Status OverLimit() const {
     return Status::Refused(where_, "pickle: reading it would take more than " + std::to_string(memory_limit_) +
-                                       " bytes of memory (at byte " + std::to_string(op_pos_) + ")" +
-                                       LimitHint("max_pickle_memory"));
+                                       " bytes of memory (at byte " + std::to_string(op_pos_) + ")")
+                                           .WithLimitOption("max_pickle_memory");
   }
   PyRef Make(K kind, bool keep = false) { return B::NewValue(out_, kind, keep); }
   Status Pop(PyRef* out) {

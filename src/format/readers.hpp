@@ -1,9 +1,11 @@
 // Format readers: each appends what it learns from its source files to a Catalog.
 // They parse metadata only (zip directories, pickles, headers) and never read or
-// execute tensor data. See doc/FORMATS.md for the rules each one enforces.
+// execute tensor data. See doc/FORMATS.md for the rules each one enforces. Detection reaches
+// them through their registry entries (format/registry.hpp); these are the functions the
+// entries and other readers (a folder's weight files, DCP's torch_save values) call.
 //
-// Each reader has a format number (k...Format, beside its declaration). The catalog cache
-// records the numbers of the readers that built a catalog with it (ReaderStamp) and serves
+// Each reader has a format number (k...Format, beside its declaration; ReaderEntry::number).
+// The catalog cache records the numbers of the readers that built a catalog with it (ReaderStamp) and serves
 // the catalog only while they are the same, so bump a reader's number whenever the catalog
 // it builds from the same bytes changes: a tensor added, dropped, renamed, reshaped or placed
 // at other bytes, metadata or sibling files changed, a file accepted that was refused. A
@@ -19,6 +21,7 @@
 #include "ckptfs/catalog.hpp"
 #include "ckptfs/source.hpp"
 #include "ckptfs/status.hpp"
+#include "format/registry.hpp"
 
 namespace ckptfs {
 
@@ -61,6 +64,8 @@ inline constexpr uint32_t kTorchExportFormat = 1;
 // "torch-export" (<archive>/archive_format says pt2) or "torch-zip". The directory it reads
 // is left in `*zip` (empty when the file is not a readable zip) for ReadTorchZip.
 Status TorchZipKind(const std::string& path, SourceFiles* files, std::string* kind, ZipArchive* zip);
+// Whether the probed source is a zip whose TorchZipKind is `kind` (the zip-based readers' detect).
+Status IsTorchZipOfKind(SourceProbe& probe, std::string_view kind, bool* is_kind);
 
 // One .safetensors file; its "__metadata__" strings go to `*metadata`.
 Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, nlohmann::json* metadata,
@@ -108,13 +113,6 @@ bool IsDcpHfShardFolder(Env& env, const std::string& dir);
 // files in the folder are served as they are.
 Status ReadDcpHfShards(const std::string& dir, const SourceOptions& options, Catalog* catalog);
 inline constexpr uint32_t kDcpHfShardsFormat = 1;
-
-// What identifies the code that builds a catalog whose Catalog::format is `format`, as the
-// catalog cache records and compares it: the project version, the number of OpenCatalog's
-// choice of reader, and the format numbers of the reader that builds such a catalog and of
-// the readers it reads files through ("ckptfs 0.1.0; detection 1; torch-zip 1"). Empty when
-// no reader builds `format`.
-std::string ReaderStamp(std::string_view format);
 
 }  // namespace ckptfs
 

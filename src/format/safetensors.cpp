@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "format/byte_reader.hpp"
-#include "format/limit_hint.hpp"
 #include "format/readers.hpp"
 #include "format/safetensors_header.hpp"
 
@@ -256,7 +255,7 @@ Status ParseSafetensorsHeader(const SourceFiles& files, const FileWindow& window
   ByteReader(std::string_view(len_bytes, 8)).U64(&header_len);
   if (header_len > limits.header_bytes)
     return Status::Refused(where, "safetensors: header length " + std::to_string(header_len) + " exceeds the limit of " +
-                                      std::to_string(limits.header_bytes) + " bytes" + LimitHint("max_header"));
+                                      std::to_string(limits.header_bytes) + " bytes").WithLimitOption("max_header");
   if (header_len > size - 8) return bad("header length " + std::to_string(header_len) + " runs past the end of the file");
   std::string header(header_len, '\0');
   CKPTFS_RETURN_IF_ERROR(files.ReadExact(window.file, window.base + 8, header_len, header.data()));
@@ -270,8 +269,8 @@ Status ParseSafetensorsHeader(const SourceFiles& files, const FileWindow& window
     return bad("key '" + repeated + "' appears twice in the header");
   if (reader.entries() > limits.tensors + 1)  // + __metadata__
     return Status::Refused(where, "safetensors: header lists " + std::to_string(reader.entries()) +
-                                      " entries, over the limit of " + std::to_string(limits.tensors) + " tensors" +
-                                      LimitHint("max_tensors"));
+                                      " entries, over the limit of " + std::to_string(limits.tensors) + " tensors")
+                                          .WithLimitOption("max_tensors");
   if (!reader.error().empty()) return bad(reader.error());
 
   std::vector<SafetensorsTensor> tensors = reader.TakeTensors();
@@ -324,5 +323,24 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, json* meta
   }
   return Status::OK();
 }
+
+// By content (byte 8 opens the JSON header), or by name so that a damaged header gets a
+// safetensors error message.
+extern const ReaderEntry kSafetensorsReader = {
+    .name = "safetensors",
+    .description = "safetensors file",
+    .formats = {"safetensors"},
+    .number = kSafetensorsFormat,
+    .detect = [](SourceProbe& probe, bool* is_format) {
+      std::string_view head;
+      if (probe.is_file()) CKPTFS_RETURN_IF_ERROR(probe.Head(&head));
+      *is_format = probe.is_file() && ((head.size() >= 9 && head[8] == '{') || probe.NameEndsWith(".safetensors"));
+      return Status::OK();
+    },
+    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
+      catalog->format = "safetensors";
+      return ReadSafetensorsFile(probe.source(), catalog, &catalog->metadata, options.limits);
+    },
+};
 
 }  // namespace ckptfs

@@ -10,7 +10,6 @@
 #include <utility>
 #include <vector>
 
-#include "format/limit_hint.hpp"
 #include "format/page_prefault.hpp"
 #include "format/readers.hpp"
 #include "format/torch_archive.hpp"
@@ -196,7 +195,8 @@ Status TorchZipReader::Read(const PyValue* root, size_t value_count, json* metad
 Status TorchZipReader::AddTensor(TensorEntry t, const std::vector<PathElement>& path) {
   const size_t count = stream_ ? stream_->first() + walk_order_.size() : catalog_->tensors.size();
   if (count >= limits_.tensors)
-    return Status::Refused(path_, "more than " + std::to_string(limits_.tensors) + " tensors" + LimitHint("max_tensors"));
+    return Status::Refused(path_, "more than " + std::to_string(limits_.tensors) + " tensors")
+        .WithLimitOption("max_tensors");
   t.path = path;
   t.key = path.empty() ? "tensor" : FlattenKey(path);
   if (stream_) {
@@ -220,7 +220,8 @@ Status TorchZipReader::AddTaken(uint64_t index, const std::vector<PathElement>& 
     return AddTensor(std::move(copy), path);
   }
   if (stream_->first() + walk_order_.size() >= limits_.tensors)
-    return Status::Refused(path_, "more than " + std::to_string(limits_.tensors) + " tensors" + LimitHint("max_tensors"));
+    return Status::Refused(path_, "more than " + std::to_string(limits_.tensors) + " tensors")
+        .WithLimitOption("max_tensors");
   named_[index] = true;
   TensorEntry& t = catalog_->tensors[at];
   t.path = path;
@@ -483,5 +484,21 @@ Status ReadTorchZip(const std::string& path, Catalog* catalog, json* metadata, c
   CKPTFS_RETURN_IF_ERROR(catalog->files->Add(path, &file));
   return ReadTorchZipIn(catalog->files->whole(file), catalog, metadata, limits, opened);
 }
+
+// Any zip the TorchScript and torch.export readers (tried first) did not take.
+extern const ReaderEntry kTorchZipReader = {
+    .name = "torch-zip",
+    .description = "torch .pt/.bin: a torch.save zip (torch >= 1.6)",
+    .formats = {"torch-zip"},
+    .number = kTorchZipFormat,
+    .detect = [](SourceProbe& probe, bool* is_format) {
+      *is_format = false;
+      return probe.is_file() ? probe.HeadStartsWith(std::string_view("PK\x03\x04", 4), is_format) : Status::OK();
+    },
+    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
+      catalog->format = "torch-zip";
+      return ReadTorchZip(probe.source(), catalog, &catalog->metadata, options.limits, probe.zip());
+    },
+};
 
 }  // namespace ckptfs

@@ -1,7 +1,6 @@
 #include "format/torch_archive.hpp"
 
 #include "format/byte_reader.hpp"
-#include "format/limit_hint.hpp"
 #include "format/readers.hpp"
 
 namespace ckptfs {
@@ -177,8 +176,8 @@ Status TorchArchive::ParseObject(PickleCache* cache, PickleCallHook* hook) {
   std::string pickle_bytes;
   if (pkl->uncompressed_size > limits_.pickle_bytes)
     return Status::Refused(path_, pickle_name_ + " is " + std::to_string(pkl->uncompressed_size) +
-                                      " bytes, over the limit of " + std::to_string(limits_.pickle_bytes) +
-                                      LimitHint("max_pickle"));
+                                      " bytes, over the limit of " + std::to_string(limits_.pickle_bytes))
+                                          .WithLimitOption("max_pickle");
   if (hook) {
     // Read a window at a time, as the parse goes.
     if (pkl->method != ZipArchive::kMethodStored)
@@ -423,6 +422,17 @@ Status TorchZipKind(const std::string& path, SourceFiles* files, std::string* ki
   const std::string prefix(first.substr(0, slash + 1));
   if (zip->Find(prefix + "constants.pkl")) *kind = "torchscript";
   else if (zip->Find(prefix + "archive_format") && !zip->Find(prefix + "data.pkl")) *kind = "torch-export";
+  return Status::OK();
+}
+
+Status IsTorchZipOfKind(SourceProbe& probe, std::string_view kind, bool* is_kind) {
+  *is_kind = false;
+  bool zip = false;
+  if (probe.is_file()) CKPTFS_RETURN_IF_ERROR(probe.HeadStartsWith(std::string_view("PK\x03\x04", 4), &zip));
+  if (!zip) return Status::OK();
+  std::string_view found;
+  CKPTFS_RETURN_IF_ERROR(probe.TorchZipKind(&found));
+  *is_kind = found == kind;
   return Status::OK();
 }
 

@@ -12,7 +12,6 @@
 #include <string>
 #include <unordered_set>
 
-#include "format/limit_hint.hpp"
 #include "format/readers.hpp"
 #include "format/torch_archive.hpp"
 #include "io/checked_math.hpp"
@@ -84,8 +83,8 @@ Status ExportReader::ReadRecord(const std::string& name, uint64_t max_size, std:
   if (!e) return Bad("torch.export package without the record " + archive_.prefix() + name);
   if (e->uncompressed_size > max_size)
     return Status::Refused(path_, "record " + archive_.prefix() + name + " is " + std::to_string(e->uncompressed_size) +
-                                      " bytes, over the limit of " + std::to_string(max_size) +
-                                      LimitHint("max_header"));
+                                      " bytes, over the limit of " + std::to_string(max_size))
+                                          .WithLimitOption("max_header");
   return archive_.zip().ReadStored(*e, max_size, out);
 }
 
@@ -239,5 +238,17 @@ Status ReadTorchExport(const std::string& path, Catalog* catalog, json* metadata
   ExportReader reader(path, catalog, limits);
   return reader.Read(metadata);
 }
+
+extern const ReaderEntry kTorchExportReader = {
+    .name = "torch-export",
+    .description = "torch.export package (.pt2)",
+    .formats = {"torch-export"},
+    .number = kTorchExportFormat,
+    .detect = [](SourceProbe& probe, bool* is_format) { return IsTorchZipOfKind(probe, "torch-export", is_format); },
+    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
+      catalog->format = "torch-export";
+      return ReadTorchExport(probe.source(), catalog, &catalog->metadata, options.limits);
+    },
+};
 
 }  // namespace ckptfs

@@ -11,7 +11,6 @@
 #include <string>
 #include <unordered_map>
 
-#include "format/limit_hint.hpp"
 #include "format/readers.hpp"
 #include "format/torch_archive.hpp"
 #include "io/checked_math.hpp"
@@ -105,7 +104,7 @@ Status LegacyReader::ReadPickleAt(uint64_t offset, std::string_view what, Pickle
     if (!pickle_end.needs_more || window == available) return s;
     if (window >= limits_.pickle_bytes)
       return Status::Refused(path_, std::string(what) + " is longer than the limit of " +
-                                        std::to_string(limits_.pickle_bytes) + " bytes" + LimitHint("max_pickle"));
+                                        std::to_string(limits_.pickle_bytes) + " bytes").WithLimitOption("max_pickle");
     window = std::min({window * 2, available, limits_.pickle_bytes});
   }
 }
@@ -281,5 +280,24 @@ Status ReadTorchLegacy(const std::string& path, std::string_view head, Catalog* 
   LegacyReader reader(catalog, file, limits);
   return reader.Read(metadata);
 }
+
+extern const ReaderEntry kTorchLegacyReader = {
+    .name = "torch-legacy",
+    .description = "legacy torch.save stream (torch < 1.6)",
+    .formats = {"torch-legacy"},
+    .number = kTorchLegacyFormat,
+    .detect = [](SourceProbe& probe, bool* is_format) {
+      std::string_view head;
+      if (probe.is_file()) CKPTFS_RETURN_IF_ERROR(probe.Head(&head));
+      *is_format = probe.is_file() && IsTorchLegacy(head);
+      return Status::OK();
+    },
+    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
+      catalog->format = "torch-legacy";
+      std::string_view head;
+      CKPTFS_RETURN_IF_ERROR(probe.Head(&head));
+      return ReadTorchLegacy(probe.source(), head, catalog, &catalog->metadata, options.limits);
+    },
+};
 
 }  // namespace ckptfs

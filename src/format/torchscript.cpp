@@ -79,4 +79,16 @@ Status ReadTorchScript(const std::string& path, Catalog* catalog, json* metadata
   return Status::OK();
 }
 
+extern const ReaderEntry kTorchScriptReader = {
+    .name = "torchscript",
+    .description = "TorchScript archive (torch.jit.save)",
+    .formats = {"torchscript"},
+    .number = kTorchScriptFormat,
+    .detect = [](SourceProbe& probe, bool* is_format) { return IsTorchZipOfKind(probe, "torchscript", is_format); },
+    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
+      catalog->format = "torchscript";
+      return ReadTorchScript(probe.source(), catalog, &catalog->metadata, options.limits);
+    },
+};
+
 }  // namespace ckptfs

@@ -11,7 +11,6 @@
 #include <unordered_set>
 
 #include "format/byte_reader.hpp"
-#include "format/limit_hint.hpp"
 #include "format/readers.hpp"
 #include "format/sibling_files.hpp"
 #include "format/torch_archive.hpp"
@@ -620,7 +619,7 @@ Status ReadDeepSpeedCheckpoint(const std::string& dir, const SourceOptions& opti
   if (env.Stat(latest_path, &type).ok() && type == PathType::kFile) {
     std::string text;
     CKPTFS_RETURN_IF_ERROR(
-        env.ReadSmallFile(latest_path, options.limits.header_bytes, &text, "'latest'", LimitHint("max_header")));
+        env.ReadSmallFile(latest_path, options.limits.header_bytes, &text, "'latest'", "max_header"));
     tag = Trim(text);
     if (tag.empty() || tag.find('/') != std::string::npos || tag == "." || tag == "..")
       return Status::Corruption(latest_path, "does not name a checkpoint tag");
@@ -632,5 +631,19 @@ Status ReadDeepSpeedCheckpoint(const std::string& dir, const SourceOptions& opti
   CKPTFS_RETURN_IF_ERROR(reader.Read());
   return tag_dir == dir ? Status::OK() : AddSaveFolderFiles(env, dir, catalog);
 }
+
+extern const ReaderEntry kDeepSpeedReader = {
+    .name = "deepspeed",
+    .description = "DeepSpeed ZeRO 1/2/3 or pipeline folder",
+    .formats = {"deepspeed-zero", "deepspeed-pipeline"},
+    .number = kDeepSpeedFormat,
+    .detect = [](SourceProbe& probe, bool* is_format) {
+      *is_format = probe.is_folder() && IsDeepSpeedFolder(probe.env(), probe.source());
+      return Status::OK();
+    },
+    .read = [](SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
+      return ReadDeepSpeedCheckpoint(probe.source(), options, catalog);
+    },
+};
 
 }  // namespace ckptfs

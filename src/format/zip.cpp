@@ -8,7 +8,6 @@
 #include <xxhash.h>
 
 #include "format/byte_reader.hpp"
-#include "format/limit_hint.hpp"
 #include "format/page_prefault.hpp"
 #include "io/parallel.hpp"
 
@@ -176,8 +175,8 @@ Status ZipArchive::Open(const SourceFiles& files, FileWindow window, uint64_t ma
     return Corrupt("central directory is too small for its entry count");
   if (entry_count > max_entries)
     return Status::Refused(files.Describe(window_), "zip directory lists " + std::to_string(entry_count) +
-                                                        " entries, over the limit of " + std::to_string(max_entries) +
-                                                        LimitHint("max_tensors"));
+                                                        " entries, over the limit of " + std::to_string(max_entries))
+                                                            .WithLimitOption("max_tensors");
   CKPTFS_RETURN_IF_ERROR(ParseCentralDirectory(cd_offset, cd_size, entry_count));
   // The name index and the check that records lie apart only read the entries: a large
   // directory (a million entries: ~40 ms of the two) builds its index on a second thread

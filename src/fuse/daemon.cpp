@@ -5,7 +5,6 @@
 #include "fuse/daemon.hpp"
 
 #include <fcntl.h>
-#include <malloc.h>
 #include <sys/stat.h>
 #include <syslog.h>
 #include <unistd.h>
@@ -21,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "ckptfs/open.hpp"
 #include "ckptfs/options.hpp"
 #include "fuse/filesystem.hpp"
 #include "fuse/push_ahead.hpp"
@@ -33,12 +33,13 @@ constexpr char kUsageHead[] =
     "usage: ckptfs SOURCE MOUNTPOINT [-o OPTION,...] [-f] [-d] [-s]\n"
     "       ckptfs mount SOURCE MOUNTPOINT [...]\n"
     "\n"
-    "Mounts the checkpoint SOURCE (torch .pt/.bin, legacy torch.save stream, TorchScript\n"
-    "archive, torch.export package, safetensors file or folder, DeepSpeed ZeRO folder,\n"
-    "torch.distributed.checkpoint folder, or a model folder of these) read-only at\n"
-    "MOUNTPOINT: model.safetensors, tensors/<key>.safetensors, manifest.json,\n"
-    "metadata.json and the folder's other files. Returns once the mount is ready;\n"
-    "unmount with 'fusermount3 -u MOUNTPOINT'.\n"
+    "Mounts the checkpoint SOURCE (a file or folder of a format below, on disk, at an\n"
+    "http(s):// URL or at s3://BUCKET/KEY) read-only at MOUNTPOINT: model.safetensors,\n"
+    "tensors/<key>.safetensors, manifest.json, metadata.json and the folder's other files.\n"
+    "Returns once the mount is ready; unmount with 'fusermount3 -u MOUNTPOINT'.\n"
+    "\n"
+    "formats:\n";
+constexpr char kUsageFlags[] =
     "\n"
     "  -f                stay in the foreground\n"
     "  -d                debug output (implies -f)\n"
@@ -126,10 +127,10 @@ std::string ReadaheadKnob(const std::string& mountpoint) {
 // machine `dd`/`cp` can lose up to 20 %: the pushes cost the daemon about 0.26 CPU-seconds
 // per 2.2 GB, and a reader that catches up with them waits for a READ the kernel's readahead
 // would have sent ahead. Loaders are what the mount is mostly read by, hence on by default.
-// Remote sources are never pushed: their Env has its own readahead, and a push would fetch
-// bytes nobody may read.
-uint64_t PushAheadWindow(const std::string& source) {
-  if (IsRemoteSource(source)) return 0;
+// Only where the source's Env asks for it (EnvTraits::push_ahead): a remote Env has its own
+// readahead, and a push would fetch bytes nobody may read.
+uint64_t PushAheadWindow(const Env& env) {
+  if (!env.traits().push_ahead) return 0;
   constexpr uint64_t kDefaultMib = 256;
   const char* mib = std::getenv("CKPTFS_PUSH_AHEAD_MIB");
   const uint64_t window_mib = (mib && *mib) ? std::strtoull(mib, nullptr, 10) : kDefaultMib;
@@ -204,25 +205,27 @@ struct FuseArgs {
 
 }  // namespace
 
-// The catalog of `source` and the View the mount serves, into fs->view.
-static Status OpenCatalogAndView(const std::string& source, const OptionValues& values, Filesystem* fs) {
-  std::shared_ptr<const Catalog> catalog;
-  CKPTFS_RETURN_IF_ERROR(OpenCatalog(source, values.source, &catalog));
-  // Parsing left freed memory in the heap (a million-tensor pickle's values, the catalog
-  // reader's scratch): hand it back before the View's build allocates its own scratch on
-  // top (the names it sorts), or the two add up in the mount's peak; and again after, or
-  // the daemon keeps that peak as its resident size for the life of the mount.
-  malloc_trim(0);
-  CKPTFS_RETURN_IF_ERROR(View::Build(std::move(catalog), values.view, &fs->view));
-  malloc_trim(0);
-  return Status::OK();
+// The View the mount serves of `source`, into fs->view; its notes go to `note` (stderr before
+// the daemon is detached, the log after).
+static Status OpenForMount(const std::string& source, const OpenRequest& request, Filesystem* fs,
+                           void (*note)(const std::string&)) {
+  OpenedSource opened;
+  Status s = OpenSource(source, request, &opened);
+  for (const std::string& line : opened.notes) note(line);
+  if (s.ok()) fs->view = std::move(opened.view);
+  return s;
 }
+
+static void NoteOnStderr(const std::string& line) { std::fprintf(stderr, "ckptfs: %s\n", line.c_str()); }
+static void NoteInLog(const std::string& line) { fuse_log(FUSE_LOG_WARNING, "ckptfs: %s\n", line.c_str()); }
 
 int RunMount(int argc, char** argv, bool as_mount_helper) {
   ParsedCommandLine cl;
   if (!Parse(argc, argv, as_mount_helper, &cl)) return cl.bad_value ? 1 : 2;
   if (cl.help) {
     std::fputs(kUsageHead, stdout);
+    std::fputs(FormatsHelp().c_str(), stdout);
+    std::fputs(kUsageFlags, stdout);
     std::fputs(MountHelp(kMountGroups).c_str(), stdout);
     std::fputs(kUsageTail, stdout);
     fuse_cmdline_help();
@@ -230,9 +233,12 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
     return 0;
   }
 
-  char resolved[PATH_MAX];
-  std::string source = !IsRemoteSource(cl.source) && ::realpath(cl.source.c_str(), resolved) ? std::string(resolved)
-                                                                                             : cl.source;
+  // The Env is chosen once, here, for the name the mount shows (its canonical name: a local
+  // path resolved) and for what the daemon does with it; a SOURCE it refuses is reported
+  // where the open would have reported it, after the mountpoint's checks.
+  OpenRequest request{cl.values.source, cl.values.view, OpenStage::kView, /*trim_heap=*/true};
+  const Status env_status = ChooseEnv(cl.source, cl.values.source, &request.source.env);
+  const std::string source = request.source.env ? request.source.env->CanonicalName(cl.source) : cl.source;
   std::vector<std::string> fuse_argv = {"ckptfs", cl.mountpoint};
   for (auto& f : cl.flags) fuse_argv.push_back(f);
   std::string opts = "ro,default_permissions,subtype=ckptfs,fsname=" + EscapeOptionValue(source);
@@ -268,18 +274,22 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
   Filesystem fs;
   fs.uid = ::getuid();
   fs.gid = ::getgid();
+  if (!env_status.ok()) {
+    std::fprintf(stderr, "ckptfs: %s\n", StatusText(env_status, OptionSpelling::kMount).c_str());
+    return 1;
+  }
   // With a usable catalog cache entry the catalog and View are made in the daemon, after
   // the mount: the command returns once the entry is checked (~0.1 s for a million tensors
   // instead of ~0.5 s), and the first request waits for the rest. Only where nothing left
   // can fail for a reason the user must see: the entry is intact, its files unchanged, its
   // keys distinct (no two files of one name), and no root= prefix (which may match nothing)
   // or checksums (which read every tensor) are asked for.
-  const ViewOptions& view_options = cl.values.view;
+  const ViewOptions& view_options = request.view;
   const bool open_in_daemon =
-      view_options.root.empty() && !view_options.checksums && CatalogCacheHit(source, cl.values.source);
+      view_options.root.empty() && !view_options.checksums && CatalogCacheHit(source, request.source);
   if (!open_in_daemon) {
-    if (Status s = OpenCatalogAndView(source, cl.values, &fs); !s.ok()) {
-      std::fprintf(stderr, "ckptfs: %s\n", s.message().c_str());
+    if (Status s = OpenForMount(source, request, &fs, NoteOnStderr); !s.ok()) {
+      std::fprintf(stderr, "ckptfs: %s\n", StatusText(s, OptionSpelling::kMount).c_str());
       return 1;
     }
   }
@@ -297,13 +307,14 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
       Status opened;
       const bool daemonized = fuse_daemonize(fopts.foreground) == 0;
       if (daemonized && open_in_daemon) {
-        opened = OpenCatalogAndView(source, cl.values, &fs);
+        opened = OpenForMount(source, request, &fs, NoteInLog);
         // Not expected after the checks above (the entry could be replaced in between, and
         // is then read like any source): the mount must not stay with nothing behind it.
-        if (!opened.ok()) fuse_log(FUSE_LOG_ERR, "ckptfs: %s; unmounting\n", opened.message().c_str());
+        if (!opened.ok())
+          fuse_log(FUSE_LOG_ERR, "ckptfs: %s; unmounting\n", StatusText(opened, OptionSpelling::kMount).c_str());
       }
       if (daemonized && opened.ok()) {
-        PushAhead push_ahead(PushAheadWindow(source), kMaxRequestBytes, 4 * kMaxRequestBytes,
+        PushAhead push_ahead(PushAheadWindow(*request.source.env), kMaxRequestBytes, 4 * kMaxRequestBytes,
                              std::getenv("CKPTFS_TEST_PUSH_REFUSED") != nullptr);
         if (push_ahead.window() > 0) {
           push_ahead.Start(se, &fs);
@@ -331,8 +342,7 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
         }
       }
       fuse_session_unmount(se);
-      if (IsRemoteSource(source)) {
-        const RemoteCounters c = RemoteCountersNow();
+      if (FetchCounters c; request.source.env->fetch_counters(&c)) {
         fuse_log(FUSE_LOG_INFO, "ckptfs: unmounted %s: fetched %llu bytes in %llu requests (%llu retries)\n",
                  source.c_str(), static_cast<unsigned long long>(c.bytes), static_cast<unsigned long long>(c.requests),
                  static_cast<unsigned long long>(c.retries));

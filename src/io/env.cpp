@@ -11,13 +11,14 @@ const std::string& SourceFile::local_path() const {
 }
 
 Status Env::ReadSmallFile(const std::string& path, uint64_t max_bytes, std::string* out, std::string_view what,
-                          std::string_view hint) {
+                          std::string_view limit_option) {
   std::unique_ptr<SourceFile> file;
   CKPTFS_RETURN_IF_ERROR(Open(path, &file));
   const uint64_t size = file->size();
   if (size > max_bytes)
     return Status::Refused(path, std::string(what) + " is " + std::to_string(size) + " bytes, over the limit of " +
-                                     std::to_string(max_bytes) + std::string(hint));
+                                     std::to_string(max_bytes))
+        .WithLimitOption(limit_option);
   out->resize(size);
   return file->Read(0, size, out->data());
 }

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 
 #include "ckptfs/env.hpp"
 #include "io/full_pread.hpp"
@@ -70,6 +72,14 @@ class LocalFile final : public SourceFile {
 
 class LocalEnv final : public Env {
  public:
+  // The page cache is all the readahead a local file gets from the kernel's side of a mount.
+  EnvTraits traits() const override { return EnvTraits{.local_files = true, .push_ahead = true}; }
+
+  std::string CanonicalName(const std::string& path) const override {
+    char resolved[PATH_MAX];
+    return ::realpath(path.c_str(), resolved) ? std::string(resolved) : path;
+  }
+
   Status Open(const std::string& path, std::unique_ptr<SourceFile>* out) override {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return Status::FromErrno(path, "cannot open", errno);

@@ -31,6 +31,8 @@ class MemoryEnv final : public Env {
   Status Open(const std::string& path, std::unique_ptr<SourceFile>* out) override;
   Status Stat(const std::string& path, PathType* type) override;
   Status ListFolder(const std::string& path, std::vector<FolderEntry>* out) override;
+  // Files only this process sees: nothing to record for a later run, nothing to push.
+  EnvTraits traits() const override { return EnvTraits{}; }
 
  private:
   struct Tree;      // the files and folders, shared with the files opened from them

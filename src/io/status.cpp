@@ -21,6 +21,20 @@ Status Status::FromErrno(std::string_view where, std::string_view what, int err)
   return s;
 }
 
+Status Status::WithLimitOption(std::string_view option) const {
+  Status s = *this;
+  s.limit_option_ = option;
+  s.limit_option_at_ = message_.size();
+  return s;
+}
+
+Status Status::WithLimitOptionOf(const Status& from) const {
+  Status s = *this;
+  s.limit_option_ = from.limit_option_;
+  s.limit_option_at_ = from.limit_option_at_;
+  return s;
+}
+
 int Status::ToErrno() const {
   switch (code_) {
     case Code::kOk: return 0;

@@ -100,4 +100,14 @@ nlohmann::json DescribeOptions() {
   return table;
 }
 
+std::string FormatsHelp() {
+  std::string out;
+  for (const ReaderDescription& reader : DescribeReaders()) {
+    std::string formats;
+    for (std::string_view format : reader.formats) formats += (formats.empty() ? "" : ", ") + std::string(format);
+    AppendHelpLine(&out, "  " + formats, reader.description);
+  }
+  return out;
+}
+
 }  // namespace ckptfs

@@ -1,6 +1,7 @@
 // How each front end spells an option of the table: the mount's -o entries, the command
 // line's flags and the C API's JSON keys. Every spelling ends in the table's own parser, so
 // the same option means the same thing (and refuses the same values) everywhere.
+#include <algorithm>
 #include <string>
 
 #include "ckptfs/options.hpp"
@@ -83,6 +84,23 @@ Status ParseJsonOptions(const nlohmann::json& options, unsigned groups, OptionVa
     CKPTFS_RETURN_IF_ERROR(SetValue(*spec, v.is_string() ? v.get<std::string>() : v.dump(), out));
   }
   return Status::OK();
+}
+
+std::string StatusText(const Status& status, OptionSpelling spelling) {
+  const std::string_view name = status.limit_option();
+  const OptionSpec* spec = name.empty() ? nullptr : FindOption(name);
+  if (!spec) return status.message();
+  const std::string assignment = std::string(name) + "=N";
+  std::string hint = " (raise it with ";
+  switch (spelling) {
+    case OptionSpelling::kMount: hint += "-o " + assignment; break;
+    case OptionSpelling::kCommandLine: hint += "-o " + assignment + " or " + CommandLineFlag(*spec) + " N"; break;
+    case OptionSpelling::kJson: hint += assignment; break;
+  }
+  hint += ")";
+  std::string text = status.message();
+  text.insert(std::min(status.limit_option_at(), text.size()), hint);
+  return text;
 }
 
 }  // namespace ckptfs

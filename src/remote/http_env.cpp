@@ -54,6 +54,14 @@ class HttpEnv final : public Env {
     return FolderNotListable(path);
   }
 
+  // Remote files read ahead themselves (RemoteOptions::readahead_bytes), and their identity
+  // is no local file's.
+  EnvTraits traits() const override { return EnvTraits{}; }
+  bool fetch_counters(FetchCounters* out) const override {
+    *out = RemoteCountersNow();
+    return true;
+  }
+
  private:
   // A reader stats a file and then opens it: the open takes the identity the stat's HEAD
   // found instead of sending a second one (once; a later open asks the server again).

@@ -30,6 +30,14 @@ class S3Env final : public Env {
     context_->pool.Stop();
   }
 
+  // Remote files read ahead themselves (RemoteOptions::readahead_bytes), and their identity
+  // is no local file's.
+  EnvTraits traits() const override { return EnvTraits{}; }
+  bool fetch_counters(FetchCounters* out) const override {
+    *out = RemoteCountersNow();
+    return true;
+  }
+
   Status Open(const std::string& path, std::unique_ptr<SourceFile>* out) override {
     RemoteObject object;
     CKPTFS_RETURN_IF_ERROR(ObjectOf(path, &object));

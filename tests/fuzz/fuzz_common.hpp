@@ -12,7 +12,7 @@
 #include <string_view>
 
 #include "ckptfs/catalog.hpp"
-#include "ckptfs/source.hpp"
+#include "ckptfs/open.hpp"
 #include "ckptfs/limits.hpp"
 #include "io/memory_env.hpp"
 

@@ -399,3 +399,17 @@ BOOST_AUTO_TEST_CASE(weight_index_is_not_cached) {
   BOOST_TEST(!std::filesystem::exists(cache));
   BOOST_TEST(!ckptfs::CatalogCacheHit(index, options));
 }
+
+// What the cache has to say comes back to the caller as notes, for its front end to show.
+BOOST_AUTO_TEST_CASE(a_cache_that_cannot_be_written_is_a_note) {
+  TempDir dir;
+  const std::string source = dir.File("ckpt.safetensors");
+  WriteSafetensors(source, 3);
+  WriteFile(dir.File("not-a-folder"), "x");
+  std::shared_ptr<const Catalog> catalog;
+  std::vector<std::string> notes;
+  Status s = ckptfs::OpenCatalog(source, CacheOptions(dir.File("not-a-folder") + "/cache"), &catalog, &notes);
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  BOOST_REQUIRE_EQUAL(notes.size(), 1u);
+  BOOST_TEST(StartsWith(notes[0], "not cached: "), notes[0]);
+}

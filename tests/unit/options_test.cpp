@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "ckptfs/options.hpp"
-#include "format/limit_hint.hpp"
 
 using ckptfs::DType;
 using ckptfs::OptionKind;
@@ -78,14 +77,23 @@ BOOST_AUTO_TEST_CASE(every_entry_is_complete_and_unique) {
 }
 
 BOOST_AUTO_TEST_CASE(limit_hints_name_the_table_spellings) {
+  using ckptfs::OptionSpelling;
   for (const char* name : {"max_pickle", "max_pickle_memory", "max_header", "max_tensors"}) {
     const OptionSpec* spec = ckptfs::FindOption(name);
     BOOST_TEST_REQUIRE(spec != nullptr);
     BOOST_TEST((spec->groups & ckptfs::kSourceGroup) != 0u);
-    const std::string hint = ckptfs::LimitHint(name);
-    BOOST_TEST(hint.find("-o " + std::string(name) + "=") != std::string::npos, hint);
-    BOOST_TEST(hint.find(ckptfs::CommandLineFlag(*spec) + " ") != std::string::npos, hint);
+    // The hint goes where the reader named the option, before context added after it.
+    const Status s = Status::Refused("ck.pt", "too big").WithLimitOption(name);
+    const Status annotated = Status::Refused(s.message(), "while reading 'x'").WithLimitOptionOf(s);
+    const std::string n(name);
+    BOOST_TEST(ckptfs::StatusText(s, OptionSpelling::kMount) == "ck.pt: too big (raise it with -o " + n + "=N)");
+    BOOST_TEST(ckptfs::StatusText(s, OptionSpelling::kJson) == "ck.pt: too big (raise it with " + n + "=N)");
+    BOOST_TEST(ckptfs::StatusText(annotated, OptionSpelling::kCommandLine) ==
+               "ck.pt: too big (raise it with -o " + n + "=N or " + ckptfs::CommandLineFlag(*spec) +
+                   " N): while reading 'x'");
   }
+  const Status plain = Status::Refused("ck.pt", "too big");
+  BOOST_TEST(ckptfs::StatusText(plain, OptionSpelling::kMount) == plain.message());
 }
 
 BOOST_AUTO_TEST_CASE(mount_entries) {

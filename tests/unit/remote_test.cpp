@@ -74,6 +74,13 @@ BOOST_AUTO_TEST_CASE(source_urls) {
   BOOST_TEST(EnvForSource("/tmp/x.pt", RemoteOptions{}, &env).ok());
   BOOST_TEST(env == Env::Local());
   BOOST_TEST(!EnvForSource("http://u:p@h/x", RemoteOptions{}, &env).ok());
+  // A remote Env reads ahead itself and counts what it fetches.
+  BOOST_REQUIRE(EnvForSource("http://h/x.pt", RemoteOptions{}, &env).ok());
+  BOOST_TEST(!env->traits().local_files);
+  BOOST_TEST(!env->traits().push_ahead);
+  ckptfs::FetchCounters counters;
+  BOOST_TEST(env->fetch_counters(&counters));
+  BOOST_TEST(env->CanonicalName("http://h/x.pt") == "http://h/x.pt");
 }
 
 BOOST_AUTO_TEST_CASE(http_dates) {

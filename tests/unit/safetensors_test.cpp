@@ -127,8 +127,9 @@ BOOST_AUTO_TEST_CASE(header_length_above_the_limit) {
     Read r(LE64(len) + "{}");
     BOOST_TEST(static_cast<int>(r.status.code()) == static_cast<int>(Status::Code::kRefused), r.status.message());
     BOOST_TEST(Contains(r.status.message(), "header length " + std::to_string(len) +
-                                                " exceeds the limit of 100000000 bytes (raise it with -o max_header=N"),
+                                                " exceeds the limit of 100000000 bytes"),
                r.status.message());
+    BOOST_TEST(r.status.limit_option() == "max_header");
   }
   // A smaller limit applies to headers that would otherwise be fine.
   ckptfs::ReadLimits small;

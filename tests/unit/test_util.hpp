@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "ckptfs/catalog.hpp"
-#include "ckptfs/source.hpp"
+#include "ckptfs/open.hpp"
 #include "io/memory_env.hpp"
 
 namespace ckptfs_test {

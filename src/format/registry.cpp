@@ -1,0 +1,86 @@
+// The reader registry: the readers in the order detection tries them, and what they share.
+#include "format/registry.hpp"
+
+#include <algorithm>
+
+#include "format/readers.hpp"
+
+namespace ckptfs {
+
+// Folders first (a folder is tried as DeepSpeed, then DCP, then DCP Hugging Face shards, then
+// a model folder, which takes any folder), then files: a weight index (the model folder
+// reader), the zip-based torch formats (TorchScript and torch.export before the plain zip
+// they also are), safetensors, the legacy torch stream.
+extern const ReaderEntry kDeepSpeedReader, kDcpReader, kDcpHfShardsReader, kCheckpointFolderReader,
+    kTorchScriptReader, kTorchExportReader, kTorchZipReader, kSafetensorsReader, kTorchLegacyReader;
+
+namespace {
+
+constexpr const ReaderEntry* kReaders[] = {
+    &kDeepSpeedReader,   &kDcpReader,         &kDcpHfShardsReader, &kCheckpointFolderReader, &kTorchScriptReader,
+    &kTorchExportReader, &kTorchZipReader,    &kSafetensorsReader, &kTorchLegacyReader,
+};
+
+// The number of the detection order: bump it whenever which reader a source goes to changes
+// (a format told apart differently, a reader added), so that no catalog cached from a reader a
+// source no longer goes to is served.
+constexpr uint32_t kDetectionFormat = 1;
+
+const ReaderEntry* FindReader(std::string_view name) {
+  for (const ReaderEntry* r : kReaders)
+    if (r->name == name) return r;
+  return nullptr;
+}
+
+}  // namespace
+
+std::span<const ReaderEntry* const> Readers() { return kReaders; }
+
+std::string ReaderStamp(std::string_view format) {
+  if (format.empty()) return "";
+  for (const ReaderEntry* r : kReaders) {
+    if (std::find(std::begin(r->formats), std::end(r->formats), format) == std::end(r->formats)) continue;
+    std::string stamp = std::string("ckptfs ") + CKPTFS_VERSION + "; detection " + std::to_string(kDetectionFormat);
+    stamp += std::string("; ").append(r->name) + " " + std::to_string(r->number);
+    for (std::string_view other : r->reads_through)
+      if (const ReaderEntry* o = other.empty() ? nullptr : FindReader(other))
+        stamp += std::string("; ").append(o->name) + " " + std::to_string(o->number);
+    return stamp;
+  }
+  return "";
+}
+
+bool SourceProbe::NameEndsWith(std::string_view suffix) const {
+  return source_.size() > suffix.size() && std::string_view(source_).substr(source_.size() - suffix.size()) == suffix;
+}
+
+Status SourceProbe::Head(std::string_view* out) {
+  if (!head_) {
+    uint32_t file;
+    CKPTFS_RETURN_IF_ERROR(files()->Add(source_, &file));
+    std::string head(std::min<uint64_t>(512, files()->size(file)), '\0');
+    CKPTFS_RETURN_IF_ERROR(files()->ReadExact(file, 0, head.size(), head.data()));
+    head_ = std::move(head);
+  }
+  *out = *head_;
+  return Status::OK();
+}
+
+Status SourceProbe::HeadStartsWith(std::string_view magic, bool* starts) {
+  std::string_view head;
+  CKPTFS_RETURN_IF_ERROR(Head(&head));
+  *starts = head.substr(0, magic.size()) == magic;
+  return Status::OK();
+}
+
+Status SourceProbe::TorchZipKind(std::string_view* kind) {
+  if (!zip_kind_) {
+    std::string found;
+    CKPTFS_RETURN_IF_ERROR(ckptfs::TorchZipKind(source_, files(), &found, &zip_));
+    zip_kind_ = std::move(found);
+  }
+  *kind = *zip_kind_;
+  return Status::OK();
+}
+
+}  // namespace ckptfs
