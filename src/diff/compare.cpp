@@ -39,7 +39,7 @@ struct Item {
 struct PairState {
   diff::ValueStats stats;
   bool bytes_differ = false;   // some chunk had other bytes (or the dtypes differ)
-  bool some_identical = false; // some chunk had the same bytes: its ||A||^2 was not summed
+  bool some_identical = false; // some chunk had the same bytes: pass 2 sums its ||A||^2
   // The sums of squares of each chunk, kept while the pair's chunks come in and added in
   // chunk order once all have: the figures do not depend on which thread ended first.
   std::vector<std::pair<double, double>> chunk_sums;
