@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define CKPTFS_C_API_VERSION 6
+#define CKPTFS_C_API_VERSION 7
 
 typedef struct ckptfs_handle ckptfs_handle;
 
@@ -162,6 +162,13 @@ const char* ckptfs_options(void);
 
 /* The calling thread's last error message ("" if none). */
 const char* ckptfs_last_error(void);
+
+/* Compares every tensor of A's view with the tensor of the same key in B's, as `ckptfs diff`
+ * does, and returns the result as the JSON object `ckptfs diff --json` prints (doc/CLI.md).
+ * OPTIONS_JSON (may be NULL): {"atol": 0, "rtol": 0, "threads": 0}. Valid until the calling
+ * thread's next call of this function; NULL on error, the message naming the side it came
+ * from. Since API version 7. */
+const char* ckptfs_diff(ckptfs_handle* a, ckptfs_handle* b, const char* options_json);
 
 #ifdef __cplusplus
 }

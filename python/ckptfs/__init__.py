@@ -7,6 +7,7 @@ folder, DeepSpeed ZeRO folder, torch.distributed.checkpoint folder) without a mo
         weight = f.get_tensor("model.embed.weight")       # lazily, one tensor
         rows = f.get_slice("model.embed.weight")[:128]     # only these rows are read
     state = ckptfs.load("checkpoints/", device="cuda:0")  # everything, streamed to the GPU
+    changed = ckptfs.diff("step100/", "step200/")["tensors"]  # per tensor: differing, rel_l2, ...
     with ckptfs.mount("ck.pt") as path:                    # the FUSE view, unmounted after
         print(sorted(p.name for p in path.iterdir()))
 
@@ -25,13 +26,14 @@ from __future__ import annotations
 
 import json
 
+from ._diff import diff
 from ._lib import CkptfsError, _library, executable_path, library_path
 from ._load import list_tensors, load, load_file
 from ._mount import mount, unmount
 from ._safe_open import TensorSlice, safe_open
 
 __all__ = [
-    "safe_open", "TensorSlice", "load", "load_file", "mount", "unmount", "list_tensors", "option_table",
+    "safe_open", "TensorSlice", "load", "diff", "load_file", "mount", "unmount", "list_tensors", "option_table",
     "library_path", "executable_path", "last_load_stats", "CkptfsError", "__version__",
 ]
 

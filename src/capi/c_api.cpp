@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/device.hpp"
+#include "ckptfs/diff.hpp"
 #include "ckptfs/open.hpp"
 #include "ckptfs/options.hpp"
 #include "ckptfs/tensor_map.hpp"
@@ -348,3 +349,44 @@ CKPTFS_EXPORT const char* ckptfs_options(void) {
 CKPTFS_EXPORT const char* ckptfs_last_load_stats(void) { return g_stats.c_str(); }
 
 CKPTFS_EXPORT const char* ckptfs_last_error(void) { return g_error.c_str(); }
+
+namespace {
+thread_local std::string g_diff;
+}  // namespace
+
+CKPTFS_EXPORT const char* ckptfs_diff(ckptfs_handle* a, ckptfs_handle* b, const char* options_json) {
+  using namespace ckptfs;
+  try {
+    if (!a || !b) return SetError("ckptfs_diff: null handle"), nullptr;
+    DiffOptions options;
+    if (options_json && *options_json) {
+      const nlohmann::json o = nlohmann::json::parse(options_json, nullptr, false);
+      if (o.is_discarded() || !o.is_object())
+        return SetError(std::string("diff options: not a JSON object: ") + options_json), nullptr;
+      for (const auto& [name, value] : o.items()) {
+        if (value.is_null()) continue;
+        const bool count = name == "threads";
+        if ((name != "atol" && name != "rtol" && !count) || !value.is_number() || value.get<double>() < 0 ||
+            (count && !value.is_number_unsigned()))
+          return SetError("diff options: " + name + "=" + value.dump() + ": not atol, rtol or threads, each >= 0"),
+                 nullptr;
+        if (name == "atol") options.atol = value.get<double>();
+        if (name == "rtol") options.rtol = value.get<double>();
+        if (count) options.threads = value.get<unsigned>();
+      }
+    }
+    DiffResult result;
+    DiffSide failed = DiffSide::kNone;
+    if (Status s = CompareViews(*a->view, *b->view, options, {}, &result, &failed); !s.ok()) {
+      // The message names the side it came from, as `ckptfs diff` does.
+      const std::string& source = failed == DiffSide::kB ? b->view->source().source : a->view->source().source;
+      const bool named = failed == DiffSide::kNone || s.message().rfind(source + ":", 0) == 0;
+      return SetError(named ? s.message() : source + ": " + s.message()), nullptr;
+    }
+    g_diff = DiffToJson(result).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    return g_diff.c_str();
+  } catch (const std::exception& e) {
+    SetError(std::string("ckptfs_diff: ") + e.what());
+    return nullptr;
+  }
+}

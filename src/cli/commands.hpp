@@ -22,6 +22,7 @@ int RunCat(const Args& args);
 int RunExport(const Args& args);
 int RunHash(const Args& args);
 int RunLoad(const Args& args);  // src/cli/load.cpp: stream tensors to a GPU
+int RunDiff(const Args& args);  // src/cli/diff.cpp: compare two checkpoints
 
 // Shared helpers.
 int Fail(const Status& status);  // prints "ckptfs: MESSAGE" (options in the command line's spelling), returns 1

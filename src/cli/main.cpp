@@ -113,6 +113,7 @@ constexpr char kUsageCommands[] =
     "                   files; --write model,tensors,files,all picks what\n"
     "  hash SOURCE      XXH3-64 of every tensor file, as xxhsum -H3 prints them\n"
     "  load SOURCE      stream every tensor into GPU memory (pinned buffers or cuFile)\n"
+    "  diff A B         compare two checkpoints tensor by tensor (exit 0 equal, 1 different)\n"
     "\n"
     "Run 'ckptfs COMMAND --help' for the options of a command; 'ckptfs --version' prints\n"
     "the version.\n";
@@ -146,6 +147,7 @@ int main(int argc, char** argv) {
   if (command == "export") return RunExport(args);
   if (command == "hash") return RunHash(args);
   if (command == "load") return RunLoad(args);
+  if (command == "diff") return RunDiff(args);
   if (command == "mount") return ckptfs::fuse::RunMount(argc - 2, argv + 2, false);
   return ckptfs::fuse::RunMount(argc - 1, argv + 1, false);
 }

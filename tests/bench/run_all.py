@@ -20,6 +20,7 @@ Benchmarks (ids for --only):
   zero      bench_zero_consolidate.py  ZeRO-3 to safetensors vs zero_to_fp32 (its own checks)
   dcp       bench_dcp_consolidate.py   FSDP2 DCP save to one file vs dcp_to_torch_save (its own checks)
   scale     bench_metadata_scale.py    `ckptfs ls` of a 1,000,000-chunk DCP folder (writes ~1.7 GB)
+  diff      bench_diff.py              `ckptfs diff` of two 2.15 GB .pt vs a torch.load(mmap=True) script
 
 Every benchmark appends JSON lines to WORKDIR/results.jsonl; a rerun of one benchmark
 replaces its earlier lines, so `--only d` after a full run refreshes just that part, and the
@@ -70,9 +71,11 @@ BENCHES = {
     # generate; quick: a few MB.
     "dcp": ("bench_dcp_consolidate.py", "dcp", [],
             ["--vocab", "1000", "--hidden", "256", "--ffn", "512", "--layers", "1"], 1800, 300),
+    # Two 2.15 GB .pt (16 x 128 MiB fp32), 3 repeats, cold cache; quick: 16 x 8 MiB.
+    "diff": ("bench_diff.py", "diff", [], [], 900, 180),
 }
 LEGACY = {"ls", "bf16", "zero", "dcp"}  # report their own PASS/FAIL; no JSON of their own
-WORD_IDS = LEGACY | {"scale"}  # ids that are words; the others are sets of one-letter ids
+WORD_IDS = LEGACY | {"scale", "diff"}  # ids that are words; the others are sets of one-letter ids
 
 
 def selected(only: str) -> list[str]:
