@@ -15,6 +15,9 @@ enum class DType : uint8_t {
   kU64, kU32, kU16, kU8,
   kBool,
   kC128, kC64, kC32,
+  // Two float4_e2m1fn values per byte, as torch holds them: shapes count bytes (torch's
+  // float4_e2m1fn_x2 elements); safetensors' F4 headers count the values (last dimension doubled).
+  kF4x2,
 };
 
 struct DTypeInfo {
@@ -42,6 +45,10 @@ struct ServedType {
   bool extra_dim;
 };
 ServedType ServedAs(DType dtype);
+
+// safetensors' F4 header shape counts the float4 values, two per byte; ckptfs (like torch)
+// counts bytes. The last dimension of a kF4x2 shape is doubled in headers and halved when read.
+inline constexpr uint64_t kF4ValuesPerByte = 2;
 
 }  // namespace ckptfs
 

@@ -27,14 +27,14 @@ from __future__ import annotations
 import json
 
 from ._diff import diff
-from ._lib import CkptfsError, _library, executable_path, library_path
+from ._lib import CkptfsError, SafetensorError, _library, executable_path, library_path
 from ._load import list_tensors, load, load_file
 from ._mount import mount, unmount
 from ._safe_open import TensorSlice, safe_open
 
 __all__ = [
     "safe_open", "TensorSlice", "load", "diff", "load_file", "mount", "unmount", "list_tensors", "option_table",
-    "library_path", "executable_path", "last_load_stats", "CkptfsError", "__version__",
+    "library_path", "executable_path", "last_load_stats", "CkptfsError", "SafetensorError", "__version__",
 ]
 
 

@@ -20,8 +20,19 @@ def torch_dtype(entry: dict):
 
     dtype = getattr(torch, entry["torch_dtype"], None)
     if not isinstance(dtype, torch.dtype):
-        raise CkptfsError(f"torch {torch.__version__} has no dtype for {entry['dtype']}")
+        from ._lib import SafetensorError
+
+        raise SafetensorError(f"torch {torch.__version__} has no dtype for {entry['dtype']}")
     return dtype
+
+
+def torch_shape(entry: dict) -> list:
+    """The torch shape of tensor ENTRY: its shape as served, but for F4, whose served
+    (safetensors) shape counts values, two to each byte that torch's float4_e2m1fn_x2 counts."""
+    shape = list(entry["shape"])
+    if entry["dtype"] == "F4" and shape:
+        shape[-1] //= 2
+    return shape
 
 
 def numpy_dtype(entry: dict):

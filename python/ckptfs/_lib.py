@@ -30,6 +30,22 @@ class CkptfsError(RuntimeError):
     """A ckptfs failure. The message is ckptfs's one line: the file and the problem."""
 
 
+def _safetensors_error_bases() -> tuple:
+    # Code written for safetensors catches its SafetensorError: ckptfs's errors are that class
+    # too when safetensors is installed (its module is native code only; it imports no torch).
+    try:
+        from safetensors import SafetensorError as reference
+    except ImportError:
+        return (CkptfsError,)
+    return (CkptfsError, reference)
+
+
+SafetensorError = type("SafetensorError", _safetensors_error_bases(), {
+    "__module__": "ckptfs",
+    "__doc__": "A ckptfs failure: a CkptfsError, and a safetensors.SafetensorError where safetensors is installed.",
+})
+
+
 def _build_dirs() -> list[Path]:
     dirs = []
     if os.environ.get("CKPTFS_BUILD_DIR"):
@@ -112,8 +128,8 @@ def _library():
 
 
 def last_error() -> CkptfsError:
-    """The calling thread's last libckptfs failure as a CkptfsError."""
-    return CkptfsError(_library().ckptfs_last_error().decode(errors="replace"))
+    """The calling thread's last libckptfs failure as a SafetensorError (a CkptfsError)."""
+    return SafetensorError(_library().ckptfs_last_error().decode(errors="replace"))
 
 
 def version() -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ._dtypes import torch_dtype
+from ._dtypes import torch_dtype, torch_shape
 from ._safe_open import device_spec, load_into_device
 from ._source import Source, view_options
 
@@ -55,8 +55,20 @@ def load(source: str | os.PathLike, device: str | int = "cuda:0", dtype=None, se
     `load_file(path, device="cuda:0")`; nothing is unpickled and no host copy of the
     checkpoint is made. `last_load_stats()` describes that part of the load.
     """
+    with Source(source, view_options(dtype, root, moments=moments)) as opened:
+        return load_entries(opened, opened.select(select), device, backend, mmap, verify,
+                            {"buffer_size": buffer_size, "buffers": buffers, "io_threads": io_threads,
+                             "direct_io": None if direct_io is None else bool(direct_io)})
+
+
+def load_entries(opened: Source, entries: list, device, backend: str = "auto", mmap: bool = True,
+                 verify: bool = False, tuning: dict | None = None) -> dict:
+    """ENTRIES of the open source OPENED as torch tensors on DEVICE, in one pass: load()'s
+    body, which safe_open's get_tensors() shares. TUNING: the pipeline's buffer_size,
+    buffers, io_threads, direct_io (None where not given)."""
     import torch
 
+    tuning = tuning or {}
     dev = torch.device(device_spec(device))
     if dev.type == "cpu":
         backend_name, index = "host", 0
@@ -68,45 +80,41 @@ def load(source: str | os.PathLike, device: str | int = "cuda:0", dtype=None, se
     else:
         raise ValueError(f"device must be cuda[:N] or cpu, not {device!r}")
     # Checked by the library (its option table), as `ckptfs load` checks its flags.
-    load_options = {"verify": bool(verify), "buffer_size": buffer_size, "buffers": buffers,
-                    "io_threads": io_threads, "direct_io": None if direct_io is None else bool(direct_io)}
+    load_options = {"verify": bool(verify), **tuning}
     map_stored = dev.type == "cpu" and mmap and not verify
     # On the CPU the pipeline (a ring of buffers, worker copies, O_DIRECT) only adds a copy:
     # tensors are read straight into place unless it is asked for by its options.
-    pipeline = dev.type == "cuda" or backend == "host" or verify or any(
-        v is not None for v in (buffer_size, buffers, io_threads, direct_io))
+    pipeline = dev.type == "cuda" or backend == "host" or verify or any(v is not None for v in tuning.values())
 
-    with Source(source, view_options(dtype, root, moments=moments)) as opened:
-        entries = opened.select(select)
-        # Tensors split over several files (ZeRO-3) are composed of maps of those files'
-        # pages: a copy into new memory costs several times more (a zeroed page and a fault
-        # per 4 KiB), see tests/bench/README.md. The tensors read beside them go into the
-        # same region, in the same library call.
-        in_region = map_stored and not pipeline and any(e["cpu"] == "region" for e in entries)
-        out, filled, tensors, composed = {}, [], [], []
-        for entry in entries:
-            if map_stored and opened.maps_file(entry):
-                out[entry["key"]] = opened.mapped_torch(entry)
-                continue
-            if in_region:
-                out[entry["key"]] = None  # keeps the checkpoint's order; set below
-                composed.append(entry)
-                continue
-            tensor = torch.empty(entry["shape"], dtype=torch_dtype(entry), device=dev)
-            out[entry["key"]] = tensor
-            filled.append(entry)
-            tensors.append(tensor)
-        for entry, tensor in zip(composed, opened.load_mapped_torch(composed)):
-            out[entry["key"]] = tensor
-        if not pipeline:
-            _read_into(opened, filled, tensors)
-            return out
-        # torch.empty's memory may still be in use by kernels queued on the current stream
-        # (the caching allocator reuses blocks in stream order): the load waits for them. It
-        # returns with every write completed, so later work on that stream sees the data.
-        stream = torch.cuda.current_stream(index).cuda_stream if dev.type == "cuda" else None
-        load_into_device(opened, filled, tensors, backend_name, index, stream, load_options)
+    # Tensors split over several files (ZeRO-3) are composed of maps of those files'
+    # pages: a copy into new memory costs several times more (a zeroed page and a fault
+    # per 4 KiB), see tests/bench/README.md. The tensors read beside them go into the
+    # same region, in the same library call.
+    in_region = map_stored and not pipeline and any(e["cpu"] == "region" for e in entries)
+    out, filled, tensors, composed = {}, [], [], []
+    for entry in entries:
+        if map_stored and opened.maps_file(entry):
+            out[entry["key"]] = opened.mapped_torch(entry)
+            continue
+        if in_region:
+            out[entry["key"]] = None  # keeps the checkpoint's order; set below
+            composed.append(entry)
+            continue
+        tensor = torch.empty(torch_shape(entry), dtype=torch_dtype(entry), device=dev)
+        out[entry["key"]] = tensor
+        filled.append(entry)
+        tensors.append(tensor)
+    for entry, tensor in zip(composed, opened.load_mapped_torch(composed)):
+        out[entry["key"]] = tensor
+    if not pipeline:
+        _read_into(opened, filled, tensors)
         return out
+    # torch.empty's memory may still be in use by kernels queued on the current stream
+    # (the caching allocator reuses blocks in stream order): the load waits for them. It
+    # returns with every write completed, so later work on that stream sees the data.
+    stream = torch.cuda.current_stream(index).cuda_stream if dev.type == "cuda" else None
+    load_into_device(opened, filled, tensors, backend_name, index, stream, load_options)
+    return out
 
 
 # Threads reading tensors into CPU memory at once: each ckptfs_read_tensor call preads (and

@@ -7,11 +7,14 @@ import operator
 import os
 from typing import Any, Iterator, Sequence
 
-from ._dtypes import numpy_dtype, torch_dtype
-from ._lib import CkptfsError, last_error
+from ._dtypes import numpy_dtype, torch_dtype, torch_shape
+from ._lib import CkptfsError, SafetensorError, last_error
 from ._source import Source, options_json, view_options
 
 FRAMEWORKS = ("pt", "torch", "numpy", "np")
+BACKENDS = ("mmap", "pread")
+# The device names safetensors' safe_open accepts, each alone or with ":N".
+_DEVICE_TYPES = ("cpu", "cuda", "mps", "npu", "xpu", "xla", "mlu", "hpu", "musa")
 
 
 def device_spec(device) -> str:
@@ -19,6 +22,18 @@ def device_spec(device) -> str:
     if isinstance(device, int):
         return f"cuda:{device}"
     return str(device)
+
+
+def checked_device(device) -> str:
+    """DEVICE (a string, an int or a torch.device) as torch names it, or safetensors' error
+    for one it does not take."""
+    if isinstance(device, bool):
+        raise SafetensorError(f"device {device} is invalid")
+    text = device_spec(device)
+    kind, _, number = text.partition(":")
+    if kind not in _DEVICE_TYPES or (number and not number.isdigit()) or (kind == "cpu" and number):
+        raise SafetensorError(f"device {text} is invalid")
+    return text
 
 
 def load_into_device(source: Source, entries: list, tensors: list, backend: str, device_index: int, stream,
@@ -55,7 +70,7 @@ def slice_plan(shape: Sequence[int], item: int, index) -> tuple[Any, Any, list[i
         at = index.index(Ellipsis)
         index = index[:at] + (slice(None),) * (len(shape) - len(index) + 1) + index[at + 1:]
     if len(index) > len(shape):
-        raise IndexError(f"too many indices: {len(index)} for a tensor of {len(shape)} dimensions")
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
     index = index + (slice(None),) * (len(shape) - len(index))
 
     picks = []  # per dimension: (first, count, step, kept in the result)
@@ -63,13 +78,14 @@ def slice_plan(shape: Sequence[int], item: int, index) -> tuple[Any, Any, list[i
         if isinstance(i, slice):
             start, stop, step = i.indices(size)
             if step <= 0:
-                raise ValueError("slice steps must be positive")
+                raise ValueError("step must be greater than zero")
             picks.append((start, len(range(start, stop, step)), step, True))
             continue
         try:
             k = operator.index(i)
         except TypeError:
-            raise TypeError(f"unsupported index {i!r}: use integers, slices and '...'") from None
+            raise IndexError("only integers, slices (`:`), ellipsis (`...`), None and long or byte Variables are "
+                             f"valid indices (got {type(i).__name__})") from None
         if not -size <= k < size:
             raise IndexError(f"index {k} is out of bounds for dimension {dim} with size {size}")
         picks.append((k % size, 1, 1, False))
@@ -98,30 +114,35 @@ def slice_plan(shape: Sequence[int], item: int, index) -> tuple[Any, Any, list[i
 
 
 class safe_open:
-    """Opens a checkpoint lazily and returns tensors as asked, like safetensors' safe_open, for
-    every source ckptfs reads: torch .pt/.bin, safetensors files and folders, DeepSpeed ZeRO
-    folders, torch.distributed.checkpoint folders.
+    """Opens a checkpoint lazily and returns tensors as asked: safetensors' safe_open (its
+    arguments, methods, errors and behaviour after close), for every source ckptfs reads:
+    torch .pt/.bin, safetensors files and folders, DeepSpeed ZeRO folders,
+    torch.distributed.checkpoint folders.
 
     Args:
-        source (`str`, or `os.PathLike`):
+        filename (`str`, or `os.PathLike`):
             The checkpoint: a file or a folder.
         framework (`str`, defaults to `"pt"`):
-            `"pt"` (torch tensors) or `"numpy"` (numpy arrays; torch is never imported).
-        device (`str` or `int`, defaults to `"cpu"`):
-            Where tensors go: `"cpu"`, `"cuda"`, `"cuda:N"` or `N` (framework `"pt"` only).
-        dtype (`str` or a torch dtype, *optional*):
+            `"pt"`/`"torch"` (torch tensors) or `"np"`/`"numpy"` (numpy arrays; torch is
+            never imported).
+        device (`str`, `int` or `torch.device`, defaults to `"cpu"`):
+            Where tensors go: `"cpu"`, `"cuda"`, `"cuda:N"`, `N` (framework `"pt"` only).
+        backend (`str`, *keyword-only*, defaults to `"mmap"`):
+            How tensors stored as served reach a CPU tensor: `"mmap"`, a view of a private
+            map of their file; `"pread"`, read into new memory. Other tensors are always
+            read (and converted) by libckptfs.
+        dtype (`str` or a torch dtype, *keyword-only*):
             Converts every floating tensor on read: `"bf16"`, `"fp16"`, `"fp32"`,
             `torch.bfloat16`... (bit-identical to `Tensor.to`).
-        root (`str`, *optional*):
+        root (`str`, *keyword-only*):
             Serves only the tensors under this key prefix, prefix removed (`"model"`).
         **options:
             Any other source option of ckptfs (`moments=True` for ZeRO Adam moments,
             `max_pickle="4GiB"`...): the names of `ckptfs.option_table()`.
 
-    On the CPU, a tensor whose bytes are stored in the source as served (one byte range, no
-    conversion) is a view of a private memory map of its file, as `torch.load(mmap=True)`
-    gives: nothing is read until it is touched, and writes to it never reach the file. Other
-    tensors are read by libckptfs into a new tensor.
+    Errors are safetensors': a missing path is `FileNotFoundError("No such file or
+    directory: NAME")`, the rest `ckptfs.SafetensorError` (a `CkptfsError`, and a
+    `safetensors.SafetensorError` where safetensors is installed).
 
     Example:
     ```python
@@ -134,15 +155,23 @@ class safe_open:
     ```
     """
 
-    def __init__(self, source: str | os.PathLike, framework: str = "pt", device: str | int = "cpu",
+    def __init__(self, filename: str | os.PathLike, framework: str = "pt", device="cpu", *, backend: str = "mmap",
                  dtype=None, root: str | None = None, **options):
+        self._source = None
         if framework not in FRAMEWORKS:
-            raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, not {framework!r}")
+            raise SafetensorError(f"framework {framework} is invalid")
         self._framework = "numpy" if framework in ("numpy", "np") else "pt"
-        self._device = device_spec(device)
+        self._device = checked_device(device)
+        if backend not in BACKENDS:
+            raise SafetensorError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
+        self._map = backend == "mmap"
         if self._framework == "numpy" and self._device != "cpu":
-            raise ValueError(f"framework 'numpy' holds tensors on the CPU only, not {self._device!r}")
-        self._source = Source(source, view_options(dtype, root, **options))
+            shown = "cuda:0" if self._device == "cuda" else self._device
+            raise SafetensorError(f"Device {shown} is not supported for framework numpy")
+        name = os.fspath(filename)
+        if not os.path.exists(name):
+            raise FileNotFoundError(f"No such file or directory: {name}")
+        self._source = Source(filename, view_options(dtype, root, **options))
 
     # --- the context manager ------------------------------------------------------------
 
@@ -153,26 +182,39 @@ class safe_open:
         self.close()
 
     def close(self) -> None:
-        """Releases the checkpoint. Tensors already returned stay valid."""
-        self._source.close()
+        """Releases the checkpoint: every method but a slice's then raises "File is closed".
+        Tensors and slices already returned stay valid (a slice keeps the source open)."""
+        self._source = None
+
+    def _open(self) -> Source:
+        if self._source is None:
+            raise SafetensorError("File is closed")
+        return self._source
 
     # --- what it holds ------------------------------------------------------------------
 
     def keys(self) -> list[str]:
         """The tensor names, sorted (as safetensors' keys() returns them)."""
-        return sorted(self._source.by_key)
+        return sorted(self._open().by_key)
 
     def offset_keys(self) -> list[str]:
         """The tensor names in the checkpoint's order (the order of model.safetensors)."""
-        return [t["key"] for t in self._source.tensors]
+        return [t["key"] for t in self._open().tensors]
 
-    def metadata(self) -> dict:
+    def metadata(self) -> dict | None:
         """The checkpoint's non-tensor values, as metadata.json serves them: for a
         safetensors file its `__metadata__` (str -> str), for a training checkpoint the
-        epoch, optimizer settings and the like."""
-        return self._source.metadata()
+        epoch, optimizer settings and the like; None where there are none, as safetensors
+        returns for a file without `__metadata__`."""
+        return self._open().metadata() or None
 
     # --- tensors ------------------------------------------------------------------------
+
+    def _entry(self, name: str) -> dict:
+        source = self._open()
+        if name not in source.by_key:
+            raise SafetensorError(f"File does not contain tensor {name}")
+        return source.by_key[name]
 
     def get_tensor(self, name: str):
         """Returns a full tensor.
@@ -184,35 +226,47 @@ class safe_open:
             (`torch.Tensor` or `numpy.ndarray`): the tensor in the framework you opened the
             source for, on its device.
         """
-        entry = self._source.entry(name)
-        if self._device == "cpu" and self._source.maps_file(entry):
+        entry = self._entry(name)
+        source = self._source
+        if self._device == "cpu" and self._map and source.maps_file(entry):
             if self._framework == "numpy":
-                return self._source.mapped_numpy(entry)
-            return self._source.mapped_torch(entry)
-        if self._device == "cpu" and self._framework == "pt" and entry["cpu"] == "region":
+                return source.mapped_numpy(entry)
+            return source.mapped_torch(entry)
+        if self._device == "cpu" and self._map and self._framework == "pt" and entry["cpu"] == "region":
             # Split over files (ZeRO-3): maps of those files where their pages line up.
-            return self._source.load_mapped_torch([entry])[0]
+            return source.load_mapped_torch([entry])[0]
         if self._framework == "numpy":
             import numpy as np
 
             array = np.empty(entry["shape"], numpy_dtype(entry))
-            self._source.read_whole(entry, array.ctypes.data)
+            source.read_whole(entry, array.ctypes.data)
             return array
         import torch
 
         device = torch.device(self._device)
-        tensor = torch.empty(entry["shape"], dtype=torch_dtype(entry), device=device)
+        tensor = torch.empty(torch_shape(entry), dtype=torch_dtype(entry), device=device)
         if device.type == "cpu":
-            self._source.read_whole(entry, tensor.data_ptr())
+            source.read_whole(entry, tensor.data_ptr())
         else:
             index = device.index if device.index is not None else torch.cuda.current_device()
             stream = torch.cuda.current_stream(index).cuda_stream
-            load_into_device(self._source, [entry], [tensor], "auto", index, stream, {})
+            load_into_device(source, [entry], [tensor], "auto", index, stream, {})
         return tensor
 
+    def get_tensors(self) -> dict:
+        """Every tensor, {name: tensor} in offset_keys() order, in one call: for torch through
+        the library's bulk load (ckptfs.load's path: maps where stored as served, one pass
+        of the pipeline for the rest)."""
+        source = self._open()
+        if self._framework == "numpy":
+            return {t["key"]: self.get_tensor(t["key"]) for t in source.tensors}
+        from ._load import load_entries
+
+        return load_entries(source, list(source.tensors), self._device, mmap=self._map)
+
     def get_slice(self, name: str) -> "TensorSlice":
-        """Returns a slice view object: index it (`[:, ::8]`, `[3]`, `[..., :4]`) to read that
-        part only.
+        """Returns a slice view object: index it (`[:, ::8]`, `[3]`, `[..., :4]`, `[None]`,
+        `[[0, 2]]`) to read that part only.
 
         Args:
             name (`str`): the name of the tensor you want.
@@ -222,24 +276,54 @@ class safe_open:
             bytes of the slice are read (for a converted tensor, the stored elements they
             convert from).
         """
-        return TensorSlice(self, self._source.entry(name))
+        return TensorSlice(self, self._entry(name))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
 
     def __len__(self) -> int:
-        return len(self._source.tensors)
+        return len(self._open().tensors)
+
+
+def _split_index(index, ndim: int) -> tuple[tuple, list, tuple | None]:
+    """INDEX (what `[...]` got) on a tensor of NDIM dimensions as (the basic index, without
+    None and lists, for slice_plan; the result dimensions None inserts, in order; (result
+    dimension, positions) of one list of integers, or None)."""
+    if isinstance(index, list):
+        index = (index,)
+    index = index if isinstance(index, tuple) else (index,)
+    if sum(1 for i in index if i is Ellipsis) == 1:  # several: slice_plan's error
+        at = index.index(Ellipsis)
+        consumed = sum(1 for i in index if i is not None and i is not Ellipsis)
+        index = index[:at] + (slice(None),) * max(ndim - consumed, 0) + index[at + 1:]
+    basic, new_axes, gather, produced = [], [], None, 0
+    for i in index:
+        if i is None:
+            new_axes.append(produced)
+            produced += 1
+        elif isinstance(i, list):
+            if gather is not None:
+                raise IndexError("only one list of integers per index is supported")
+            gather = (produced - len(new_axes), len(basic), [operator.index(k) for k in i])
+            basic.append(slice(None))
+            produced += 1
+        else:
+            basic.append(i)
+            produced += isinstance(i, slice) or i is Ellipsis
+    return tuple(basic), new_axes, gather
 
 
 class TensorSlice:
-    """One tensor of a safe_open source, read only as far as it is indexed."""
+    """One tensor of a safe_open source, read only as far as it is indexed. It keeps the
+    source open, as safetensors' slices keep their file's map."""
 
     def __init__(self, opened: safe_open, entry: dict):
-        self._opened = opened
+        self._source = opened._source
+        self._framework, self._device = opened._framework, opened._device
         self._entry = entry
 
     def get_shape(self) -> list[int]:
-        """The tensor's shape, as served."""
+        """The tensor's shape, as served (safetensors' header shape)."""
         return list(self._entry["shape"])
 
     def get_dtype(self) -> str:
@@ -247,23 +331,40 @@ class TensorSlice:
         return self._entry["dtype"]
 
     def __getitem__(self, index):
-        entry, opened = self._entry, self._opened
-        offsets, lengths, shape = slice_plan(entry["shape"], entry["itemsize"], index)
-        if opened._framework == "numpy":
+        entry = self._entry
+        shape = torch_shape(entry)
+        basic, new_axes, gather = _split_index(index, len(shape))
+        if gather is not None:
+            size = shape[gather[1]] if gather[1] < len(shape) else 0
+            for k in gather[2]:
+                if not -size <= k < size:
+                    raise IndexError(f"index {k} is out of bounds for dimension {gather[1]} with size {size}")
+        offsets, lengths, out_shape = slice_plan(shape, entry["itemsize"], basic)
+        if self._framework == "numpy":
             import numpy as np
 
-            out = np.empty(shape, numpy_dtype(entry))
+            out = np.empty(out_shape, numpy_dtype(entry))
             address = out.ctypes.data
         else:
             import torch
 
-            out = torch.empty(shape, dtype=torch_dtype(entry))
+            out = torch.empty(out_shape, dtype=torch_dtype(entry))
             address = out.data_ptr()
         if len(offsets):
-            opened._source.read(entry["index"], offsets, lengths, address)
-        if opened._framework == "pt" and opened._device != "cpu":
-            out = out.to(opened._device)
+            self._source.read(entry["index"], offsets, lengths, address)
+        if gather is not None:
+            positions = [k % shape[gather[1]] for k in gather[2]]
+            if self._framework == "numpy":
+                import numpy as np
+
+                out = np.take(out, np.array(positions, dtype=np.int64), axis=gather[0])
+            else:
+                out = out.index_select(gather[0], torch.tensor(positions, dtype=torch.long))
+        for axis in new_axes:
+            out = out[(slice(None),) * axis + (None,)]
+        if self._framework == "pt" and self._device != "cpu":
+            out = out.to(self._device)
         return out
 
 
-__all__ = ["safe_open", "TensorSlice", "CkptfsError"]
+__all__ = ["safe_open", "TensorSlice", "CkptfsError", "SafetensorError"]

@@ -7,7 +7,7 @@ import ctypes
 import json
 import os
 
-from ._dtypes import dtype_option, numpy_dtype, torch_dtype
+from ._dtypes import dtype_option, numpy_dtype, torch_dtype, torch_shape
 from ._lib import CkptfsError, _library, last_error
 
 
@@ -62,12 +62,15 @@ class Source:
         self.by_key = {t["key"]: t for t in self.tensors}
         self._maps: dict = {}  # (file index, framework) -> a private mapping of the whole file
 
+    def __del__(self):
+        self.close()
+
     def close(self) -> None:
-        if self.ptr:
+        if getattr(self, "ptr", None):
             self.lib.ckptfs_close(self.ptr)
             self.ptr = None
         # Tensors already handed out keep their own reference to the mapping.
-        self._maps.clear()
+        getattr(self, "_maps", {}).clear()
 
     def __enter__(self):
         return self
@@ -181,7 +184,7 @@ class Source:
                                        ctypes.byref(address), ctypes.byref(size), offsets.ctypes.data_as(u64p)) != 0:
             raise last_error()
         if not address.value:  # every tensor is empty
-            return [torch.empty(e["shape"], dtype=torch_dtype(e)) for e in entries]
+            return [torch.empty(torch_shape(e), dtype=torch_dtype(e)) for e in entries]
         region = MappedRegion(self.lib, address.value, size.value)
         storage = torch.frombuffer(region.buffer(), dtype=torch.uint8).untyped_storage()
         return [_torch_over(storage, entry, offset) for entry, offset in zip(entries, offsets.tolist())]
@@ -201,7 +204,7 @@ def _torch_over(storage, entry: dict, byte_offset: int):
     BYTE_OFFSET bytes in."""
     import torch
 
-    shape = entry["shape"]
+    shape = torch_shape(entry)
     strides, step = [], 1
     for dim in reversed(shape):
         strides.append(step)

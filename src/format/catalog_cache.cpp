@@ -170,7 +170,7 @@ bool ReadTensor(Reader* r, uint32_t file_count, TensorEntry* t) {
   if (!r->Str(&t->key) || !r->View(&packed_path) || !KeyPath::FromPacked(packed_path, &t->path)) return false;
   uint8_t dtype;
   uint64_t rank;
-  if (!r->U8(&dtype) || dtype > static_cast<uint8_t>(DType::kC32) || !r->U64(&rank) || !r->Dims(rank, &t->shape))
+  if (!r->U8(&dtype) || dtype > static_cast<uint8_t>(DType::kF4x2) || !r->U64(&rank) || !r->Dims(rank, &t->shape))
     return false;
   t->dtype = static_cast<DType>(dtype);
   if (!r->Str(&t->storage_id) || !r->Count(20, &n)) return false;

@@ -52,6 +52,13 @@ std::string CheckTensorEntry(const std::string& key, const json& value, Safetens
     if (!CheckedMul(numel, dim, &numel)) return "tensor '" + key + "' shape overflows";
     p->shape.push_back(dim);
   }
+  if (p->dtype == DType::kF4x2) {
+    // Two values a byte: the last dimension counts values, an odd count cannot be stored.
+    if (p->shape.empty() || p->shape.back() % kF4ValuesPerByte != 0)
+      return "tensor '" + key + "' of dtype F4 needs an even last dimension";
+    p->shape.back() /= kF4ValuesPerByte;
+    numel /= kF4ValuesPerByte;
+  }
   uint64_t begin, end;
   if (!offsets.is_array() || offsets.size() != 2 || !AsUint(offsets[0], &begin) || !AsUint(offsets[1], &end) ||
       end < begin)

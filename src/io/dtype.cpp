@@ -7,7 +7,7 @@ namespace {
 
 // Order matches the DType enum. Names: torch/_tensor_str + torch/storage.py for torch,
 // safetensors/src/tensor.rs `Dtype` for safetensors (doc/FORMATS.md, "Dtype names").
-constexpr std::array<DTypeInfo, 21> kInfos = {{
+constexpr std::array<DTypeInfo, 22> kInfos = {{
     {DType::kF64, "float64", "F64", 8, true},
     {DType::kF32, "float32", "F32", 4, true},
     {DType::kF16, "float16", "F16", 2, true},
@@ -29,6 +29,8 @@ constexpr std::array<DTypeInfo, 21> kInfos = {{
     {DType::kC128, "complex128", "", 16, false},
     {DType::kC64, "complex64", "C64", 8, false},
     {DType::kC32, "complex32", "", 4, false},
+    // Packed: no conversion (torch has none either), so dtype= leaves it as stored.
+    {DType::kF4x2, "float4_e2m1fn_x2", "F4", 1, false},
 }};
 
 struct StorageClass {

@@ -9,6 +9,7 @@ void ServedDTypeAndShape(const ServedTensor& t, std::string_view* dtype, std::ve
   *dtype = Info(served.dtype).safetensors_name;
   *shape = t.shape();
   if (served.extra_dim) shape->push_back(2);
+  if (served.dtype == DType::kF4x2 && !shape->empty()) shape->back() *= kF4ValuesPerByte;
 }
 
 void AppendSafetensorsHeaderStart(std::string* out) {
