@@ -40,6 +40,9 @@ void DecodeToDouble(DType value_type, const char* src, size_t count, double* dst
     case DType::kU32: return Widen<uint32_t>(src, count, dst);
     case DType::kU16: return Widen<uint16_t>(src, count, dst);
     case DType::kU8: return Widen<uint8_t>(src, count, dst);
+    // Packed float4 pairs have no conversion (torch has none either): their bytes are compared
+    // as numbers, so "differing" counts bytes and the norms are of the bytes.
+    case DType::kF4x2: return Widen<uint8_t>(src, count, dst);
     case DType::kBool:
       for (size_t i = 0; i < count; ++i) dst[i] = src[i] != 0 ? 1.0 : 0.0;
       return;

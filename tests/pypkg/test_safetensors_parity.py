@@ -278,3 +278,17 @@ def test_dtype_option_keeps_f4_and_converts_e8m0_like_torch(packed_file):
     with ckptfs.safe_open(path, "pt", dtype="fp32") as f:
         assert_bitwise_equal(f.get_tensor("f4"), state["f4"], "f4 kept as stored")
         assert_bitwise_equal(f.get_tensor("e8m0"), state["e8m0"].to(torch.float32), "e8m0 as Tensor.to")
+
+
+def test_diff_compares_packed_bytes(packed_file, tmp_path):
+    path, state = packed_file
+    changed = dict(state)
+    raw = state["f4"].view(torch.uint8).clone()
+    raw[2, 5] ^= 0x11  # both float4 values of one byte
+    changed["f4"] = raw.view(torch.float4_e2m1fn_x2)
+    other = tmp_path / "changed.safetensors"
+    save_file(changed, other)
+    assert ckptfs.diff(path, path)["equal"]
+    tensors = {t["key"]: t for t in ckptfs.diff(path, other)["tensors"]}
+    assert tensors["f4"]["differing"] == 1
+    assert tensors["e8m0"]["differing"] == 0
