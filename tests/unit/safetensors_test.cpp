@@ -97,6 +97,32 @@ BOOST_AUTO_TEST_CASE(valid_file) {
   }
 }
 
+// F4 headers count float4 values, two a byte; the catalog holds torch's float4_e2m1fn_x2 shape
+// (bytes), so the last dimension is halved, and the byte span is checked against that.
+BOOST_AUTO_TEST_CASE(f4_shapes_count_values) {
+  json h;
+  h["f4"] = Entry("F4", {3, 8}, 0, 12);
+  h["e8"] = Entry("F8_E8M0", {4}, 12, 16);
+  Read r(File(h, 16));
+  BOOST_REQUIRE_MESSAGE(r.status.ok(), r.status.message());
+  BOOST_REQUIRE_EQUAL(r.catalog.tensors.size(), 2u);
+  const auto& f4 = r.catalog.tensors[0];
+  BOOST_TEST((f4.dtype == DType::kF4x2));
+  BOOST_TEST(f4.shape == std::vector<uint64_t>({3, 4}), boost::test_tools::per_element());
+  BOOST_TEST(f4.nbytes() == 12u);
+  BOOST_TEST((r.catalog.tensors[1].dtype == DType::kF8_E8M0));
+
+  json odd;
+  odd["f4"] = Entry("F4", {2, 3}, 0, 3);
+  CheckCorrupt(File(odd, 3), "tensor 'f4' of dtype F4 needs an even last dimension");
+  json scalar;
+  scalar["f4"] = Entry("F4", {}, 0, 1);
+  CheckCorrupt(File(scalar, 1), "tensor 'f4' of dtype F4 needs an even last dimension");
+  json counted_as_bytes;  // a writer that put torch's shape in the header
+  counted_as_bytes["f4"] = Entry("F4", {2, 4}, 0, 8);
+  CheckCorrupt(File(counted_as_bytes, 8), "tensor 'f4' spans 8 bytes but its dtype and shape need 4");
+}
+
 BOOST_AUTO_TEST_CASE(open_catalog_detects_safetensors) {
   json h;
   h["x"] = Entry("U8", {4}, 0, 4);
