@@ -4,7 +4,7 @@ tensor of it is made."""
 
 from __future__ import annotations
 
-from ._lib import CkptfsError
+from ._lib import SafetensorError
 
 # The torch names of the element types numpy has (numpy names them alike); it has no
 # bfloat16 or float8.
@@ -20,8 +20,6 @@ def torch_dtype(entry: dict):
 
     dtype = getattr(torch, entry["torch_dtype"], None)
     if not isinstance(dtype, torch.dtype):
-        from ._lib import SafetensorError
-
         raise SafetensorError(f"torch {torch.__version__} has no dtype for {entry['dtype']}")
     return dtype
 
@@ -40,7 +38,7 @@ def numpy_dtype(entry: dict):
     import numpy as np
 
     if entry["torch_dtype"] not in _IN_NUMPY:
-        raise CkptfsError(f"numpy has no dtype for {entry['dtype']}: use framework=\"pt\", or dtype=\"fp32\" to convert")
+        raise SafetensorError(f"numpy has no dtype for {entry['dtype']}: use framework=\"pt\", or dtype=\"fp32\" to convert")
     return np.dtype(entry["torch_dtype"]).newbyteorder("<")
 
 

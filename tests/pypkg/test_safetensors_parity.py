@@ -292,3 +292,10 @@ def test_diff_compares_packed_bytes(packed_file, tmp_path):
     tensors = {t["key"]: t for t in ckptfs.diff(path, other)["tensors"]}
     assert tensors["f4"]["differing"] == 1
     assert tensors["e8m0"]["differing"] == 0
+
+
+def test_numpy_of_a_dtype_numpy_lacks_says_how(written):
+    with ckptfs.safe_open(written["mixed"], "np") as f:
+        with pytest.raises(safetensors.SafetensorError, match=r'^numpy has no dtype for BF16: use framework="pt"'):
+            f.get_tensor("a.bias")
+        assert f.get_tensor("z.weight").dtype.str == "<f4"
