@@ -169,7 +169,8 @@ class safe_open:
             shown = "cuda:0" if self._device == "cuda" else self._device
             raise SafetensorError(f"Device {shown} is not supported for framework numpy")
         name = os.fspath(filename)
-        if not os.path.exists(name):
+        # Remote sources (http://, https://, s3://) are libckptfs's to find.
+        if "://" not in str(name) and not os.path.exists(name):
             raise FileNotFoundError(f"No such file or directory: {name}")
         self._source = Source(filename, view_options(dtype, root, **options))
 

@@ -299,3 +299,9 @@ def test_numpy_of_a_dtype_numpy_lacks_says_how(written):
         with pytest.raises(safetensors.SafetensorError, match=r'^numpy has no dtype for BF16: use framework="pt"'):
             f.get_tensor("a.bias")
         assert f.get_tensor("z.weight").dtype.str == "<f4"
+
+
+def test_a_remote_source_is_the_librarys_to_find():
+    # No local path check for a URL: the library's error names the source and the failure.
+    with pytest.raises(ckptfs.SafetensorError, match=r"^http://127\.0\.0\.1:9/x\.safetensors: .*connect"):
+        ckptfs.safe_open("http://127.0.0.1:9/x.safetensors", "pt")
