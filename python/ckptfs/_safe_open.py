@@ -288,8 +288,9 @@ class safe_open:
 
 def _split_index(index, ndim: int) -> tuple[tuple, list, tuple | None]:
     """INDEX (what `[...]` got) on a tensor of NDIM dimensions as (the basic index, without
-    None and lists, for slice_plan; the result dimensions None inserts, in order; (result
-    dimension, positions) of one list of integers, or None)."""
+    None and lists, for slice_plan; the result dimensions None inserts, in order; for one list
+    of integers, (its dimension in slice_plan's result, its dimension in the tensor, the
+    positions), or None)."""
     if isinstance(index, list):
         index = (index,)
     index = index if isinstance(index, tuple) else (index,)
