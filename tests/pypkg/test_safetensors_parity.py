@@ -305,3 +305,13 @@ def test_a_remote_source_is_the_librarys_to_find():
     # No local path check for a URL: the library's error names the source and the failure.
     with pytest.raises(ckptfs.SafetensorError, match=r"^http://127\.0\.0\.1:9/x\.safetensors: .*connect"):
         ckptfs.safe_open("http://127.0.0.1:9/x.safetensors", "pt")
+
+
+def test_packed_dtypes_of_a_torch_save(packed_file, tmp_path):
+    _, state = packed_file
+    path = tmp_path / "packed.pt"
+    torch.save(state, path)
+    with ckptfs.safe_open(path, "pt") as f:
+        assert f.get_slice("f4").get_shape() == [16, 32]  # served as safetensors counts: values
+        for key, want in state.items():
+            assert_bitwise_equal(f.get_tensor(key), want, key)
