@@ -38,7 +38,9 @@ def numpy_dtype(entry: dict):
     import numpy as np
 
     if entry["torch_dtype"] not in _IN_NUMPY:
-        raise SafetensorError(f"numpy has no dtype for {entry['dtype']}: use framework=\"pt\", or dtype=\"fp32\" to convert")
+        # F4 has no conversion (dtype= refuses it), so only torch can hold it.
+        convert = "" if entry["dtype"] == "F4" else ', or dtype="fp32" to convert'
+        raise SafetensorError(f"numpy has no dtype for {entry['dtype']}: use framework=\"pt\"{convert}")
     return np.dtype(entry["torch_dtype"]).newbyteorder("<")
 
 

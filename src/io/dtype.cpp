@@ -29,7 +29,7 @@ constexpr std::array<DTypeInfo, 22> kInfos = {{
     {DType::kC128, "complex128", "", 16, false},
     {DType::kC64, "complex64", "C64", 8, false},
     {DType::kC32, "complex32", "", 4, false},
-    // Packed: no conversion (torch has none either), so dtype= leaves it as stored.
+    // Packed: no conversion (torch has none either); dtype= refuses it (transform_dtype.cpp).
     {DType::kF4x2, "float4_e2m1fn_x2", "F4", 1, false},
 }};
 

@@ -273,10 +273,15 @@ def test_packed_dtypes_through_the_mount(packed_file, requires_fuse):
                 assert_bitwise_equal(f.get_tensor(key), want, key)
 
 
-def test_dtype_option_keeps_f4_and_converts_e8m0_like_torch(packed_file):
+def test_dtype_option_refuses_f4_and_converts_e8m0_like_torch(packed_file, tmp_path):
     path, state = packed_file
-    with ckptfs.safe_open(path, "pt", dtype="fp32") as f:
-        assert_bitwise_equal(f.get_tensor("f4"), state["f4"], "f4 kept as stored")
+    with pytest.raises(ckptfs.CkptfsError, match=r"tensor 'f4' is F4 .* no conversion to F32 \(torch has none either\)"):
+        ckptfs.safe_open(path, "pt", dtype="fp32")
+    with pytest.raises(NotImplementedError):  # torch's own refusal, which ckptfs's mirrors
+        state["f4"].to(torch.float32)
+    e8m0_only = tmp_path / "e8m0.safetensors"
+    save_file({"e8m0": state["e8m0"]}, e8m0_only)
+    with ckptfs.safe_open(e8m0_only, "pt", dtype="fp32") as f:
         assert_bitwise_equal(f.get_tensor("e8m0"), state["e8m0"].to(torch.float32), "e8m0 as Tensor.to")
 
 
