@@ -179,6 +179,19 @@ def ckptfs_bin() -> Path:
     return path.resolve()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ckptfs_library():
+    """libckptfs.so beside the binary under test (CKPTFS_BUILD_DIR, else the binary's folder),
+    as $CKPTFS_LIB for the ckptfs package; autouse in the suites that import it."""
+    if "CKPTFS_LIB" not in os.environ:
+        build = os.environ.get("CKPTFS_BUILD_DIR") or str(ckptfs_path().parent)
+        os.environ["CKPTFS_LIB"] = str(Path(build) / "libckptfs.so")
+    lib = Path(os.environ["CKPTFS_LIB"])
+    if not lib.is_file():
+        pytest.fail(f"libckptfs.so not found at {lib}: build the ckptfs_shared target", pytrace=False)
+    return lib
+
+
 @pytest.fixture(scope="session")
 def run_ckptfs(ckptfs_bin):
     """run_ckptfs(*args, check=True, timeout=COMMAND_TIMEOUT_S, env=None) ->

@@ -17,20 +17,8 @@ SUITE_DIR = Path(__file__).resolve().parent
 TESTS_DIR = SUITE_DIR.parent
 sys.path.insert(0, str(TESTS_DIR.parent / "python"))
 
-from ckptfs_testlib import REPO_ROOT, ckptfs_bin, ls_json, run_ckptfs  # noqa: E402,F401  (shared fixtures)
+from ckptfs_testlib import ckptfs_bin, ckptfs_library, ls_json, run_ckptfs  # noqa: E402,F401  (shared fixtures)
 from device_sources import make_sources  # noqa: E402
-
-
-@pytest.fixture(scope="session", autouse=True)
-def ckptfs_library():
-    """libckptfs.so beside the binary under test (CKPTFS_BUILD_DIR, else the binary's folder)."""
-    if "CKPTFS_LIB" not in os.environ:
-        build = os.environ.get("CKPTFS_BUILD_DIR") or str(Path(os.environ.get("CKPTFS_BIN", REPO_ROOT / "build" / "ckptfs")).parent)
-        os.environ["CKPTFS_LIB"] = str(Path(build) / "libckptfs.so")
-    lib = Path(os.environ["CKPTFS_LIB"])
-    if not lib.is_file():
-        pytest.fail(f"libckptfs.so not found at {lib}: build the ckptfs_shared target", pytrace=False)
-    return lib
 
 
 @pytest.fixture(scope="session", autouse=True)

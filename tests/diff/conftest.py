@@ -3,7 +3,6 @@ real pairs: the DCP and ZeRO fixtures against torch's and DeepSpeed's own consol
 exports, dtype views, and two training steps of a real transformers model."""
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -16,25 +15,14 @@ sys.path.insert(0, str(TESTS_DIR / "dcp"))
 
 from ckptfs_fixture_cache import DCP_CHECKPOINTS  # noqa: E402
 from ckptfs_testlib import (  # noqa: E402,F401  (shared fixtures)
-    REPO_ROOT,
     cached_fixtures_or_fail,
     ckptfs_bin,
+    ckptfs_library,
     ls_json,
     run_ckptfs,
     zero_fixtures_root,
 )
 from minilm import minilm_dir  # noqa: E402,F401
-
-
-@pytest.fixture(scope="session", autouse=True)
-def ckptfs_library():
-    """libckptfs.so beside the binary under test (CKPTFS_BUILD_DIR, else the binary's folder)."""
-    if "CKPTFS_LIB" not in os.environ:
-        build = os.environ.get("CKPTFS_BUILD_DIR") or str(Path(os.environ.get("CKPTFS_BIN", REPO_ROOT / "build" / "ckptfs")).parent)
-        os.environ["CKPTFS_LIB"] = str(Path(build) / "libckptfs.so")
-    lib = Path(os.environ["CKPTFS_LIB"])
-    if not lib.is_file():
-        pytest.fail(f"libckptfs.so not found at {lib}: build the ckptfs_shared target", pytrace=False)
 
 
 @pytest.fixture(scope="session")
