@@ -297,7 +297,8 @@ def device_suite(check: Check, state: dict, dry_run: bool) -> dict:
 def verify_loads(check: Check, state: dict, dry_run: bool) -> dict:
     from device_sources import DTYPES, KINDS, make_sources
 
-    os.environ.update({k: v for k, v in suite_env(state, dry_run).items() if k == "CKPTFS_DEVICE_FIXTURES"})
+    # make_sources (in this process) takes the framework saves from the pack, as the suite does.
+    os.environ["CKPTFS_DEVICE_FIXTURES"] = str(state["pack"] / "fixtures")
     root = state["work"] / "sources"
     root.mkdir()
     sources = make_sources(root)
