@@ -45,20 +45,38 @@ def cache_root() -> Path:
     return Path(os.environ.get("CKPTFS_CACHE") or Path.home() / ".cache" / "ckptfs") / "fixtures"
 
 
-def entry_name(generator: Path, packages=KEYED_PACKAGES) -> str:
+def entry_name(generator: Path, packages=KEYED_PACKAGES, overlay: str | None = None) -> str:
     """<generator name>-<16 hex digits of the key>."""
     key = hashlib.sha256(Path(generator).read_bytes())
     for package in packages:
         key.update(f"\0{package}=={importlib.metadata.version(package)}".encode())
+    if overlay:
+        # The overlay's pins are what it runs with (its versions are not importable here).
+        key.update(b"\0" + overlay_requirements(overlay).read_bytes())
     return f"{Path(generator).stem}-{key.hexdigest()[:16]}"
 
 
-def cached_fixtures(generator: Path, timeout_s: float = GENERATE_TIMEOUT_S, packages=KEYED_PACKAGES) -> Path:
+def overlay_requirements(overlay: str) -> Path:
+    return TESTS_DIR / f"requirements-{overlay}.txt"
+
+
+def overlay_python(overlay: str) -> str:
+    """The python of scripts/setup-venv.sh OVERLAY (created on first use: a minute)."""
+    script = TESTS_DIR.parent / "scripts" / "setup-venv.sh"
+    done = subprocess.run([str(script), overlay], capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise FixtureGenerationError(f"scripts/setup-venv.sh {overlay} failed:\n{done.stderr[-4000:]}")
+    return str(Path(done.stdout.strip()) / "bin" / "python")
+
+
+def cached_fixtures(generator: Path, timeout_s: float = GENERATE_TIMEOUT_S, packages=KEYED_PACKAGES,
+                    overlay: str | None = None) -> Path:
     """The folder `python GENERATOR OUT` filled, from the cache; generated first if absent,
-    keyed by GENERATOR's content and the versions of PACKAGES. Raises FixtureGenerationError
-    (naming the generator's log) if it fails or runs past TIMEOUT_S."""
+    keyed by GENERATOR's content and the versions of PACKAGES (and the pins of OVERLAY, the
+    environment of scripts/setup-venv.sh OVERLAY that runs it when given). Raises
+    FixtureGenerationError (naming the generator's log) if it fails or runs past TIMEOUT_S."""
     root = cache_root()
-    name = entry_name(generator, packages)
+    name = entry_name(generator, packages, overlay)
     entry = root / name
     if entry.is_dir():
         return entry
@@ -70,7 +88,8 @@ def cached_fixtures(generator: Path, timeout_s: float = GENERATE_TIMEOUT_S, pack
         for leftover in root.glob(f".{name}.*"):
             shutil.rmtree(leftover, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
-        _generate(generator, work, timeout_s, root / f"{name}.failed.log")
+        python = overlay_python(overlay) if overlay else sys.executable
+        _generate(generator, work, timeout_s, root / f"{name}.failed.log", python)
         os.rename(work, entry)
     return entry
 
@@ -90,7 +109,7 @@ def _lock(lock, timeout_s: float, entry: Path) -> None:
             time.sleep(0.5)
 
 
-def _generate(generator: Path, out: Path, timeout_s: float, failed_log: Path) -> None:
+def _generate(generator: Path, out: Path, timeout_s: float, failed_log: Path, python: str) -> None:
     """Run GENERATOR into OUT; on failure keep its log as FAILED_LOG, remove OUT and raise."""
     log_path = out / "generate.log"
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
@@ -99,7 +118,7 @@ def _generate(generator: Path, out: Path, timeout_s: float, failed_log: Path) ->
         # A new session, so that a hang is ended by killing the generator and every rank it
         # forked (its process group), and nothing else.
         process = subprocess.Popen(
-            [sys.executable, str(generator), str(out)],
+            [python, str(generator), str(out)],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
