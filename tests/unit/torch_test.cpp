@@ -5,6 +5,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cstring>
+#include <functional>
 #include <random>
 #include <set>
 
@@ -609,4 +610,174 @@ BOOST_AUTO_TEST_CASE(errors_found_while_streaming_are_those_of_a_plain_read) {
   BOOST_REQUIRE_MESSAGE(b.status.ok(), b.status.message());
   BOOST_REQUIRE_EQUAL(b.catalog->tensors.size(), 1u);
   BOOST_TEST(b.catalog->tensors[0].key == "a");
+}
+
+// ---- objects that hold tensors: served as a documented form, or refused ------------------
+
+namespace {
+
+// {"w": <what `body` pickles>} with record 0 (12 float32) in the archive.
+Built WithObject(const std::function<void(PickleBuilder*)>& body) {
+  PickleBuilder p;
+  p.Proto(2).EmptyDict().BinUnicode("w");
+  body(&p);
+  p.SetItem().Stop();
+  return Built(TorchZip(p.bytes(), {{"0", PatternBytes(48, 3)}}));
+}
+void Tensor12(PickleBuilder* p) { PickleTensor(p, "FloatStorage", "0", 12, 0, {12}, {1}); }
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(tensor_subclasses_without_a_plain_storage_are_refused) {
+  // DTensor's form: _rebuild_from_type_v2(_rebuild_wrapper_subclass, DTensor, (...), state
+  // holding the local tensor).
+  Built dtensor = WithObject([](PickleBuilder* p) {
+    p->Global("torch._tensor", "_rebuild_from_type_v2").Mark().Global("torch._utils", "_rebuild_wrapper_subclass");
+    p->Global("torch.distributed.tensor", "DTensor").Mark().Global("torch", "float32").Tuple();
+    p->EmptyDict().BinUnicode("_local_tensor");
+    Tensor12(p);
+    p->SetItem().Tuple().Reduce();
+  });
+  CheckError(dtensor.status, dtensor.path, Status::Code::kNotSupported,
+             "'w': a tensor of class torch.distributed.tensor.DTensor rebuilt by "
+             "torch._utils._rebuild_wrapper_subclass; ckptfs does not know how to serve it");
+  // A tensor kind ckptfs does not rebuild, even one without storage (meta).
+  Built meta = WithObject([](PickleBuilder* p) {
+    p->Global("torch._utils", "_rebuild_meta_tensor_no_storage").Mark().Global("torch", "float32");
+    p->Mark().BinInt1(3).Tuple().Mark().BinInt1(1).Tuple().NewFalse().Tuple().Reduce();
+  });
+  CheckError(meta.status, meta.path, Status::Code::kNotSupported,
+             "'w': a tensor rebuilt by torch._utils._rebuild_meta_tensor_no_storage");
+}
+
+BOOST_AUTO_TEST_CASE(a_subclass_over_a_plain_storage_is_served_unless_its_attributes_hold_tensors) {
+  // as_subclass: _rebuild_from_type_v2(_rebuild_tensor_v2, MyT, (...), state).
+  auto Subclass = [](bool tensor_in_state) {
+    return WithObject([tensor_in_state](PickleBuilder* p) {
+      p->Global("torch._tensor", "_rebuild_from_type_v2").Mark().Global("torch._utils", "_rebuild_tensor_v2");
+      p->Global("mod", "MyT").Mark();
+      p->Mark().BinUnicode("storage").Global("torch", "FloatStorage").BinUnicode("0").BinUnicode("cpu").BinInt(12);
+      p->Tuple().BinPersId().BinInt(0).Mark().BinInt(12).Tuple().Mark().BinInt(1).Tuple().NewFalse();
+      p->Global("collections", "OrderedDict").EmptyTuple().Reduce().Tuple();
+      p->EmptyDict();
+      if (tensor_in_state) {
+        p->BinUnicode("scale");
+        Tensor12(p);
+        p->SetItem();
+      }
+      p->Tuple().Reduce();
+    });
+  };
+  Built plain = Subclass(false);
+  BOOST_REQUIRE_MESSAGE(plain.status.ok(), plain.status.message());
+  BOOST_REQUIRE_EQUAL(plain.catalog->tensors.size(), 1u);
+  BOOST_TEST(plain.catalog->tensors[0].key == "w");
+  Built with_tensor = Subclass(true);
+  CheckError(with_tensor.status, with_tensor.path, Status::Code::kNotSupported,
+             "'w': tensors among the Python attributes of a tensor");
+}
+
+BOOST_AUTO_TEST_CASE(objects_holding_tensors_are_served_only_as_attribute_objects) {
+  // A plain object (cls() + BUILD of a dict): its attributes are served.
+  Built attrs = WithObject([](PickleBuilder* p) {
+    p->Global("argparse", "Namespace").EmptyTuple().Op(0x81).EmptyDict().BinUnicode("scale");
+    Tensor12(p);
+    p->SetItem().Op('b');
+  });
+  BOOST_REQUIRE_MESSAGE(attrs.status.ok(), attrs.status.message());
+  BOOST_REQUIRE_EQUAL(attrs.catalog->tensors.size(), 1u);
+  BOOST_TEST(attrs.catalog->tensors[0].key == "w.scale");
+  // Protocol 0-1's form of the same: copy_reg._reconstructor(cls, object, None).
+  Built reconstructed = WithObject([](PickleBuilder* p) {
+    p->Global("copy_reg", "_reconstructor").Mark().Global("mod", "State").Global("__builtin__", "object").None();
+    p->Tuple().Reduce().EmptyDict().BinUnicode("scale");
+    Tensor12(p);
+    p->SetItem().Op('b');
+  });
+  BOOST_REQUIRE_MESSAGE(reconstructed.status.ok(), reconstructed.status.message());
+  BOOST_TEST(reconstructed.catalog->tensors.at(0).key == "w.scale");
+  // A class called with a tensor among its arguments (a namedtuple, a custom reduce).
+  Built args = WithObject([](PickleBuilder* p) {
+    p->Global("mod", "Pair").Mark();
+    Tensor12(p);
+    p->BinInt1(1).Tuple().Reduce();
+  });
+  CheckError(args.status, args.path, Status::Code::kNotSupported,
+             "'w': an object of class mod.Pair holding tensors; ckptfs does not know how to serve it");
+  // A torch.distributed class is never an attribute object.
+  Built mesh = WithObject([](PickleBuilder* p) {
+    p->Global("torch.distributed.device_mesh", "DeviceMesh").EmptyTuple().Op(0x81).EmptyDict().BinUnicode("_rank_map");
+    Tensor12(p);
+    p->SetItem().Op('b');
+  });
+  CheckError(mesh.status, mesh.path, Status::Code::kNotSupported,
+             "an object of class torch.distributed.device_mesh.DeviceMesh holding tensors");
+  // Tensors set as items of an attribute object (a dict subclass) are not its attributes.
+  Built items = WithObject([](PickleBuilder* p) {
+    p->Global("mod", "MyDict").EmptyTuple().Op(0x81).BinUnicode("k");
+    Tensor12(p);
+    p->SetItem();
+  });
+  CheckError(items.status, items.path, Status::Code::kNotSupported, "'w': a tensor");
+  // An object that holds no tensor stays metadata.
+  PickleBuilder p;
+  p.Proto(2).EmptyDict().BinUnicode("w").Global("mod", "Pair").Mark().BinInt1(1).Tuple().Reduce().SetItem();
+  p.BinUnicode("t");
+  Tensor12(&p);
+  p.SetItem().Stop();
+  Built none(TorchZip(p.bytes(), {{"0", PatternBytes(48, 3)}}));
+  BOOST_REQUIRE_MESSAGE(none.status.ok(), none.status.message());
+  BOOST_TEST(none.catalog->metadata["w"]["$class"] == "mod.Pair");
+}
+
+BOOST_AUTO_TEST_CASE(mappings_serve_their_items_and_refuse_tensors_elsewhere) {
+  // defaultdict(list) with SETITEMS: its items.
+  Built dd = WithObject([](PickleBuilder* p) {
+    p->Global("collections", "defaultdict").Mark().Global("__builtin__", "list").Tuple().Reduce().BinUnicode("k");
+    Tensor12(p);
+    p->SetItem();
+  });
+  BOOST_REQUIRE_MESSAGE(dd.status.ok(), dd.status.message());
+  BOOST_TEST(dd.catalog->tensors.at(0).key == "w.k");
+  // Python 2's OrderedDict: the pairs it was called with.
+  Built od = WithObject([](PickleBuilder* p) {
+    p->Global("collections", "OrderedDict").EmptyList().Mark().EmptyList().Mark().Op('U').Op(1).Raw("k");
+    Tensor12(p);
+    p->Op('e').Op('e').Op(0x85).Reduce();
+  });
+  BOOST_REQUIRE_MESSAGE(od.status.ok(), od.status.message());
+  BOOST_TEST(od.catalog->tensors.at(0).key == "w.k");
+  // A tensor among a dict's attributes (BUILD on it) would be dropped: refused.
+  Built attr = WithObject([](PickleBuilder* p) {
+    p->Global("collections", "OrderedDict").EmptyTuple().Reduce().EmptyDict().BinUnicode("_extra");
+    Tensor12(p);
+    p->SetItem().Op('b');
+  });
+  CheckError(attr.status, attr.path, Status::Code::kNotSupported,
+             "'w': tensors in a mapping's attributes or arguments, not among its items");
+  // A tensor as a dict key.
+  Built key = WithObject([](PickleBuilder* p) {
+    p->EmptyDict();
+    Tensor12(p);
+    p->BinInt1(1).SetItem();
+  });
+  CheckError(key.status, key.path, Status::Code::kNotSupported, "'w': a tensor");
+  // A storage on its own (torch.save of tensor.untyped_storage()).
+  Built storage = WithObject([](PickleBuilder* p) {
+    p->Mark().BinUnicode("storage").Global("torch", "FloatStorage").BinUnicode("0").BinUnicode("cpu").BinInt(12);
+    p->Tuple().BinPersId();
+  });
+  CheckError(storage.status, storage.path, Status::Code::kNotSupported, "'w': a storage outside any tensor");
+}
+
+BOOST_AUTO_TEST_CASE(an_archive_with_storage_records_that_serves_no_tensor_is_refused) {
+  PickleBuilder p;
+  p.Proto(2).EmptyDict().BinUnicode("epoch").BinInt1(3).SetItem().Stop();
+  Built b(TorchZip(p.bytes(), {{"0", PatternBytes(48, 3)}}));
+  CheckError(b.status, b.path, Status::Code::kNotSupported,
+             "holds 1 storage records but no tensor ckptfs can serve");
+  // Without records, a checkpoint of no tensor is served as what it is.
+  Built empty(TorchZip(p.bytes(), {}));
+  BOOST_REQUIRE_MESSAGE(empty.status.ok(), empty.status.message());
+  BOOST_TEST(empty.catalog->tensors.empty());
 }
