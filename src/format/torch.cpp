@@ -576,13 +576,19 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
   }
   if (TensorMarker(v)) return NotUnderstood(*path, Describe(v) + " inside an object it cannot serve");
   *out = json::object();
-  if (!cls.empty()) (*out)["$class"] = cls;
+  // Protocols 0-1 make a plain object as copyreg._reconstructor(cls, object, None): its class
+  // is cls, and those arguments say nothing more.
+  const bool reconstructed = IsGlobal(v->callable(), "copyreg._reconstructor") && Arg(v, 0) &&
+                             Arg(v, 0)->kind() == Kind::kGlobal && Arg(v, 1) && IsGlobal(Arg(v, 1), "builtins.object") &&
+                             Arg(v, 2) && Arg(v, 2)->kind() == Kind::kNone && v->args()->items().size() == 3;
+  if (reconstructed) (*out)["$class"] = QualifiedName(Arg(v, 0));
+  else if (!cls.empty()) (*out)["$class"] = cls;
   else if (v->callable()) {
     json callable;
     CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->callable(), path, depth + 1, &callable));
     (*out)["$call"] = std::move(callable);
   }
-  if (v->args()) CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->args(), path, depth + 1, &(*out)["args"]));
+  if (v->args() && !reconstructed) CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->args(), path, depth + 1, &(*out)["args"]));
   if (v->kwargs()) CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->kwargs(), path, depth + 1, &(*out)["kwargs"]));
   if (v->state()) {
     // Attributes (argparse.Namespace, dataclasses) are walked like a dict: tensors
