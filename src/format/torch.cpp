@@ -119,6 +119,10 @@ bool IsAttributeObject(const PyValue* v) {
   return !v->state() || v->state()->kind() == Kind::kDict;
 }
 
+// A tensor met where the walk serves none: a dict key, an attribute object's set or appended
+// items (a dict or list subclass).
+constexpr std::string_view kTensorServedNowhere = "a tensor where ckptfs serves none (a dict key, or an item of an object)";
+
 // How a refusal names a path: the flattened key, or the saved object itself.
 std::string Where(const std::vector<PathElement>& path) {
   return path.empty() ? std::string("the saved object") : "'" + FlattenKey(path) + "'";
@@ -212,14 +216,6 @@ Status TensorStream::OnCall(const PyValue* call, bool* take, uint64_t* index) {
   if (!callable || callable->kind() != Kind::kGlobal || (callable->s() != "torch._utils" && callable->s() != "torch._tensor"))
     return Status::OK();
   if (!RebuildInputsFixed(call, 0)) return Status::OK();
-  // A parameter around a tensor already taken is that tensor.
-  if ((IsGlobal(callable, "torch._utils._rebuild_parameter") ||
-       IsGlobal(callable, "torch._utils._rebuild_parameter_with_state")) &&
-      Arg(call, 0) && Arg(call, 0)->kind() == Kind::kTaken) {
-    *take = true;
-    *index = Arg(call, 0)->taken();
-    return Status::OK();
-  }
   // A tensor whose Python attributes hold tensors is left to the walk, which refuses it.
   std::vector<const PyValue*> states;
   TensorStates(call, 0, &states);
@@ -227,6 +223,14 @@ Status TensorStream::OnCall(const PyValue* call, bool* take, uint64_t* index) {
     bool holds = false;
     CKPTFS_RETURN_IF_ERROR(HoldsTensors(state, [] { return Status::OK(); }, &holds));
     if (holds) return Status::OK();
+  }
+  // A parameter around a tensor already taken is that tensor.
+  if ((IsGlobal(callable, "torch._utils._rebuild_parameter") ||
+       IsGlobal(callable, "torch._utils._rebuild_parameter_with_state")) &&
+      Arg(call, 0) && Arg(call, 0)->kind() == Kind::kTaken) {
+    *take = true;
+    *index = Arg(call, 0)->taken();
+    return Status::OK();
   }
   TensorEntry t;
   bool is_tensor = false;
@@ -562,7 +566,7 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
       }
       return Status::OK();
     }
-    case Kind::kTaken: return NotUnderstood(*path, "a tensor inside an object it cannot serve");
+    case Kind::kTaken: return NotUnderstood(*path, std::string(kTensorServedNowhere));
     case Kind::kObject: break;
   }
   const std::string cls = v->CallableName();
@@ -574,7 +578,12 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
     *out = Arg(v, 0)->s();
     return Status::OK();
   }
-  if (TensorMarker(v)) return NotUnderstood(*path, Describe(v) + " inside an object it cannot serve");
+  if (TensorMarker(v)) {
+    TensorEntry t;
+    bool is_tensor = false;
+    CKPTFS_RETURN_IF_ERROR(RebuildTensor(v, storages_, &t, &is_tensor));
+    return NotUnderstood(*path, is_tensor ? std::string(kTensorServedNowhere) : Describe(v));
+  }
   *out = json::object();
   // Protocols 0-1 make a plain object as copyreg._reconstructor(cls, object, None): its class
   // is cls, and those arguments say nothing more.

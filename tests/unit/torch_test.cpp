@@ -718,7 +718,7 @@ BOOST_AUTO_TEST_CASE(objects_holding_tensors_are_served_only_as_attribute_object
     Tensor12(p);
     p->SetItem();
   });
-  CheckError(items.status, items.path, Status::Code::kNotSupported, "'w': a tensor");
+  CheckError(items.status, items.path, Status::Code::kNotSupported, "'w': a tensor where ckptfs serves none");
   // An object that holds no tensor stays metadata.
   PickleBuilder p;
   p.Proto(2).EmptyDict().BinUnicode("w").Global("mod", "Pair").Mark().BinInt1(1).Tuple().Reduce().SetItem();
@@ -761,7 +761,7 @@ BOOST_AUTO_TEST_CASE(mappings_serve_their_items_and_refuse_tensors_elsewhere) {
     Tensor12(p);
     p->BinInt1(1).SetItem();
   });
-  CheckError(key.status, key.path, Status::Code::kNotSupported, "'w': a tensor");
+  CheckError(key.status, key.path, Status::Code::kNotSupported, "'w': a tensor where ckptfs serves none (a dict key");
   // A storage on its own (torch.save of tensor.untyped_storage()).
   Built storage = WithObject([](PickleBuilder* p) {
     p->Mark().BinUnicode("storage").Global("torch", "FloatStorage").BinUnicode("0").BinUnicode("cpu").BinInt(12);
