@@ -37,7 +37,7 @@ Status ReadTorchZip(const std::string& path, Catalog* catalog, nlohmann::json* m
 // (a chunk of a larger file): tensor offsets are offsets in that file.
 Status ReadTorchZip(const FileWindow& window, Catalog* catalog, nlohmann::json* metadata,
                     const ReadLimits& limits = ReadLimits{});
-inline constexpr uint32_t kTorchZipFormat = 1;
+inline constexpr uint32_t kTorchZipFormat = 2;
 
 // True when a file's first bytes (`head`, the first 512 or all when shorter) start a legacy
 // torch.save stream (a pickle) or a tar archive (torch <= 0.3 saved tar files).
@@ -46,7 +46,7 @@ bool IsTorchLegacy(std::string_view head);
 // like a torch.save zip; the tar-based format of torch <= 0.3 is refused by name.
 Status ReadTorchLegacy(const std::string& path, std::string_view head, Catalog* catalog, nlohmann::json* metadata,
                        const ReadLimits& limits = ReadLimits{});
-inline constexpr uint32_t kTorchLegacyFormat = 1;
+inline constexpr uint32_t kTorchLegacyFormat = 2;
 
 // A TorchScript archive (torch.jit.save): the module tree's tensors under the names
 // Module.state_dict() gives them, constants under "CONSTANTS.c<i>"; code is never read.
