@@ -10,6 +10,7 @@
 #include <set>
 
 #include "ckptfs/catalog.hpp"
+#include "format/rank_shards.hpp"
 #include "format/readers.hpp"
 #include "test_util.hpp"
 
@@ -780,4 +781,199 @@ BOOST_AUTO_TEST_CASE(an_archive_with_storage_records_that_serves_no_tensor_is_re
   Built empty(TorchZip(p.bytes(), {}));
   BOOST_REQUIRE_MESSAGE(empty.status.ok(), empty.status.message());
   BOOST_TEST(empty.catalog->tensors.empty());
+}
+
+// ---- DTensor / ShardedTensor (format/torch_distributed.hpp, format/rank_shards.hpp) ----
+
+namespace {
+
+void Tuple(PickleBuilder* p, const std::vector<uint32_t>& v) {
+  p->Mark();
+  for (uint32_t x : v) p->BinInt(static_cast<int32_t>(x));
+  p->Tuple();
+}
+
+// cls() then BUILD with {name: <value written by each field>}.
+void Object(PickleBuilder* p, std::string_view module, std::string_view name,
+            const std::vector<std::pair<std::string, std::function<void()>>>& fields) {
+  p->Global(module, name).EmptyTuple().Op(0x81).EmptyDict();
+  if (!fields.empty()) {
+    p->Mark();
+    for (const auto& [key, write] : fields) {
+      p->BinUnicode(key);
+      write();
+    }
+    p->SetItems();
+  }
+  p->Op('b');
+}
+
+// A DTensor as torch.save pickles it: global `shape`, `placements` ("S0", "S1", "R", "P")
+// on `mesh` at `coordinate`, its local tensor the float storage `key` of `local` shape.
+void PickleDTensor(PickleBuilder* p, std::string_view key, const std::vector<uint32_t>& shape,
+                   const std::vector<uint32_t>& local, const std::vector<std::string>& placements,
+                   const std::vector<uint32_t>& mesh, const std::vector<uint32_t>& coordinate, uint32_t rank) {
+  uint32_t numel = 1;
+  for (uint32_t d : local) numel *= d;
+  std::vector<uint32_t> stride(local.size(), 1);
+  for (size_t d = local.size(); d-- > 1;) stride[d - 1] = stride[d] * local[d];
+  p->Global("torch._tensor", "_rebuild_from_type_v2").Mark();
+  p->Global("torch._utils", "_rebuild_wrapper_subclass").Global("torch.distributed.tensor", "DTensor");
+  p->Mark().Global("torch.distributed.tensor", "DTensor").Global("torch", "float32");
+  Tuple(p, shape);
+  Tuple(p, std::vector<uint32_t>(shape.size(), 1));
+  p->BinInt1(0).None().None().NewFalse().Tuple();
+  p->None().EmptyDict().Mark().BinUnicode("_local_tensor");
+  PickleTensor(p, "FloatStorage", key, numel, 0, local, stride);
+  p->BinUnicode("_spec");
+  Object(p, "torch.distributed.tensor._dtensor_spec", "DTensorSpec",
+         {{"mesh",
+           [&] {
+             Object(p, "torch.distributed.device_mesh", "DeviceMesh",
+                    {{"_layout",
+                      [&] {
+                        Object(p, "torch.distributed._mesh_layout", "_MeshLayout",
+                               {{"axes", [&] {
+                                   p->Mark();
+                                   for (uint32_t n : mesh)
+                                     Object(p, "torch.distributed._mesh_layout", "_FlatLayout",
+                                            {{"shape", [&] { Tuple(p, {n}); }}, {"stride", [&] { Tuple(p, {1}); }}});
+                                   p->Tuple();
+                                 }}});
+                      }},
+                     {"_coordinate_on_dim", [&] { Tuple(p, coordinate); }},
+                     {"_rank", [&] { p->BinInt(static_cast<int32_t>(rank)); }}});
+           }},
+          {"placements", [&] {
+             p->Mark();
+             for (const std::string& pl : placements) {
+               const char* mod = "torch.distributed.tensor.placement_types";
+               if (pl[0] == 'S') Object(p, mod, "Shard", {{"dim", [&] { p->BinInt1(static_cast<uint8_t>(pl[1] - '0')); }}});
+               else if (pl == "R") Object(p, mod, "Replicate", {});
+               else if (pl == "P") Object(p, mod, "Partial", {{"reduce_op", [&] { p->BinUnicode("sum"); }}});
+               else Object(p, mod, "Mystery", {});
+             }
+             p->Tuple();
+           }}});
+  p->SetItems().Tuple2().Tuple().Reduce();
+}
+
+std::string DTensorFile(const std::vector<uint32_t>& shape, const std::vector<uint32_t>& local,
+                        const std::vector<std::string>& placements, const std::vector<uint32_t>& mesh,
+                        const std::vector<uint32_t>& coordinate, uint32_t rank, uint32_t seed = 1) {
+  PickleBuilder p;
+  p.Proto(2).EmptyDict().Mark().BinUnicode("w");
+  PickleDTensor(&p, "0", shape, local, placements, mesh, coordinate, rank);
+  p.BinUnicode("step").BinInt1(3).SetItems().Stop();
+  uint32_t numel = 1;
+  for (uint32_t d : local) numel *= d;
+  return TorchZip(p.bytes(), {{"0", PatternBytes(4 * numel, seed)}});
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(dtensor_rank_file_serves_its_local_shard_under_its_own_name) {
+  // Rows of 5 over 2 ranks (torch.chunk: 3 and 2): rank 1 holds rows 3-4.
+  Built b(DTensorFile({5, 3}, {2, 3}, {"S0"}, {2}, {1}, 1));
+  BOOST_REQUIRE_MESSAGE(b.status.ok(), b.status.message());
+  BOOST_REQUIRE_EQUAL(b.catalog->tensors.size(), 1u);
+  const auto& t = b.catalog->tensors[0];
+  BOOST_TEST(t.key == "w.local_shards.0");
+  BOOST_TEST(t.shape == std::vector<uint64_t>({2, 3}), boost::test_tools::per_element());
+  const nlohmann::json& d = b.catalog->metadata["w"]["$distributed_tensor"];
+  BOOST_TEST(d["class"] == "DTensor");
+  BOOST_TEST(d["shape"] == nlohmann::json({5, 3}));
+  BOOST_TEST(d["placements"] == nlohmann::json({"Shard(0)"}));
+  BOOST_TEST(d["local_shards"][0]["offsets"] == nlohmann::json({3, 0}));
+  BOOST_TEST(d["local_shards"][0]["key"] == "w.local_shards.0");
+  BOOST_TEST(b.catalog->metadata["step"] == 3);
+}
+
+BOOST_AUTO_TEST_CASE(dtensor_whose_local_shape_is_not_its_block_is_refused) {
+  Built b(DTensorFile({5, 3}, {3, 3}, {"S0"}, {2}, {1}, 1));
+  CheckError(b.status, b.path, Status::Code::kNotSupported, "key 'w': DTensor whose local tensor's shape [3, 3] is not the block [2, 3]");
+  Built c(DTensorFile({5, 3}, {2, 3}, {"Q"}, {2}, {1}, 1));
+  CheckError(c.status, c.path, Status::Code::kNotSupported, "placement of unknown class Mystery");
+  Built e(DTensorFile({5, 3}, {2, 3}, {"S0"}, {2}, {2}, 1));
+  CheckError(e.status, e.path, Status::Code::kNotSupported, "coordinate [2] is outside its mesh [2]");
+}
+
+namespace {
+
+// The rank files `files` written to a memory env and consolidated.
+struct Consolidated {
+  MemorySource source;
+  Catalog catalog;
+  nlohmann::json metadata;
+  Status status;
+  std::vector<std::string> paths;
+  explicit Consolidated(const std::vector<std::string>& files) {
+    source.Attach(&catalog);
+    ckptfs::RankFileSet set;
+    for (size_t r = 0; r < files.size(); ++r)
+      set.files.push_back(source.Write("/mem/rank" + std::to_string(r) + ".pt", files[r]));
+    paths = set.files;
+    status = ckptfs::ConsolidateRankFiles(set, ckptfs::ReadLimits{}, &catalog, &metadata);
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(dtensor_rank_set_is_one_tensor_of_boxes_in_the_rank_files) {
+  // Shard(1) of 5 columns over 3 ranks: 2, 2, 1.
+  Consolidated c({DTensorFile({4, 5}, {4, 2}, {"S1"}, {3}, {0}, 0, 1), DTensorFile({4, 5}, {4, 2}, {"S1"}, {3}, {1}, 1, 2),
+                  DTensorFile({4, 5}, {4, 1}, {"S1"}, {3}, {2}, 2, 3)});
+  BOOST_REQUIRE_MESSAGE(c.status.ok(), c.status.message());
+  BOOST_REQUIRE_EQUAL(c.catalog.tensors.size(), 1u);
+  const auto& t = c.catalog.tensors[0];
+  BOOST_TEST(t.key == "w");
+  BOOST_TEST(t.shape == std::vector<uint64_t>({4, 5}), boost::test_tools::per_element());
+  BOOST_REQUIRE_EQUAL(t.boxes.size(), 3u);
+  for (uint32_t r = 0; r < 3; ++r) {
+    BOOST_TEST(c.catalog.files->path(t.boxes[r].file) == c.paths[r]);
+    BOOST_TEST(t.boxes[r].offset == std::vector<uint64_t>({0, 2 * r}), boost::test_tools::per_element());
+  }
+  BOOST_TEST(ckptfs::ValidateLayout(t, *c.catalog.files, "x").ok());
+  BOOST_TEST(c.metadata["step"] == 3);
+}
+
+BOOST_AUTO_TEST_CASE(dtensor_replicate_is_served_from_one_rank_and_empty_shards_add_nothing) {
+  // (Replicate, Shard(0)) on a (2, 1) mesh: both ranks hold the whole tensor.
+  Consolidated c({DTensorFile({2, 3}, {2, 3}, {"R", "S0"}, {2, 1}, {0, 0}, 0), DTensorFile({2, 3}, {2, 3}, {"R", "S0"}, {2, 1}, {1, 0}, 1)});
+  BOOST_REQUIRE_MESSAGE(c.status.ok(), c.status.message());
+  BOOST_REQUIRE_EQUAL(c.catalog.tensors[0].boxes.size(), 1u);
+  BOOST_TEST(c.catalog.files->path(c.catalog.tensors[0].boxes[0].file) == c.paths[0]);
+  BOOST_TEST(ckptfs::StoredAsExtents(c.catalog.tensors[0]));
+  // 2 rows over 3 ranks: 1, 1, 0.
+  Consolidated e({DTensorFile({2}, {1}, {"S0"}, {3}, {0}, 0), DTensorFile({2}, {1}, {"S0"}, {3}, {1}, 1),
+                  DTensorFile({2}, {0}, {"S0"}, {3}, {2}, 2)});
+  BOOST_REQUIRE_MESSAGE(e.status.ok(), e.status.message());
+  BOOST_TEST(e.catalog.tensors[0].boxes.size() == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(dtensor_rank_set_refusals_name_the_file) {
+  Consolidated missing({DTensorFile({5, 3}, {3, 3}, {"S0"}, {2}, {0}, 0)});
+  CheckError(missing.status, "/mem/rank0.pt", Status::Code::kNotSupported, "the files of ranks 1..1 are missing");
+  Consolidated swapped({DTensorFile({5, 3}, {3, 3}, {"S0"}, {2}, {0}, 0), DTensorFile({5, 3}, {3, 3}, {"S0"}, {2}, {0}, 0)});
+  CheckError(swapped.status, "/mem/rank1.pt", Status::Code::kNotSupported, "saved by rank 0");
+  Consolidated partial({DTensorFile({2, 3}, {2, 3}, {"P"}, {2}, {0}, 0), DTensorFile({2, 3}, {2, 3}, {"P"}, {2}, {1}, 1)});
+  CheckError(partial.status, "/mem/rank0.pt", Status::Code::kNotSupported, "Partial(sum)");
+  Consolidated layouts({DTensorFile({4, 4}, {2, 4}, {"S0"}, {2}, {0}, 0), DTensorFile({4, 4}, {4, 2}, {"S1"}, {2}, {1}, 1)});
+  CheckError(layouts.status, "/mem/rank1.pt", Status::Code::kNotSupported, "placements (Shard(1))");
+}
+
+BOOST_AUTO_TEST_CASE(rank_file_names) {
+  ckptfs::RankFileName n;
+  BOOST_REQUIRE(ckptfs::ParseRankFileName("model_world_size_4_rank_3.pt", &n));
+  BOOST_TEST(n.rank == 3u);
+  BOOST_TEST(n.group == "model_world_size_4_rank_{rank}.pt");
+  BOOST_TEST(n.world_size.value_or(0) == 4u);
+  BOOST_REQUIRE(ckptfs::ParseRankFileName("rank12.pt", &n));
+  BOOST_TEST(n.rank == 12u);
+  BOOST_TEST(!n.world_size.has_value());
+  BOOST_REQUIRE(ckptfs::ParseRankFileName("shard-rank-1_of_8.bin", &n));
+  BOOST_TEST(n.world_size.value_or(0) == 8u);
+  BOOST_TEST(!ckptfs::ParseRankFileName("pytorch_model.bin", &n));
+  BOOST_TEST(!ckptfs::ParseRankFileName("rank1_rank2.pt", &n));
+  BOOST_TEST(!ckptfs::ParseRankFileName("rank99999999999999999999.pt", &n));
 }
