@@ -25,7 +25,12 @@ own load, with its reformulation restore) reads it back in a single-rank group.
                                                       with the real shape (the original
                                                       parameter's, checked equal to it)
     OUT/<case>/fixture.json                           the real shape of every tensor, the
-                                                      DCP shapes, versions
+                                                      DCP shapes and chunks, mcore_data, versions
+    OUT/variants/<name>/                              a copy of a case's step folder whose
+                                                      .metadata has one mcore_data record
+                                                      changed (VARIANTS), for the refusals
+                                                      (the pickle names megatron-core's
+                                                      classes: only its environment rewrites it)
 """
 
 import json
@@ -65,6 +70,16 @@ PARAMS = {
     "decoder.final_layernorm.weight": (None, (HIDDEN,), None),
 }
 STATES = ("fp32_param", "exp_avg", "exp_avg_sq")
+VARIANT_KEY = "optimizer.state.exp_avg.decoder.layers.self_attention.linear_proj.weight"
+# name -> (case, the new mcore_data record of VARIANT_KEY)
+VARIANTS = {
+    # 21 columns cannot be split into the 2 equal chunks the reformulated shape says.
+    "shape_not_split_evenly": ("tp2_dp2", {"nd_reformulated_orig_global_shape": (2, 20, 21)}),
+    # A chunk of this shape holds half the elements the reformulated shape gives.
+    "chunk_size_disagrees": ("dp2", {"nd_reformulated_orig_global_shape": (2, 20, 10)}),
+    # A record of a layout nobody knows yet.
+    "unknown_record": ("dp2", {"nd_reformulated_orig_global_shape": (2, 20, 20), "some_future_layout": True}),
+}
 
 
 def full_tensor(name, kind):
@@ -225,7 +240,7 @@ def reference(case_dir):
             request[key] = ShardedTensor.from_rank_offsets_flat(
                 key, torch.empty(numel, dtype=tp.properties.dtype), tuple(real), flattened_range=slice(0, numel))
     loaded = dist_checkpointing.load(request, str(step), validate_access_integrity=False)
-    shapes, dcp_shapes, tensors = {}, {}, {}
+    shapes, dcp_shapes, chunks, tensors = {}, {}, {}, {}
     for key in sorted(request):
         value = loaded[key]
         name = key.split(".", 3)[3] if key.startswith("optimizer.state.") else key
@@ -238,10 +253,26 @@ def reference(case_dir):
         tensors[key] = real.contiguous()
         shapes[key] = list(real.shape)
         dcp_shapes[key] = list(meta.state_dict_metadata[key].size)
+        chunks[key] = [[list(c.offsets), list(c.sizes)] for c in meta.state_dict_metadata[key].chunks]
     save_file(tensors, str(case_dir / "reference.safetensors"))
     mcore = {k: {kk: list(vv) if isinstance(vv, tuple) else vv for kk, vv in v.items()}
              for k, v in getattr(meta, "mcore_data", {}).items()}
-    return shapes, dcp_shapes, mcore
+    return shapes, dcp_shapes, chunks, mcore
+
+
+def write_variant(out, name):
+    """OUT/variants/NAME: the case's step folder with VARIANT_KEY's mcore_data record replaced."""
+    import pickle
+    import shutil
+
+    case, record = VARIANTS[name]
+    step = out / "variants" / name
+    shutil.copytree(out / case / "run" / STEP_DIR, step)
+    with open(step / ".metadata", "rb") as f:
+        meta = pickle.load(f)
+    meta.mcore_data[VARIANT_KEY] = dict(record)
+    with open(step / ".metadata", "wb") as f:
+        pickle.dump(meta, f)
 
 
 def main():
@@ -260,14 +291,16 @@ def main():
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
     dist.init_process_group("gloo", rank=0, world_size=1)
     for case, (tp, dp) in CASES.items():
-        shapes, dcp_shapes, mcore = reference(out / case)
+        shapes, dcp_shapes, chunks, mcore = reference(out / case)
         (out / case / "fixture.json").write_text(json.dumps({
             "tp": tp, "dp": dp, "step_dir": STEP_DIR, "iteration": ITERATION,
-            "shapes": shapes, "dcp_shapes": dcp_shapes, "mcore_data": mcore,
+            "shapes": shapes, "dcp_shapes": dcp_shapes, "dcp_chunks": chunks, "mcore_data": mcore,
             "versions": {"megatron-core": md.version("megatron-core"), "torch": torch.__version__},
         }, indent=1))
         print(f"{case}: {len(shapes)} tensors", flush=True)
     dist.destroy_process_group()
+    for name in VARIANTS:
+        write_variant(out, name)
 
 
 if __name__ == "__main__":
