@@ -102,7 +102,7 @@ bool IsDcpFolder(Env& env, const std::string& dir);
 // the Env of catalog->files. Tensor chunks become boxes of the full tensors; non-tensor
 // entries are decoded into the catalog's metadata; metadata["dcp"] says what was served.
 Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);
-inline constexpr uint32_t kDcpFormat = 1;
+inline constexpr uint32_t kDcpFormat = 2;
 
 // True when `dir` holds shard-<rank>-model-<i>-of-<n>.safetensors files: what torch's
 // HuggingFaceStorageWriter(save_distributed=True) writes, with no .metadata.

@@ -7,6 +7,7 @@ cannot map with one line, and serves the step folder's own metadata.json as
 metadata.source.json beside its own metadata.json."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,22 @@ def test_mount_serves_real_shapes_and_megatron_metadata_json(case, mounts):
     assert "hidden_sibling_files" not in manifest, manifest.get("hidden_sibling_files")
     shapes = {t["key"]: t["shape"] for t in manifest["tensors"]}
     assert shapes == case.fixture["shapes"]
+
+
+def test_a_source_file_named_metadata_source_json_keeps_its_name(megatron_root, run_ckptfs, tmp_path):
+    """The renamed metadata.json never displaces a source file: that one is served and
+    Megatron's is then hidden, as any sibling a generated file displaces."""
+    case = Case(megatron_root, "dp2")
+    step = tmp_path / "step"
+    shutil.copytree(case.step, step)
+    (step / "metadata.source.json").write_text('{"mine": true}\n')
+    out = tmp_path / "out"
+    run_ckptfs("export", "--write", "files", step, out)
+    assert (out / "metadata.source.json").read_text() == '{"mine": true}\n'
+    assert "dcp" in json.loads((out / "metadata.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["hidden_sibling_files"] == ["metadata.json"], manifest.get("hidden_sibling_files")
+    assert "renamed_sibling_files" not in manifest
 
 
 def test_info_says_how_shapes_were_restored(case, run_ckptfs):
