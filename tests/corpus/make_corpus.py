@@ -1762,6 +1762,33 @@ def _(p):
     assert b"system" in (p / ".metadata").read_bytes()
 
 
+# Megatron's mcore_data (megatron-core before 0.14 adds it to the Metadata: the real shape of
+# a tensor saved as reformulated flattened fragments) that disagrees with the DCP layout.
+@case("dcp-mcore-rank-mismatch/", "mcore_data gives model.0.weight [22, 13] the real shape (13, 22): a reformulated shape needs one more dimension",
+      r"\.metadata: 'model\.0\.weight': Megatron flattened fragments of real shape \[13, 22\] cannot be served: "
+      r"its real shape has 2 dimensions, so the reformulated shape should have 3, not 2")
+def _(p):
+    metadata, save = dcp_copy("fsdp2_ws2", p)
+    metadata.mcore_data = {DCP_VICTIM: {"nd_reformulated_orig_global_shape": (13, 22)}}
+    save()
+
+
+@case("dcp-mcore-fragment-spans-chunks/", "mcore_data gives model.0.weight [22, 13] the real shape (286,): its 11-row chunks would each span 11 Megatron chunks",
+      r"\.metadata: 'model\.0\.weight': a fragment spans 11 chunks along dimension 0")
+def _(p):
+    metadata, save = dcp_copy("fsdp2_ws2", p)
+    metadata.mcore_data = {DCP_VICTIM: {"nd_reformulated_orig_global_shape": (286,)}}
+    save()
+
+
+@case("dcp-mcore-unknown-record/", "mcore_data of model.0.weight holds a record other than nd_reformulated_orig_global_shape",
+      r"\.metadata: 'model\.0\.weight': mcore_data \(Megatron's\) holds 'ckptfs_corpus_layout', which ckptfs does not know")
+def _(p):
+    metadata, save = dcp_copy("fsdp2_ws2", p)
+    metadata.mcore_data = {DCP_VICTIM: {"ckptfs_corpus_layout": 1}}
+    save()
+
+
 @case("dcp-st-saved-offsets-lie/", "safetensors form: the blob's DCP_SHARDING_INFO puts model.0.weight's rank-1 chunk at row 10, .metadata at row 11",
       r"__1_0\.distcp \[bytes \d+\.\.\d+\): 'model\.0\.weight': saved_offsets \[10,0\] in DCP_SHARDING_INFO differ")
 def _(p):
