@@ -128,7 +128,7 @@ json DescribeFolderFiles(const std::vector<std::string>& names, const FolderWeig
       why = "a weight index other than the one read; the mount's own model file (or index) takes its place";
     } else if (std::string known = KnownFrameworkFile(n); !known.empty()) {
       role = "passed through";
-      why = known + ", not the model's weights";
+      why = IsTrainingStateName(n) ? known + ", not the model's weights" : known;
     } else if (IsWeightFileSuffix(n)) {
       role = "passed through";
       why = "not a weight file by the rule that chose the weights";
