@@ -115,7 +115,12 @@ std::string JoinNames(const std::vector<std::string>& names, size_t most) {
 json DescribeFolderFiles(const std::vector<std::string>& names, const FolderWeights& chosen,
                          const std::unordered_set<std::string>& weights) {
   json files = json::object();
-  for (const std::string& n : names) {
+  // A folder read without a listing (a plain HTTP server) names only the files probed: the
+  // shards of its index are added from the index.
+  std::vector<std::string> all = names;
+  for (const std::string& w : weights)
+    if (std::find(names.begin(), names.end(), w) == names.end()) all.push_back(w);
+  for (const std::string& n : all) {
     std::string role, why;
     if (weights.count(n)) {
       role = "weights";
@@ -206,13 +211,14 @@ Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const Read
     names.clear();
     CKPTFS_RETURN_IF_ERROR(ProbeConventionalFiles(env, dir, index_name, &names));
   }
-  FolderWeights chosen;
-  if (!index_name.empty()) {
+  // An index given as SOURCE is read whatever else the folder holds; when it is the one the
+  // rules choose anyway, the folder is described as it is when given as SOURCE itself.
+  FolderWeights chosen = ChooseFolderWeights(names);
+  if (!index_name.empty() && chosen.index != index_name) {
+    chosen = FolderWeights{};
     chosen.index = index_name;
     chosen.rule = index_name + ", the index given as SOURCE";
     chosen.file_why = "the index given as SOURCE";
-  } else {
-    chosen = ChooseFolderWeights(names);
   }
   if (chosen.index.empty() && chosen.files.empty()) return NoCheckpointHere(env, dir, names, listed);
 
