@@ -37,6 +37,10 @@ struct ViewOptions {
   std::string root;            // serve only the tensors under this key prefix, prefix removed
   uint64_t shard_size = 0;     // > 0: Hugging Face shards of at most this many bytes
   bool checksums = false;      // manifest.json lists each tensor file's XXH3-64
+  // Key map (doc/MAPS.md): "" or "none" for none, "auto", a shipped map's name, or an
+  // absolute path of a map file; and the map.NAME=VALUE settings over the checkpoint's config.
+  std::string map;
+  std::vector<std::pair<std::string, std::string>> map_settings;
 };
 
 // One tensor as a view serves it: a handle into its ServedTensors, valid while they live.
