@@ -15,6 +15,7 @@
 
 #include "format/chunk_boxes.hpp"
 #include "format/dcp_metadata.hpp"
+#include "format/megatron_config.hpp"
 #include "format/megatron_fragments.hpp"
 #include "format/readers.hpp"
 #include "format/safetensors_header.hpp"
@@ -559,6 +560,7 @@ Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, C
   CKPTFS_RETURN_IF_ERROR(reader.Read(&info));
   // The checkpoint's own objects keep their keys; the reader's summary goes beside them.
   catalog->metadata[catalog->metadata.contains("dcp") ? "$dcp" : "dcp"] = std::move(info);
+  AddMegatronModelConfig(folder, options.limits, catalog);
   return Status::OK();
 }
 
