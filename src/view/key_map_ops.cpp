@@ -98,24 +98,39 @@ Status ToBoxedTensor(const TensorEntry& t, size_t max_boxes, BoxedTensor* out) {
   return Status::OK();
 }
 
-bool SelectIndex(BoxedTensor* t, size_t dim, uint64_t index, std::string* why) {
-  if (!DimFits(*t, dim, "select", why)) return false;
-  if (index >= t->shape[dim]) {
+bool SelectIndexOf(const BoxedTensor& t, size_t dim, uint64_t index, BoxedTensor* out, std::string* why) {
+  if (!DimFits(t, dim, "select", why)) return false;
+  if (index >= t.shape[dim]) {
     *why = "select: index " + std::to_string(index) + " of dimension " + std::to_string(dim) + " of shape " +
-           ShapeText(t->shape) + " is out of range";
+           ShapeText(t.shape) + " is out of range";
     return false;
   }
-  std::vector<Box> kept;
-  for (Box& box : t->boxes) {
-    Box piece;
-    if (!Clip(box, dim, index, index + 1, 0, t->itemsize, &piece)) continue;
-    Erase(&piece.offset, dim);
-    Erase(&piece.extent, dim);
-    Erase(&piece.strides, dim);
-    kept.push_back(std::move(piece));
+  out->itemsize = t.itemsize;
+  out->shape.clear();
+  for (size_t d = 0; d < t.shape.size(); ++d)
+    if (d != dim) out->shape.push_back(t.shape[d]);
+  out->boxes.clear();
+  // Only the boxes that hold the index are copied (a stacked tensor has one or more per
+  // layer, and every layer is selected in turn).
+  for (const Box& box : t.boxes) {
+    if (index < box.offset[dim] || index - box.offset[dim] >= box.extent[dim]) continue;
+    Box& piece = out->boxes.emplace_back();
+    piece.file = box.file;
+    piece.base_offset = box.base_offset + (index - box.offset[dim]) * box.strides[dim] * t.itemsize;
+    for (size_t d = 0; d < box.rank(); ++d) {
+      if (d == dim) continue;
+      piece.offset.push_back(box.offset[d]);
+      piece.extent.push_back(box.extent[d]);
+      piece.strides.push_back(box.strides[d]);
+    }
   }
-  t->boxes = std::move(kept);
-  Erase(&t->shape, dim);
+  return true;
+}
+
+bool SelectIndex(BoxedTensor* t, size_t dim, uint64_t index, std::string* why) {
+  BoxedTensor out;
+  if (!SelectIndexOf(*t, dim, index, &out, why)) return false;
+  *t = std::move(out);
   return true;
 }
 
@@ -126,12 +141,20 @@ bool SliceDim(BoxedTensor* t, size_t dim, uint64_t start, uint64_t stop, std::st
            " of shape " + ShapeText(t->shape) + " is out of range";
     return false;
   }
-  std::vector<Box> kept;
-  for (const Box& box : t->boxes) {
-    Box piece;
-    if (Clip(box, dim, start, stop, 0, t->itemsize, &piece)) kept.push_back(std::move(piece));
+  // In place: a box is clipped or dropped, never more than one piece.
+  size_t kept = 0;
+  for (size_t k = 0; k < t->boxes.size(); ++k) {
+    Box& box = t->boxes[k];
+    const uint64_t begin = std::max(box.offset[dim], start);
+    const uint64_t end = std::min(box.offset[dim] + box.extent[dim], stop);
+    if (begin >= end) continue;
+    box.base_offset += (begin - box.offset[dim]) * box.strides[dim] * t->itemsize;
+    box.offset[dim] = begin - start;
+    box.extent[dim] = end - begin;
+    if (kept != k) t->boxes[kept] = std::move(box);
+    ++kept;
   }
-  t->boxes = std::move(kept);
+  t->boxes.resize(kept);
   t->shape[dim] = stop - start;
   return true;
 }

@@ -30,6 +30,8 @@ Status ToBoxedTensor(const TensorEntry& t, size_t max_boxes, BoxedTensor* out);
 // Each returns false with *why set when the operation does not fit the tensor's shape.
 // Index `index` of dimension `dim`, that dimension removed.
 bool SelectIndex(BoxedTensor* t, size_t dim, uint64_t index, std::string* why);
+// The same into *out, `t` unchanged: only the boxes holding the index are copied.
+bool SelectIndexOf(const BoxedTensor& t, size_t dim, uint64_t index, BoxedTensor* out, std::string* why);
 // Elements [start, stop) of dimension `dim`.
 bool SliceDim(BoxedTensor* t, size_t dim, uint64_t start, uint64_t stop, std::string* why);
 // Dimension `dim` is `groups` groups of `size`; keeps [g*size + start, g*size + stop) of each

@@ -178,6 +178,8 @@ class SpecReader {
     }
     CKPTFS_RETURN_IF_ERROR(Pattern(text, entry, &out->key));
     out->unstack = std::move(unstack);
+    if (out->key.names.size() + out->unstack.size() > kMaxKeyCaptures)
+      return Bad(entry, "more than " + std::to_string(kMaxKeyCaptures) + " captures and unstacked dimensions");
     for (const std::string& n : out->unstack)
       for (const std::string& k : out->key.names)
         if (n == k) return Bad(entry, "'" + n + "' is both captured and unstacked");

@@ -67,7 +67,10 @@ void Split(std::string_view key, std::string* shape, std::vector<std::string_vie
   numbers->clear();
   for (size_t i = 0; i < key.size();) {
     if (!std::isdigit(static_cast<unsigned char>(key[i]))) {
-      shape->push_back(key[i++]);
+      size_t j = i + 1;
+      while (j < key.size() && !std::isdigit(static_cast<unsigned char>(key[j]))) ++j;
+      shape->append(key.substr(i, j - i));
+      i = j;
       continue;
     }
     size_t j = i;
@@ -87,7 +90,18 @@ bool CaptureNumber(std::string_view digits, uint64_t* value) {
   return true;
 }
 
-using Binding = std::vector<std::pair<std::string, uint64_t>>;
+// Values of captured and unstacked names, without allocation (a map makes one per served
+// tensor). Names point into the map's patterns, which outlive every binding.
+struct Binding {
+  std::array<std::pair<std::string_view, uint64_t>, kMaxKeyCaptures> items{};
+  size_t count = 0;
+  void emplace_back(std::string_view name, uint64_t value) {
+    // The parser bounds the names of a source (captures and unstacked) by kMaxKeyCaptures.
+    if (count < items.size()) items[count++] = {name, value};
+  }
+  const std::pair<std::string_view, uint64_t>* begin() const { return items.data(); }
+  const std::pair<std::string_view, uint64_t>* end() const { return items.data() + count; }
+};
 
 const uint64_t* Bound(const Binding& b, std::string_view name) {
   for (const auto& [n, v] : b)
@@ -137,6 +151,7 @@ class Mapping {
     if (binding_)
       if (const uint64_t* v = Bound(*binding_, name)) {
         *value = *v;
+        used_binding_ = true;
         return Status::OK();
       }
     const std::string key(name);
@@ -180,8 +195,23 @@ class Mapping {
     return Status::OK();
   }
   Status Count(const Expr& e, const std::string& entry, uint64_t* out) {
+    return Count(e, [&] { return entry; }, out);
+  }
+  // The same with the entry's name made only for an error. A value that depends on no
+  // captured name is the same for every tensor of its rule: evaluated once, then kept.
+  template <typename Entry>
+  Status Count(const Expr& e, const Entry& entry, uint64_t* out) {
+    if (auto it = constant_counts_.find(&e); it != constant_counts_.end()) {
+      *out = it->second;
+      return Status::OK();
+    }
+    const bool outer = used_binding_;
+    used_binding_ = false;
     Status s = e.EvaluateCount(resolver_, out);
-    if (!s.ok()) return Wrap(s, entry);
+    const bool varies = used_binding_;
+    used_binding_ = outer || varies;
+    if (!s.ok()) return Wrap(s, entry());
+    if (!varies) constant_counts_.emplace(&e, *out);
     return Status::OK();
   }
   Status Bool(const Expr& e, const std::string& entry, bool* out) {
@@ -249,6 +279,7 @@ class Mapping {
     numbers_.clear();
     std::string shape;
     std::vector<std::string_view> numbers;
+    by_key_.reserve(served_.size());
     for (size_t i = 0; i < served_.size(); ++i) {
       const std::string& key = served_[i].key();
       if (key.compare(0, prefix_.size(), prefix_) != 0) continue;
@@ -313,19 +344,35 @@ class Mapping {
     return out;
   }
 
-  // Tensor i as boxes of its rank, into *out. Those of many boxes (a stacked tensor's chunks,
-  // used once per layer) are made once and kept.
-  Status Boxed(size_t i, BoxedTensor* out) {
+  // Tensor i as boxes of its rank, into *out, with its first `unstack` index selected when
+  // there is one (`index`). Those of many boxes (a stacked tensor's chunks, one layer taken at
+  // a time) are made once and kept, and a selection copies only the boxes of its index.
+  Status Boxed(size_t i, const uint64_t* index, BoxedTensor* out, std::string* why, bool* selected) {
     const TensorEntry& t = served_[i].stored;
-    const bool keep = t.boxes.size() > 8;
-    if (keep)
-      if (auto it = boxed_.find(i); it != boxed_.end()) {
-        *out = it->second;
-        return Status::OK();
+    *selected = false;
+    const BoxedTensor* whole = nullptr;
+    if (t.boxes.size() > 8) {
+      auto it = boxed_.find(i);
+      if (it == boxed_.end()) {
+        BoxedTensor made;
+        Status s = ToBoxedTensor(t, kMaxBlocksPerTensor, &made);
+        if (!s.ok()) return Status::NotSupported(where_, "'" + t.key + "': " + s.message());
+        it = boxed_.emplace(i, std::move(made)).first;
       }
-    Status s = ToBoxedTensor(t, kMaxBlocksPerTensor, out);
-    if (!s.ok()) return Status::NotSupported(where_, "'" + t.key + "': " + s.message());
-    if (keep) boxed_.emplace(i, *out);
+      whole = &it->second;
+    } else {
+      Status s = ToBoxedTensor(t, kMaxBlocksPerTensor, &scratch_);
+      if (!s.ok()) return Status::NotSupported(where_, "'" + t.key + "': " + s.message());
+      whole = &scratch_;
+    }
+    if (index) {
+      *selected = true;
+      if (!SelectIndexOf(*whole, 0, *index, out, why)) return Status::NotSupported(where_, "'" + t.key + "': " + *why);
+    } else if (whole == &scratch_) {
+      std::swap(*out, scratch_);
+    } else {
+      *out = *whole;
+    }
     return Status::OK();
   }
 
@@ -342,6 +389,11 @@ class Mapping {
         if (shape.size() < alt.unstack.size())
           return Status::NotSupported(where_, "'" + served_[i].key() + "' of shape " + ShapeText(shape) + " has fewer than " +
                                                   std::to_string(alt.unstack.size()) + " dimensions to unstack");
+        if (alt.unstack.empty()) {
+          out->push_back(b);
+          sources->push_back(static_cast<uint32_t>(i));
+          continue;
+        }
         std::vector<Binding> level{b};
         for (size_t d = 0; d < alt.unstack.size(); ++d) {
           std::vector<Binding> next;
@@ -365,8 +417,8 @@ class Mapping {
   // The tensor part `part` gives for `binding`: its source and its boxes after the ops.
   // `known`: the source tensor when the enumeration found it (part 0) through alternative
   // `known_alt`, else SIZE_MAX.
-  Status MakePart(const MapPart& part, const MapRule& rule, const Binding& binding, size_t known, size_t known_alt,
-                  size_t* source, BoxedTensor* out) {
+  Status MakePart(const MapPart& part, const MapRule& rule, const Binding& binding, const std::string& to, size_t known,
+                  size_t known_alt, size_t* source, BoxedTensor* out) {
     const MapSource* found = nullptr;
     if (known != SIZE_MAX) {
       found = &part.from[known_alt];
@@ -378,57 +430,64 @@ class Mapping {
       found = &part.from[a];
       *source = it->second;
     }
-    const std::string to = Substitute(rule.to, binding);
     if (!found)
       return Status::NotSupported(where_, "'" + to + "' needs '" + prefix_ + Substitute(part.from[0].key, binding) +
                                               "', which the checkpoint does not have");
-    CKPTFS_RETURN_IF_ERROR(Boxed(*source, out));
-    const std::string what = "'" + served_[*source].key() + "' (for '" + to + "')";
+    // Messages are made only for a refusal: this runs once per served tensor.
+    auto what = [&] { return "'" + served_[*source].key() + "' (for '" + to + "')"; };
     std::string why;
-    for (const std::string& u : found->unstack)
-      if (!SelectIndex(out, 0, *Bound(binding, u), &why)) return Status::NotSupported(where_, what + ": " + why);
+    bool selected = false;
+    Status boxed = Boxed(*source, found->unstack.empty() ? nullptr : Bound(binding, found->unstack[0]), out, &why, &selected);
+    if (!boxed.ok() && selected) return Status::NotSupported(where_, what() + ": " + why);
+    CKPTFS_RETURN_IF_ERROR(boxed);
+    for (size_t u = selected ? 1 : 0; u < found->unstack.size(); ++u)
+      if (!SelectIndex(out, 0, *Bound(binding, found->unstack[u]), &why))
+        return Status::NotSupported(where_, what() + ": " + why);
     if (!rule.source_shape.empty()) {
       Shape expected;
-      CKPTFS_RETURN_IF_ERROR(Dims(rule.source_shape, rule.where + ".source_shape", &expected));
+      CKPTFS_RETURN_IF_ERROR(Dims(rule.source_shape, rule.where, ".source_shape", &expected));
       if (expected != out->shape)
-        return Status::NotSupported(where_, what + " has shape " + ShapeText(out->shape) + ", the map's parameters give [" +
+        return Status::NotSupported(where_, what() + " has shape " + ShapeText(out->shape) + ", the map's parameters give [" +
                                                 Texts(rule.source_shape) + "] = " + ShapeText(expected));
     }
     for (size_t k = 0; k < part.ops.size(); ++k) {
       const MapOp& op = part.ops[k];
-      const std::string entry = rule.where + " op " + std::to_string(k);
+      auto field = [&](const char* name) {
+        return [&rule, k, name] { return rule.where + " op " + std::to_string(k) + "." + name; };
+      };
       uint64_t index = 0, start = 0, stop = 0, groups = 0, size = 0;
       bool ok = true;
       switch (op.kind) {
         case MapOp::Kind::kSelect:
-          CKPTFS_RETURN_IF_ERROR(Count(op.index, entry + ".index", &index));
+          CKPTFS_RETURN_IF_ERROR(Count(op.index, field("index"), &index));
           ok = SelectIndex(out, op.dim, index, &why);
           break;
         case MapOp::Kind::kSlice:
-          CKPTFS_RETURN_IF_ERROR(Count(op.start, entry + ".start", &start));
-          CKPTFS_RETURN_IF_ERROR(Count(op.stop, entry + ".stop", &stop));
+          CKPTFS_RETURN_IF_ERROR(Count(op.start, field("start"), &start));
+          CKPTFS_RETURN_IF_ERROR(Count(op.stop, field("stop"), &stop));
           ok = SliceDim(out, op.dim, start, stop, &why);
           break;
         case MapOp::Kind::kRowGroups:
-          CKPTFS_RETURN_IF_ERROR(Count(op.groups, entry + ".groups", &groups));
-          CKPTFS_RETURN_IF_ERROR(Count(op.size, entry + ".size", &size));
-          CKPTFS_RETURN_IF_ERROR(Count(op.start, entry + ".start", &start));
-          CKPTFS_RETURN_IF_ERROR(Count(op.stop, entry + ".stop", &stop));
+          CKPTFS_RETURN_IF_ERROR(Count(op.groups, field("groups"), &groups));
+          CKPTFS_RETURN_IF_ERROR(Count(op.size, field("size"), &size));
+          CKPTFS_RETURN_IF_ERROR(Count(op.start, field("start"), &start));
+          CKPTFS_RETURN_IF_ERROR(Count(op.stop, field("stop"), &stop));
           ok = RowGroups(out, op.dim, groups, size, start, stop, &why);
           break;
         case MapOp::Kind::kTranspose: ok = Transpose(out, op.dim, op.dim2, &why); break;
       }
-      if (!ok) return Status::NotSupported(where_, what + ": " + why);
+      if (!ok) return Status::NotSupported(where_, what() + ": " + why);
     }
     return Status::OK();
   }
 
   Status CheckCaptures(const MapRule& rule, const std::vector<Binding>& bindings);
-  Status Dims(const std::vector<Expr>& exprs, const std::string& entry, Shape* out) {
+  // `where` + `field` name the entry in an error.
+  Status Dims(const std::vector<Expr>& exprs, const std::string& where, const char* field, Shape* out) {
     out->clear();
     for (const Expr& e : exprs) {
       uint64_t n = 0;
-      CKPTFS_RETURN_IF_ERROR(Count(e, entry, &n));
+      CKPTFS_RETURN_IF_ERROR(Count(e, [&] { return where + field; }, &n));
       out->push_back(n);
     }
     return Status::OK();
@@ -448,6 +507,8 @@ class Mapping {
   std::unordered_map<std::string, json> overrides_, memo_;
   std::set<std::string> evaluating_;
   const Binding* binding_ = nullptr;
+  bool used_binding_ = false;  // whether an evaluation looked up a captured name
+  std::unordered_map<const Expr*, uint64_t> constant_counts_;
   std::string served_dtype_;
   Expr::Resolver resolver_ = [this](std::string_view n, json* v, bool* f) { return Resolve(n, v, f); };
   std::unordered_map<std::string_view, size_t> by_key_;
@@ -457,6 +518,7 @@ class Mapping {
   std::unordered_map<std::string, std::vector<Indexed>> by_shape_;
   std::vector<Number> numbers_;
   std::unordered_map<size_t, BoxedTensor> boxed_;
+  BoxedTensor scratch_;
 };
 
 Status Mapping::CheckCaptures(const MapRule& rule, const std::vector<Binding>& bindings) {
@@ -467,8 +529,12 @@ Status Mapping::CheckCaptures(const MapRule& rule, const std::vector<Binding>& b
     if (bindings.empty() || !Bound(bindings[0], name)) continue;
     uint64_t count = 0;
     CKPTFS_RETURN_IF_ERROR(Count(count_expr, "captures." + name, &count));
-    std::set<uint64_t> seen;
-    for (const Binding& b : bindings) seen.insert(*Bound(b, name));
+    // The distinct values, in order (a sorted vector: one per served tensor of the rule).
+    std::vector<uint64_t> seen;
+    seen.reserve(bindings.size());
+    for (const Binding& b : bindings) seen.push_back(*Bound(b, name));
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
     if (seen.size() != count || (count > 0 && *seen.rbegin() != count - 1))
       return Status::NotSupported(
           where_, "'" + rule.to.text + "' from '" + prefix_ + rule.parts[0].from[0].key.text + "': " + name + " takes " +
@@ -530,98 +596,128 @@ Status Mapping::MakeFile(const json& templ, const std::string& entry, json* out,
 }
 
 Status Mapping::Run(std::optional<DType> dtype) {
-  struct Made {
-    std::array<uint64_t, 3 + kMaxKeyCaptures> order{};
-    TensorEntry entry;
-    uint32_t source = 0;
-    std::vector<uint32_t> others;
-  };
-  std::vector<Made> made;
+  using Order = std::array<uint64_t, 3 + kMaxKeyCaptures>;
   std::vector<bool> used(served_.size(), false);
-  // Sections of the served order: runs of rules whose first capture is the same.
-  uint64_t section = 0;
+  // The rules in use and what each finds, first: every served tensor is counted before one is
+  // made, so the entries are allocated once.
+  struct Found {
+    size_t rule = 0, alt = 0;
+    std::vector<Binding> bindings;
+    std::vector<uint32_t> sources;
+  };
+  std::vector<Found> found;
+  size_t total = 0;
   for (size_t r = 0; r < map_.rules.size(); ++r) {
     const MapRule& rule = map_.rules[r];
-    if (r > 0) {
-      const auto& prev = map_.rules[r - 1].to.names;
-      const auto& cur = rule.to.names;
-      if ((prev.empty() ? "" : prev[0]) != (cur.empty() ? "" : cur[0])) ++section;
-    }
     if (!rule.when.empty()) {
       bool when = false;
       CKPTFS_RETURN_IF_ERROR(Bool(rule.when, rule.where + ".when", &when));
       if (!when) continue;
     }
-    std::vector<Binding> bindings;
-    std::vector<uint32_t> found;
-    size_t alt_used = 0;
-    CKPTFS_RETURN_IF_ERROR(Enumerate(rule.parts[0], &bindings, &found, &alt_used));
-    if (bindings.empty())
+    Found f;
+    f.rule = r;
+    CKPTFS_RETURN_IF_ERROR(Enumerate(rule.parts[0], &f.bindings, &f.sources, &f.alt));
+    if (f.bindings.empty())
       return Status::NotSupported(where_, "'" + rule.to.text + "' needs '" + prefix_ + rule.parts[0].from[0].key.text +
                                               "', which the checkpoint does not have");
-    CKPTFS_RETURN_IF_ERROR(CheckCaptures(rule, bindings));
-    made.reserve(made.size() + bindings.size());
-    for (size_t b = 0; b < bindings.size(); ++b) {
-      const Binding& binding = bindings[b];
-      binding_ = &binding;
-      std::vector<BoxedTensor> parts(rule.parts.size());
-      std::vector<size_t> sources(rule.parts.size());
-      for (size_t p = 0; p < rule.parts.size(); ++p) {
-        Status s = MakePart(rule.parts[p], rule, binding, p == 0 ? found[b] : SIZE_MAX, alt_used, &sources[p], &parts[p]);
-        if (!s.ok()) {
-          binding_ = nullptr;
-          return s;
-        }
-        used[sources[p]] = true;
-      }
-      const std::string to = Substitute(rule.to, binding);
-      BoxedTensor result;
-      std::string why;
-      if (rule.concat) {
-        for (size_t p = 1; p < parts.size(); ++p)
-          if (served_[sources[p]].stored.dtype != served_[sources[0]].stored.dtype) {
-            binding_ = nullptr;
-            return Status::NotSupported(where_, "'" + to + "': concat of '" + served_[sources[0]].key() + "' and '" +
-                                                    served_[sources[p]].key() + "', of different dtypes");
-          }
-        if (!Concat(parts, rule.concat_dim, &result, &why)) {
-          binding_ = nullptr;
-          return Status::NotSupported(where_, "'" + to + "': " + why);
-        }
-      } else {
-        result = std::move(parts[0]);
-      }
-      if (!rule.shape.empty()) {
-        Shape expected;
-        Status s = Dims(rule.shape, rule.where + ".shape", &expected);
-        if (s.ok() && expected != result.shape)
-          s = Status::NotSupported(where_, "'" + to + "' from '" + served_[sources[0]].key() + "' has shape " +
-                                               ShapeText(result.shape) + ", the map's parameters give [" + Texts(rule.shape) +
-                                               "] = " + ShapeText(expected));
-        if (!s.ok()) {
-          binding_ = nullptr;
-          return s;
-        }
-      }
-      binding_ = nullptr;
-      Made m;
-      const auto& names = rule.to.names;
-      m.order[0] = section;
-      m.order[1] = names.empty() ? 0 : *Bound(binding, names[0]);
-      m.order[2] = r;
-      for (size_t k = 1; k < names.size(); ++k) m.order[2 + k] = *Bound(binding, names[k]);
-      const TensorEntry& from = served_[sources[0]].stored;
-      m.entry.key = to;
-      m.entry.path = from.path;
-      m.entry.dtype = from.dtype;
-      m.entry.shape = result.shape;
-      m.entry.boxes = BoxList(std::move(result.boxes));
-      m.source = static_cast<uint32_t>(served_.source_index(sources[0]));
-      for (size_t p = 1; p < sources.size(); ++p)
-        if (sources[p] != sources[0]) m.others.push_back(static_cast<uint32_t>(served_.source_index(sources[p])));
-      made.push_back(std::move(m));
+    CKPTFS_RETURN_IF_ERROR(CheckCaptures(rule, f.bindings));
+    total += f.bindings.size();
+    found.push_back(std::move(f));
+  }
+  // Sections of the served order: runs of rules whose first capture is the same.
+  std::vector<uint64_t> section_of(map_.rules.size(), 0);
+  for (size_t r = 1; r < map_.rules.size(); ++r) {
+    const auto& prev = map_.rules[r - 1].to.names;
+    const auto& cur = map_.rules[r].to.names;
+    section_of[r] = section_of[r - 1] + ((prev.empty() ? "" : prev[0]) != (cur.empty() ? "" : cur[0]));
+  }
+  // Where each served tensor goes, known from its rule and binding alone: the entries are
+  // then made once, in the served order.
+  struct Slot {
+    Order order;
+    uint32_t found, binding;
+  };
+  std::vector<Slot> slots;
+  slots.reserve(total);
+  for (size_t k = 0; k < found.size(); ++k) {
+    const MapRule& rule = map_.rules[found[k].rule];
+    const auto& names = rule.to.names;
+    for (size_t b = 0; b < found[k].bindings.size(); ++b) {
+      const Binding& binding = found[k].bindings[b];
+      Slot slot{};
+      slot.order[0] = section_of[found[k].rule];
+      slot.order[1] = names.empty() ? 0 : *Bound(binding, names[0]);
+      slot.order[2] = found[k].rule;
+      for (size_t n = 1; n < names.size(); ++n) slot.order[2 + n] = *Bound(binding, names[n]);
+      slot.found = static_cast<uint32_t>(k);
+      slot.binding = static_cast<uint32_t>(b);
+      slots.push_back(slot);
     }
   }
+  std::stable_sort(slots.begin(), slots.end(), [](const Slot& x, const Slot& y) { return x.order < y.order; });
+  std::vector<TensorEntry> entries;
+  std::vector<uint32_t> from;
+  std::vector<std::vector<uint32_t>> others;
+  entries.reserve(total);
+  from.reserve(total);
+  std::vector<BoxedTensor> parts;
+  std::vector<size_t> sources;
+  BoxedTensor result;
+  std::string why, to;
+  for (const Slot& slot : slots) {
+    const Found& f = found[slot.found];
+    const MapRule& rule = map_.rules[f.rule];
+    parts.resize(rule.parts.size());
+    sources.resize(rule.parts.size());
+    const Binding& binding = f.bindings[slot.binding];
+    binding_ = &binding;
+    to = Substitute(rule.to, binding);
+    Status s;
+    for (size_t p = 0; s.ok() && p < rule.parts.size(); ++p) {
+      s = MakePart(rule.parts[p], rule, binding, to, p == 0 ? f.sources[slot.binding] : SIZE_MAX, f.alt, &sources[p],
+                   &parts[p]);
+      if (s.ok()) used[sources[p]] = true;
+    }
+    if (s.ok() && rule.concat) {
+      for (size_t p = 1; s.ok() && p < parts.size(); ++p)
+        if (served_[sources[p]].stored.dtype != served_[sources[0]].stored.dtype)
+          s = Status::NotSupported(where_, "'" + to + "': concat of '" + served_[sources[0]].key() + "' and '" +
+                                               served_[sources[p]].key() + "', of different dtypes");
+      if (s.ok() && !Concat(parts, rule.concat_dim, &result, &why)) s = Status::NotSupported(where_, "'" + to + "': " + why);
+    } else if (s.ok()) {
+      std::swap(result, parts[0]);
+    }
+    if (s.ok() && !rule.shape.empty()) {
+      Shape expected;
+      s = Dims(rule.shape, rule.where, ".shape", &expected);
+      if (s.ok() && expected != result.shape)
+        s = Status::NotSupported(where_, "'" + to + "' from '" + served_[sources[0]].key() + "' has shape " +
+                                             ShapeText(result.shape) + ", the map's parameters give [" + Texts(rule.shape) +
+                                             "] = " + ShapeText(expected));
+    }
+    binding_ = nullptr;
+    if (!s.ok()) return s;
+    const TensorEntry& source = served_[sources[0]].stored;
+    TensorEntry& entry = entries.emplace_back();
+    entry.key = std::move(to);
+    to = std::string();
+    entry.path = source.path;
+    entry.dtype = source.dtype;
+    entry.shape = std::move(result.shape);
+    entry.boxes = BoxList(std::move(result.boxes));
+    result.boxes = std::vector<Box>();
+    from.push_back(static_cast<uint32_t>(served_.source_index(sources[0])));
+    bool more = false;
+    for (size_t p = 1; p < sources.size(); ++p) more = more || sources[p] != sources[0];
+    if (more) {
+      others.resize(entries.size());
+      for (size_t p = 1; p < sources.size(); ++p)
+        if (sources[p] != sources[0]) others.back().push_back(static_cast<uint32_t>(served_.source_index(sources[p])));
+    }
+  }
+  others.resize(others.empty() ? 0 : entries.size());
+  slots = std::vector<Slot>();
+  found = std::vector<Found>();
   // Every source tensor is used or ignored on purpose.
   for (size_t i = 0; i < served_.size(); ++i) {
     if (used[i]) continue;
@@ -634,18 +730,6 @@ Status Mapping::Run(std::optional<DType> dtype) {
       return Status::NotSupported(where_, "tensor '" + key + "' " + ShapeText(served_[i].shape()) +
                                               " is used by no rule of the map and not ignored by it: the map does not "
                                               "describe this checkpoint");
-  }
-  std::vector<size_t> order(made.size());
-  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return made[a].order < made[b].order; });
-  std::vector<TensorEntry> entries;
-  std::vector<uint32_t> from;
-  std::vector<std::vector<uint32_t>> others;
-  entries.reserve(made.size());
-  for (size_t k : order) {
-    entries.push_back(std::move(made[k].entry));
-    from.push_back(made[k].source);
-    others.push_back(std::move(made[k].others));
   }
   if (std::optional<size_t> twice = FindRepeatedKey(entries))
     return Status::NotSupported(where_, "two rules serve the key '" + entries[*twice].key + "'");
