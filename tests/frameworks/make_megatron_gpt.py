@@ -228,7 +228,7 @@ def megatron_lm_args(c, config, **changes):
     args = dict(
         num_layers=LAYERS, hidden_size=HIDDEN, ffn_hidden_size=FFN, num_attention_heads=HEADS,
         group_query_attention=True, num_query_groups=GROUPS, kv_channels=c["head_dim"],
-        max_position_embeddings=64, seq_length=SEQ, position_embedding_type="rope", rotary_base=10000,
+        max_position_embeddings=64, seq_length=64, position_embedding_type="rope", rotary_base=10000,
         rotary_percent=1.0, rotary_interleaved=False, use_rope_scaling=False, rope_scaling_factor=8.0,
         normalization="RMSNorm", norm_epsilon=1e-6, swiglu=True, add_bias_linear=False,
         add_qkv_bias=c["qkv_bias"], qk_layernorm=c["qk_norm"],
@@ -301,14 +301,18 @@ def provider_fields(c, style):
     fields = dict(
         fp16_lm_cross_entropy=False, parallel_output=True, share_embeddings_and_output_weights=c["tied"],
         make_vocab_size_divisible_by=128, position_embedding_type="rope", rotary_base=10000, rotary_percent=1.0,
-        seq_len_interpolation_factor=None, seq_length=SEQ, attention_softmax_in_fp32=False,
+        seq_len_interpolation_factor=None, seq_length=64, attention_softmax_in_fp32=False,
         masked_softmax_fusion=True, cross_entropy_loss_fusion=True, gradient_accumulation_fusion=False,
-        vocab_size=VOCAB, should_pad_vocab=False, hf_model_id=None, scatter_embedding_sequence_parallel=True,
+        vocab_size=VOCAB, should_pad_vocab=True, hf_model_id=None, scatter_embedding_sequence_parallel=True,
         tp_comm_overlap_cfg=None, use_transformer_engine_full_layer_spec=False, rope_scaling=False,
         rope_scaling_factor=8.0)
     if style == "bridge":
         fields["generation_config"] = None
     else:
+        # NeMo builds the model with a set vocab_size as it is: the padded rows.
+        fields["vocab_size"] = padded_vocab(c["tp"])
+        for bridge_only in ("should_pad_vocab", "hf_model_id"):
+            del fields[bridge_only]
         fields["transformer_layer_spec"] = {"_target_": "nemo.collections.llm.gpt.model.base.default_layer_spec",
                                             "_call_": False}
         fields["forward_step_fn"] = {"_target_": "nemo.collections.llm.gpt.model.base.gpt_forward_step", "_call_": False}
