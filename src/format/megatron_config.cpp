@@ -153,7 +153,7 @@ Status AddMegatronModelConfig(Env& env, const std::string& dir, const std::strin
     }
     path = JoinPath(dir, kNemoModelYaml);
     section_name = "config";
-    source = std::string(kNemoModelYaml) + " config:";
+    source = kNemoModelYaml;
     nemo = true;
   } else {
     return Status::OK();
