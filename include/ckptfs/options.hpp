@@ -91,11 +91,14 @@ struct OptionSpec {
   void (*turn)(OptionValues* out, bool on) = nullptr;
   // kSwitch: on unless turned off. The command line spells it --no-NAME, which turns it off.
   bool on_by_default = false;
+  // A family of options: `name` ends in '.', and every "NAME.X" is one of them ("map.X"). The
+  // parser's `where` is then always "NAME.X=VALUE", X as the user wrote it with '-' read as '_'.
+  bool family = false;
 };
 
 // Every option, in help order.
 std::span<const OptionSpec> OptionTable();
-// The table entry named `name` ("shard_size"), or nullptr.
+// The table entry named `name` ("shard_size"; "map.num_layers" finds the family "map."), or nullptr.
 const OptionSpec* FindOption(std::string_view name);
 
 // "5GB" (decimal), "2GiB" (binary), "100MB", "512KiB", "123" (bytes); case-insensitive.

@@ -21,6 +21,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
+#include <utility>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +39,10 @@ struct ViewOptions {
   std::string root;            // serve only the tensors under this key prefix, prefix removed
   uint64_t shard_size = 0;     // > 0: Hugging Face shards of at most this many bytes
   bool checksums = false;      // manifest.json lists each tensor file's XXH3-64
+  // Key map (doc/MAPS.md): "" or "none" for none, "auto", a shipped map's name, or an
+  // absolute path of a map file; and the map.NAME=VALUE settings over the checkpoint's config.
+  std::string map;
+  std::vector<std::pair<std::string, std::string>> map_settings;
 };
 
 // One tensor as a view serves it: a handle into its ServedTensors, valid while they live.
@@ -83,6 +89,12 @@ class ServedTensors {
   }
   // The index in source().tensors of the tensor whose elements tensor i serves.
   size_t source_index(size_t i) const { return source_index_.empty() ? i : source_index_[i]; }
+  // Further source tensors whose elements tensor i serves (a key map's concatenation of
+  // several), beside source_index(i); usually none.
+  std::span<const uint32_t> other_sources(size_t i) const;
+  // Files a transform adds at the root (a key map's config.json), name -> content; they
+  // hide sibling files of the same names.
+  const std::vector<std::pair<std::string, std::string>>& added_files() const { return added_files_; }
   // The metadata served (metadata.json).
   const nlohmann::json& metadata() const { return *metadata_; }
   // What the transforms record in manifest.json (e.g. "dtype", "root"); an object.
@@ -92,6 +104,12 @@ class ServedTensors {
   // of what tensor from[k] served (its source tensor, its served dtype); `stored` and `from`
   // have one entry per tensor served from here on.
   void Replace(std::vector<TensorEntry> stored, const std::vector<uint32_t>& from);
+  // The same, where tensor k also serves elements of the source tensors (indices into
+  // source().tensors) others[k]; `from` must then hold source indices too, as must every
+  // transform's before this one (a key map runs on the catalog's own or a selection of them).
+  void ReplaceFromSources(std::vector<TensorEntry> stored, std::vector<uint32_t> from_sources,
+                          std::vector<std::vector<uint32_t>> others);
+  void AddFile(std::string name, std::string content) { added_files_.emplace_back(std::move(name), std::move(content)); }
   // Tensor i is served as `dtype`.
   void SetDType(size_t i, DType dtype);
   void SetMetadata(nlohmann::json metadata);
@@ -105,6 +123,8 @@ class ServedTensors {
   std::shared_ptr<const std::vector<TensorEntry>> stored_;
   std::vector<uint32_t> source_index_;  // empty: tensor i serves source tensor i
   std::vector<DType> dtypes_;           // empty: each served as stored
+  std::vector<std::vector<uint32_t>> other_sources_;  // empty: none for any tensor
+  std::vector<std::pair<std::string, std::string>> added_files_;
   std::shared_ptr<const nlohmann::json> metadata_;
   nlohmann::json manifest_fields_ = nlohmann::json::object();
 };

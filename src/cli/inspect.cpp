@@ -183,6 +183,14 @@ int RunInfo(const Args& args) {
   info["source_files"] = json::array();
   for (uint32_t f = 0; f < catalog->files->count(); ++f)
     info["source_files"].push_back({{"path", catalog->files->path(f)}, {"size", catalog->files->size(f)}});
+  // The key map that makes what is served, and why that one (doc/MAPS.md).
+  const json& fields = served.manifest_fields();
+  if (fields.contains("map")) {
+    const json& m = fields["map"];
+    info["map"] = {{"name", m["name"]}, {"reason", m["reason"]}, {"parameters", m["parameters"]},
+                   {"map_file", m["map_file"]}, {"model_config_source", m["model_config_source"]},
+                   {"key_prefix", m["key_prefix"]}};
+  }
   info["tensor_count"] = served.size();
   info["total_bytes"] = total;
   info["dtypes"] = json::object();
@@ -208,6 +216,8 @@ int RunInfo(const Args& args) {
   std::string text;
   text += "source:       " + catalog->source + "\n";
   text += "format:       " + catalog->format + "\n";
+  if (info.contains("map"))
+    text += "map:          " + info["map"]["name"].get<std::string>() + " (" + info["map"]["reason"].get<std::string>() + ")\n";
   text += "tensors:      " + std::to_string(served.size()) + "\n";
   text += "tensor bytes: " + std::to_string(total) + "\n";
   text += "files:\n";

@@ -16,6 +16,7 @@
 #include "format/chunk_boxes.hpp"
 #include "format/dcp_metadata.hpp"
 #include "format/megatron_config.hpp"
+#include "format/megatron_framework_config.hpp"
 #include "format/megatron_fragments.hpp"
 #include "format/readers.hpp"
 #include "format/safetensors_header.hpp"
@@ -569,10 +570,12 @@ Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, C
   DcpReader reader(folder, options, catalog);
   CKPTFS_RETURN_IF_ERROR(reader.Read(&info));
   std::string framework;
-  CKPTFS_RETURN_IF_ERROR(AddMegatronModelConfig(env, dir, folder, &catalog->metadata, &framework));
+  // The framework's own config file first: Bridge prefers run_config.yaml to common.pt's args.
+  CKPTFS_RETURN_IF_ERROR(AddFrameworkModelConfig(env, dir, folder, &catalog->metadata, &framework));
   if (!framework.empty()) info["framework"] = step.rfind(kNemoRlWeights, 0) == 0 ? "NeMo-RL" : framework;
   // The checkpoint's own objects keep their keys; the reader's summary goes beside them.
   catalog->metadata[catalog->metadata.contains("dcp") ? "$dcp" : "dcp"] = std::move(info);
+  AddMegatronModelConfig(folder, options.limits, catalog);
   return Status::OK();
 }
 

@@ -62,7 +62,7 @@ std::string CommandLineHelp(unsigned groups) {
   for (const OptionSpec& spec : OptionTable()) {
     if (!(spec.groups & groups)) continue;
     std::string left = "  " + CommandLineFlag(spec);
-    if (spec.kind == OptionKind::kValue) left += " " + std::string(spec.value_name);
+    if (spec.kind == OptionKind::kValue) left += (spec.family ? "" : " ") + std::string(spec.value_name);
     AppendHelpLine(&out, left, spec.help);
   }
   return out;
@@ -73,7 +73,7 @@ std::string MountHelp(unsigned groups) {
   for (const OptionSpec& spec : OptionTable()) {
     if (!(spec.groups & groups)) continue;
     std::string left = "  -o " + std::string(spec.name);
-    if (spec.kind == OptionKind::kValue) left += "=" + std::string(spec.value_name);
+    if (spec.kind == OptionKind::kValue) left += (spec.family ? "" : "=") + std::string(spec.value_name);
     AppendHelpLine(&out, left, spec.help);
   }
   return out;
@@ -91,6 +91,7 @@ nlohmann::json DescribeOptions() {
     table.push_back({{"name", spec.name},
                      {"kind", is_switch ? "switch" : "value"},
                      {"on_by_default", spec.on_by_default},
+                     {"family", spec.family},
                      {"groups", groups},
                      {"flag", CommandLineFlag(spec)},
                      {"value_name", spec.value_name},

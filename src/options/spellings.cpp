@@ -15,8 +15,17 @@ std::string Where(std::string_view name, std::string_view value) {
   return std::string(name) + "=" + std::string(value);
 }
 
-Status SetValue(const OptionSpec& spec, std::string_view value, OptionValues* out) {
-  return spec.parse(Where(spec.name, value), value, out);
+// `name`: the option as given, which for a family ("map.") is the member ("map.num_layers").
+Status SetValue(const OptionSpec& spec, std::string_view name, std::string_view value, OptionValues* out) {
+  return spec.parse(Where(spec.family ? name : spec.name, value), value, out);
+}
+
+// The command line's member of a family: "--map.num-query-groups" -> "map.num_query_groups".
+std::string FamilyMember(std::string_view flag) {
+  std::string name(flag.substr(2));
+  for (char& c : name)
+    if (c == '-') c = '_';
+  return name;
 }
 
 }  // namespace
@@ -40,7 +49,7 @@ Status ParseMountOption(std::string_view entry, unsigned groups, OptionValues* o
     return Status::OK();
   }
   if (eq == std::string_view::npos) return Status::InvalidArgument(name, "needs a value");
-  return SetValue(*spec, entry.substr(eq + 1), out);
+  return SetValue(*spec, name, entry.substr(eq + 1), out);
 }
 
 Status ParseCommandLineOption(const std::vector<std::string>& args, size_t* next, unsigned groups,
@@ -51,9 +60,15 @@ Status ParseCommandLineOption(const std::vector<std::string>& args, size_t* next
   const size_t eq = arg.find('=');
   const std::string_view flag = arg.substr(0, eq);
   const OptionSpec* spec = nullptr;
-  for (const OptionSpec& candidate : OptionTable())
-    if ((candidate.groups & groups) && CommandLineFlag(candidate) == flag) spec = &candidate;
+  for (const OptionSpec& candidate : OptionTable()) {
+    if (!(candidate.groups & groups)) continue;
+    const std::string candidate_flag = CommandLineFlag(candidate);
+    if (candidate.family ? flag.size() > candidate_flag.size() && flag.starts_with(candidate_flag)
+                         : candidate_flag == flag)
+      spec = &candidate;
+  }
   if (!spec) return Status::OK();
+  const std::string name = FamilyMember(flag);
   *known = true;
   if (spec->kind == OptionKind::kSwitch) {
     if (eq != std::string_view::npos)
@@ -61,10 +76,10 @@ Status ParseCommandLineOption(const std::vector<std::string>& args, size_t* next
     spec->turn(out, !spec->on_by_default);
     return Status::OK();
   }
-  if (eq != std::string_view::npos) return SetValue(*spec, arg.substr(eq + 1), out);
+  if (eq != std::string_view::npos) return SetValue(*spec, name, arg.substr(eq + 1), out);
   if (*next + 1 >= args.size())
     return Status::InvalidArgument("", "option '" + std::string(flag) + "' needs a value");
-  return SetValue(*spec, args[++*next], out);
+  return SetValue(*spec, name, args[++*next], out);
 }
 
 Status ParseJsonOptions(const nlohmann::json& options, unsigned groups, OptionValues* out) {
@@ -81,7 +96,7 @@ Status ParseJsonOptions(const nlohmann::json& options, unsigned groups, OptionVa
       continue;
     }
     if (!v.is_string() && !v.is_number()) return Status::InvalidArgument(it.key(), "needs a string or a number");
-    CKPTFS_RETURN_IF_ERROR(SetValue(*spec, v.is_string() ? v.get<std::string>() : v.dump(), out));
+    CKPTFS_RETURN_IF_ERROR(SetValue(*spec, it.key(), v.is_string() ? v.get<std::string>() : v.dump(), out));
   }
   return Status::OK();
 }

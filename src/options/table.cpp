@@ -99,6 +99,36 @@ Status AssignAbsolutePath(std::string_view where, std::string_view value, const 
   return Status::OK();
 }
 
+// map: none, auto, a shipped map's name, or a map file (an absolute path: a mount's daemon
+// runs from /). Which names exist is the view's to say (it refuses an unknown one).
+Status ParseMap(std::string_view where, std::string_view value, OptionValues* out) {
+  if (value.empty()) return Status::InvalidArgument(where, "needs none, auto, a map name (llama, qwen2, ...) or a map file");
+  if (value.find('/') != std::string_view::npos || value.ends_with(".json")) {
+    std::string path;
+    CKPTFS_RETURN_IF_ERROR(AssignAbsolutePath(where, value, "file", &path));
+  }
+  out->view.map.assign(value == "none" ? std::string_view() : value);
+  return Status::OK();
+}
+
+// map.NAME=VALUE: NAME from `where` (the family's parsers get "map.NAME=VALUE").
+Status ParseMapSetting(std::string_view where, std::string_view value, OptionValues* out) {
+  std::string_view name = where.substr(0, where.find('='));
+  name.remove_prefix(std::string_view("map.").size());
+  if (name.empty() || name.size() > 64 ||
+      !std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }) ||
+      std::isdigit(static_cast<unsigned char>(name.front())))
+    return Status::InvalidArgument(where, "map.NAME=VALUE needs a NAME of letters, digits and '_'");
+  if (value.empty() || value.size() > 256) return Status::InvalidArgument(where, "needs a value (an integer, true, false or text)");
+  for (auto& [n, v] : out->view.map_settings)
+    if (n == name) {
+      v.assign(value);
+      return Status::OK();
+    }
+  out->view.map_settings.emplace_back(std::string(name), std::string(value));
+  return Status::OK();
+}
+
 Status ParseCacheDir(std::string_view where, std::string_view value, OptionValues* out) {
   return AssignAbsolutePath(where, value, "folder", &out->source.remote.cache_dir);
 }
@@ -188,6 +218,13 @@ const OptionSpec kTable[] = {
      ParseDType},
     {"root", kValue, kViewGroup, "PREFIX", "only the tensors under the key prefix PREFIX (e.g. model), prefix removed",
      ParseRoot},
+    {"map", kValue, kViewGroup, "MAP",
+     "serve the checkpoint as another framework's model through a key map: auto (the one its config names), "
+     "llama, mistral, qwen2, qwen3 (Megatron GPT as Hugging Face), or a map file's absolute path (doc/MAPS.md)",
+     ParseMap},
+    {"map.", kValue, kViewGroup, "NAME=V",
+     "with map: set the map parameter or model_config field NAME to V over the checkpoint's config (repeatable)",
+     ParseMapSetting, nullptr, false, /*family=*/true},
     {"shard_size", kValue, kViewGroup, "SIZE",
      "Hugging Face shards of at most SIZE (5GB, 2GiB) and an index instead of model.safetensors",
      ParseSizeInto<&OptionValues::view, &ViewOptions::shard_size>},
@@ -265,7 +302,7 @@ std::span<const OptionSpec> OptionTable() { return kTable; }
 
 const OptionSpec* FindOption(std::string_view name) {
   for (const OptionSpec& spec : kTable)
-    if (spec.name == name) return &spec;
+    if (spec.family ? name.size() > spec.name.size() && name.starts_with(spec.name) : spec.name == name) return &spec;
   return nullptr;
 }
 

@@ -371,6 +371,13 @@ Status ViewBuilder::Build() {
   uint64_t pos = 0;
   AddLiteral(served_.metadata().dump(1, ' ', false, json::error_handler_t::replace) + "\n", &pos);
   FinishFile(meta, pos, view_->newest_mtime_);
+  // Files a transform made (a key map's config.json): they win over siblings of their names.
+  for (const auto& [name, content] : served_.added_files()) {
+    View::NodeId id = AddEntry(root, name, false);
+    uint64_t at = 0;
+    AddLiteral(content, &at);
+    FinishFile(id, at, view_->newest_mtime_);
+  }
 
   std::set<std::string> ours = {"tensors", "metadata.json", "manifest.json"};
   for (View::NodeId c : view_->entries_[root].children) ours.insert(view_->entries_[c].name);

@@ -1,5 +1,7 @@
 // ServedTensors: the tensors a view serves, as handles into the catalog's entries or into
 // entries a transform made.
+#include <algorithm>
+
 #include "ckptfs/view.hpp"
 
 namespace ckptfs {
@@ -21,6 +23,22 @@ void ServedTensors::Replace(std::vector<TensorEntry> stored, const std::vector<u
   stored_ = std::make_shared<const std::vector<TensorEntry>>(std::move(stored));
   source_index_ = std::move(source_index);
   dtypes_ = std::move(dtypes);
+  other_sources_.clear();
+}
+
+void ServedTensors::ReplaceFromSources(std::vector<TensorEntry> stored, std::vector<uint32_t> from_sources,
+                                       std::vector<std::vector<uint32_t>> others) {
+  stored_ = std::make_shared<const std::vector<TensorEntry>>(std::move(stored));
+  source_index_ = std::move(from_sources);
+  dtypes_.clear();
+  other_sources_ = std::move(others);
+  if (std::all_of(other_sources_.begin(), other_sources_.end(), [](const auto& o) { return o.empty(); }))
+    other_sources_.clear();
+}
+
+std::span<const uint32_t> ServedTensors::other_sources(size_t i) const {
+  if (other_sources_.empty()) return {};
+  return other_sources_[i];
 }
 
 void ServedTensors::SetDType(size_t i, DType dtype) {

@@ -5,14 +5,36 @@
 #include <algorithm>
 #include <numeric>
 
+#include "io/checked_math.hpp"
+
 namespace ckptfs {
 namespace {
 
 // In the order they apply: the selection first, so later transforms see only what is served.
+// The map after the selection and before the conversion: it maps stored tensors, and a
+// dtype view converts what it serves.
 constexpr TransformEntry kTransforms[] = {
     {"root", MakeRootTransform},
+    {"map", MakeMapTransform},
     {"dtype", MakeDTypeTransform},
 };
+
+// Matches the dimensions of `box` (those with more than one element, in `dims`) from `next`
+// on to distinct dimensions of `of` with the same stride and room for them.
+bool MatchDims(const Box& box, const Box& of, const std::vector<size_t>& dims, size_t next, std::vector<int>* match,
+               std::vector<bool>* used) {
+  if (next == dims.size()) return true;
+  const size_t j = dims[next];
+  for (size_t d = 0; d < of.rank(); ++d) {
+    if ((*used)[d] || of.strides[d] != box.strides[j] || of.extent[d] < box.extent[j]) continue;
+    (*used)[d] = true;
+    (*match)[d] = static_cast<int>(j);
+    if (MatchDims(box, of, dims, next + 1, match, used)) return true;
+    (*used)[d] = false;
+    (*match)[d] = -1;
+  }
+  return false;
+}
 
 bool SameBox(const Box& a, const Box& b) {
   return a.file == b.file && a.base_offset == b.base_offset && a.offset == b.offset && a.extent == b.extent &&
@@ -54,6 +76,42 @@ bool IsSubBox(const Box& box, const Box& of, uint64_t itemsize) {
   return rest == 0;
 }
 
+bool IsViewOfBox(const Box& box, const Box& of, uint64_t itemsize) {
+  if (box.numel() == 0) return true;
+  if (box.rank() == of.rank() && IsSubBox(box, of, itemsize)) return true;
+  if (box.file != of.file || itemsize == 0 || box.offset.size() != box.rank() || box.strides.size() != box.rank() ||
+      of.offset.size() != of.rank() || of.strides.size() != of.rank())
+    return false;
+  if (of.rank() == 1 && of.strides[0] == 1) {
+    // Any block of a contiguous range: its first and last element within the range.
+    uint64_t span = 0, term, of_bytes;
+    for (size_t d = 0; d < box.rank(); ++d) {
+      if (!CheckedMul(box.extent[d] - 1, box.strides[d], &term) || !CheckedAdd(span, term, &span)) return false;
+    }
+    if (box.base_offset < of.base_offset || (box.base_offset - of.base_offset) % itemsize != 0) return false;
+    const uint64_t first = (box.base_offset - of.base_offset) / itemsize;
+    uint64_t last;
+    return CheckedAdd(first, span, &last) && CheckedMul(of.extent[0], itemsize, &of_bytes) && last < of.extent[0];
+  }
+  std::vector<size_t> dims;
+  for (size_t j = 0; j < box.rank(); ++j)
+    if (box.extent[j] != 1) dims.push_back(j);
+  if (dims.size() > of.rank()) return false;
+  std::vector<int> match(of.rank(), -1);
+  std::vector<bool> used(of.rank(), false);
+  if (!MatchDims(box, of, dims, 0, &match, &used)) return false;
+  // The box in `of`'s dimensions: matched ones as the box has them, the others one element.
+  Box as_of;
+  as_of.file = box.file;
+  as_of.base_offset = box.base_offset;
+  for (size_t d = 0; d < of.rank(); ++d) {
+    as_of.offset.push_back(0);
+    as_of.extent.push_back(match[d] < 0 ? 1 : box.extent[match[d]]);
+    as_of.strides.push_back(of.strides[d]);
+  }
+  return IsSubBox(as_of, of, itemsize);
+}
+
 Status CheckSubBoxInvariant(const ServedTensors& served, const char* transform) {
   const Catalog& source = served.source();
   if (served.SharesSourceEntries()) return Status::OK();
@@ -68,9 +126,18 @@ Status CheckSubBoxInvariant(const ServedTensors& served, const char* transform) 
     if (t.dtype != from.dtype) return Status::Corruption(source.source, what + " changes the stored dtype");
     if (SameLayout(t, from)) continue;
     const uint64_t itemsize = Info(t.dtype).itemsize;
+    const std::span<const uint32_t> others = served.other_sources(i);
+    for (uint32_t o : others) {
+      if (o >= source.tensors.size() || source.tensors[o].dtype != t.dtype)
+        return Status::Corruption(source.source, what + " names another source tensor of another dtype or none");
+    }
+    auto within = [&](const Box& box, const TensorEntry& of) {
+      return std::any_of(of.boxes.begin(), of.boxes.end(), [&](const Box& b) { return IsViewOfBox(box, b, itemsize); });
+    };
     for (size_t k = 0; k < t.boxes.size(); ++k) {
       const Box& box = t.boxes[k];
-      if (!std::any_of(from.boxes.begin(), from.boxes.end(), [&](const Box& of) { return IsSubBox(box, of, itemsize); }))
+      if (!within(box, from) &&
+          !std::any_of(others.begin(), others.end(), [&](uint32_t o) { return within(box, source.tensors[o]); }))
         return Status::Corruption(source.source, what + ": box " + std::to_string(k) + " is not a sub-box of the source's");
     }
     CKPTFS_RETURN_IF_ERROR(ValidateLayout(t, *source.files, source.source));

@@ -47,6 +47,7 @@ std::span<const TransformEntry> Transforms();
 // The transforms' makers, one per transform file.
 std::unique_ptr<Transform> MakeRootTransform(const ViewOptions& options);   // transform_root.cpp
 std::unique_ptr<Transform> MakeDTypeTransform(const ViewOptions& options);  // transform_dtype.cpp
+std::unique_ptr<Transform> MakeMapTransform(const ViewOptions& options);    // transform_map.cpp
 
 // Whether `box` is a sub-box of `of`, for elements of `itemsize` bytes: the same file, rank
 // and strides, no larger along any dimension, and its base at the element of `of` where its
@@ -56,9 +57,15 @@ std::unique_ptr<Transform> MakeDTypeTransform(const ViewOptions& options);  // t
 // elements is a sub-box of any box.
 bool IsSubBox(const Box& box, const Box& of, uint64_t itemsize);
 
+// Whether `box` reads only elements of `of` as a view of them: a sub-box (IsSubBox), or
+// one with fewer or reordered dimensions (a key map's selected index, transpose) whose
+// dimensions match dimensions of `of` with the same strides, or any block of the elements
+// of a contiguous range (`of` of rank 1, stride 1).
+bool IsViewOfBox(const Box& box, const Box& of, uint64_t itemsize);
+
 // Checks the sub-box invariant for every served tensor once a transform replaced the
-// catalog's entries: its stored dtype is the source's, each of its boxes is a sub-box of a box of its
-// source tensor, and a changed shape or set of boxes still tiles the served shape
+// catalog's entries: its stored dtype is the source's, each of its boxes is a view of a box of its
+// source tensors (IsViewOfBox), and a changed shape or set of boxes still tiles the served shape
 // (ValidateLayout). The error names `transform`.
 Status CheckSubBoxInvariant(const ServedTensors& served, const char* transform);
 

@@ -1,13 +1,13 @@
 // The YAML-subset reader (format/yaml_subset.hpp) on the forms PyYAML's block style writes
 // and on what it refuses, and the Megatron model-config normalisation built on it
-// (format/megatron_config.hpp). The full files come from tests/frameworks/make_megatron_gpt.py.
+// (format/megatron_framework_config.hpp). The full files come from tests/frameworks/make_megatron_gpt.py.
 #define BOOST_TEST_MODULE yaml_subset
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
 #include <string>
 
-#include "format/megatron_config.hpp"
+#include "format/megatron_framework_config.hpp"
 #include "format/yaml_subset.hpp"
 
 using ckptfs::ParseYamlSubset;

@@ -61,7 +61,11 @@ VALUES = {
     "io_threads": ("1", "many"),
     "direct_io": None,
     "verify": None,
+    "map": ("none", "relative/map.json"),
+    # A family of options (map.NAME=V): tried through its member MEMBERS["map."].
+    "map.": ("4", ""),
 }
+MEMBERS = {"map.": "map.num_layers"}
 SWITCHES = {name for name, values in VALUES.items() if values is None}
 # What a switch given a value gets, in every spelling.
 SWITCH_VALUE = "yes"
@@ -156,6 +160,14 @@ def test_the_test_knows_every_option(table):
 # --- the command line ------------------------------------------------------------------
 
 
+def member(name, entry):
+    """(option name, table entry) to use: a family's member in place of the family."""
+    if name not in MEMBERS:
+        return name, entry
+    option = MEMBERS[name]
+    return option, dict(entry, flag="--" + option.replace("_", "-"))
+
+
 def cli_forms(entry, value) -> list:
     """The argument lists that give ENTRY the valid VALUE on the command line."""
     if entry["kind"] == "switch":
@@ -176,6 +188,7 @@ LOAD = ["load", "--backend", "host"]
 @pytest.mark.parametrize("name", sorted(VALUES))
 def test_command_line(name, table, run_ckptfs, tmp_path):
     entry, (value, bad) = table[name], VALUES[name] or (None, None)
+    name, entry = member(name, entry)
     # Each front end's command, and what follows SOURCE.
     commands = {"read_command": (["ls"], []), "export_command": (["export"], [tmp_path / "out"]),
                 "load_command": (LOAD, [])}
@@ -216,6 +229,7 @@ def assert_refused(mounts, mountpoint, res, option: str) -> str:
 @pytest.mark.parametrize("name", sorted(VALUES))
 def test_mount(name, table, mounts, library):
     entry, (value, bad) = table[name], VALUES[name] or (None, None)
+    name, entry = member(name, entry)
     switch = entry["kind"] == "switch"
     good = name if switch else f"{name}={value}"
     if "mount" not in entry["front_ends"]:
@@ -245,6 +259,7 @@ def test_mount(name, table, mounts, library):
 @pytest.mark.parametrize("name", sorted(VALUES))
 def test_c_api(name, table, library, run_ckptfs):
     entry, (value, bad) = table[name], VALUES[name] or (None, None)
+    name, entry = member(name, entry)
     switch = entry["kind"] == "switch"
     goods = [True, False] if switch else json_values(value)
     wrong = SWITCH_VALUE if switch else bad
@@ -308,6 +323,6 @@ def test_docs_name_every_option(table):
             f"README.md does not name {name}"
         )
         if "mount" in entry["front_ends"]:
-            mount_form = f"-o {name}" if entry["kind"] == "switch" else f"-o {name}="
+            mount_form = f"-o {name}" if entry["kind"] == "switch" or entry["family"] else f"-o {name}="
             assert mount_form in man, f"packaging/ckptfs.1 does not name {mount_form}"
             assert f"{name}" in cli_doc, f"doc/CLI.md does not name -o {name}"

@@ -1,0 +1,210 @@
+// Box operations of key maps (key_map_ops.hpp).
+#include "view/key_map_ops.hpp"
+
+#include <algorithm>
+
+#include "io/checked_math.hpp"
+
+namespace ckptfs {
+namespace {
+
+// Removes entry `d` of a box's dims.
+void Erase(BoxDims* dims, size_t d) {
+  BoxDims out;
+  for (size_t k = 0; k < dims->size(); ++k)
+    if (k != d) out.push_back((*dims)[k]);
+  *dims = std::move(out);
+}
+
+void Erase(Shape* dims, size_t d) {
+  Shape out;
+  for (size_t k = 0; k < dims->size(); ++k)
+    if (k != d) out.push_back((*dims)[k]);
+  *dims = std::move(out);
+}
+
+bool DimFits(const BoxedTensor& t, size_t dim, const char* op, std::string* why) {
+  if (dim < t.shape.size()) return true;
+  *why = std::string(op) + ": the tensor of shape " + ShapeText(t.shape) + " has no dimension " + std::to_string(dim);
+  return false;
+}
+
+// The part of `box` (of a tensor's boxes) along dimension `dim` within [lo, hi), placed at
+// `to` along that dimension of the result; false when they do not meet.
+bool Clip(const Box& box, size_t dim, uint64_t lo, uint64_t hi, uint64_t to, uint64_t itemsize, Box* out) {
+  const uint64_t begin = std::max(box.offset[dim], lo);
+  const uint64_t end = std::min(box.offset[dim] + box.extent[dim], hi);
+  if (begin >= end) return false;
+  *out = box;
+  out->base_offset = box.base_offset + (begin - box.offset[dim]) * box.strides[dim] * itemsize;
+  out->offset[dim] = to + (begin - lo);
+  out->extent[dim] = end - begin;
+  return true;
+}
+
+}  // namespace
+
+std::string ShapeText(const Shape& shape) {
+  std::string text = "[";
+  for (size_t d = 0; d < shape.size(); ++d) text += (d ? ", " : "") + std::to_string(shape[d]);
+  return text + "]";
+}
+
+Status ToBoxedTensor(const TensorEntry& t, size_t max_boxes, BoxedTensor* out) {
+  out->shape = t.shape;
+  out->itemsize = Info(t.dtype).itemsize;
+  out->boxes.clear();
+  const size_t rank = t.shape.size();
+  for (const Box& box : t.boxes) {
+    if (box.numel() == 0) continue;
+    if (box.rank() == rank || rank == 0) {
+      out->boxes.push_back(box);
+      continue;
+    }
+    // A range of row-major elements [pos, end): cut into blocks, each the largest aligned
+    // one that starts at pos (at most 2 * rank of them).
+    std::vector<uint64_t> pitch(rank, 1);
+    for (size_t d = rank; d-- > 1;) pitch[d - 1] = pitch[d] * t.shape[d];
+    uint64_t pos = box.offset[0];
+    const uint64_t first = pos, end = pos + box.extent[0];
+    while (pos < end) {
+      size_t level = rank - 1;
+      for (size_t d = 0; d < rank; ++d)
+        if (pos % pitch[d] == 0 && pos + pitch[d] <= end) {
+          level = d;
+          break;
+        }
+      const uint64_t index_at_level = (pos / pitch[level]) % t.shape[level];
+      const uint64_t count = std::min((end - pos) / pitch[level], t.shape[level] - index_at_level);
+      Box block;
+      block.file = box.file;
+      block.base_offset = box.base_offset + (pos - first) * box.strides[0] * out->itemsize;
+      uint64_t rest = pos;
+      block.offset.resize(rank);
+      for (size_t d = rank; d-- > 0;) {
+        block.offset[d] = rest % t.shape[d];
+        rest /= t.shape[d];
+      }
+      for (size_t d = 0; d < rank; ++d) {
+        block.extent.push_back(d < level ? 1 : d == level ? count : t.shape[d]);
+        block.strides.push_back(pitch[d] * box.strides[0]);
+      }
+      out->boxes.push_back(std::move(block));
+      if (out->boxes.size() > max_boxes)
+        return Status::NotSupported("", "its stored ranges make more than " + std::to_string(max_boxes) + " blocks");
+      pos += count * pitch[level];
+    }
+  }
+  return Status::OK();
+}
+
+bool SelectIndex(BoxedTensor* t, size_t dim, uint64_t index, std::string* why) {
+  if (!DimFits(*t, dim, "select", why)) return false;
+  if (index >= t->shape[dim]) {
+    *why = "select: index " + std::to_string(index) + " of dimension " + std::to_string(dim) + " of shape " +
+           ShapeText(t->shape) + " is out of range";
+    return false;
+  }
+  std::vector<Box> kept;
+  for (Box& box : t->boxes) {
+    Box piece;
+    if (!Clip(box, dim, index, index + 1, 0, t->itemsize, &piece)) continue;
+    Erase(&piece.offset, dim);
+    Erase(&piece.extent, dim);
+    Erase(&piece.strides, dim);
+    kept.push_back(std::move(piece));
+  }
+  t->boxes = std::move(kept);
+  Erase(&t->shape, dim);
+  return true;
+}
+
+bool SliceDim(BoxedTensor* t, size_t dim, uint64_t start, uint64_t stop, std::string* why) {
+  if (!DimFits(*t, dim, "slice", why)) return false;
+  if (start > stop || stop > t->shape[dim]) {
+    *why = "slice: [" + std::to_string(start) + ", " + std::to_string(stop) + ") of dimension " + std::to_string(dim) +
+           " of shape " + ShapeText(t->shape) + " is out of range";
+    return false;
+  }
+  std::vector<Box> kept;
+  for (const Box& box : t->boxes) {
+    Box piece;
+    if (Clip(box, dim, start, stop, 0, t->itemsize, &piece)) kept.push_back(std::move(piece));
+  }
+  t->boxes = std::move(kept);
+  t->shape[dim] = stop - start;
+  return true;
+}
+
+bool RowGroups(BoxedTensor* t, size_t dim, uint64_t groups, uint64_t size, uint64_t start, uint64_t stop,
+               std::string* why) {
+  if (!DimFits(*t, dim, "row_groups", why)) return false;
+  uint64_t total;
+  if (groups == 0 || size == 0 || !CheckedMul(groups, size, &total) || total != t->shape[dim]) {
+    *why = "row_groups: dimension " + std::to_string(dim) + " of shape " + ShapeText(t->shape) + " is " +
+           std::to_string(t->shape[dim]) + " long, not groups * size = " + std::to_string(groups) + " * " +
+           std::to_string(size) + " = " + (CheckedMul(groups, size, &total) ? std::to_string(total) : "(overflow)");
+    return false;
+  }
+  if (start >= stop || stop > size) {
+    *why = "row_groups: rows [" + std::to_string(start) + ", " + std::to_string(stop) + ") do not lie in a group of " +
+           std::to_string(size);
+    return false;
+  }
+  const uint64_t width = stop - start;
+  std::vector<Box> kept;
+  for (const Box& box : t->boxes) {
+    // Only the groups this box meets.
+    const uint64_t first_group = box.offset[dim] / size;
+    const uint64_t last_group = (box.offset[dim] + box.extent[dim] - 1) / size;
+    for (uint64_t g = first_group; g <= last_group && g < groups; ++g) {
+      Box piece;
+      if (Clip(box, dim, g * size + start, g * size + stop, g * width, t->itemsize, &piece)) kept.push_back(std::move(piece));
+    }
+  }
+  t->boxes = std::move(kept);
+  t->shape[dim] = groups * width;
+  return true;
+}
+
+bool Transpose(BoxedTensor* t, size_t a, size_t b, std::string* why) {
+  if (!DimFits(*t, a, "transpose", why) || !DimFits(*t, b, "transpose", why)) return false;
+  std::swap(t->shape[a], t->shape[b]);
+  for (Box& box : t->boxes) {
+    std::swap(box.offset[a], box.offset[b]);
+    std::swap(box.extent[a], box.extent[b]);
+    std::swap(box.strides[a], box.strides[b]);
+  }
+  return true;
+}
+
+bool Concat(std::vector<BoxedTensor>& parts, size_t dim, BoxedTensor* out, std::string* why) {
+  if (parts.empty()) {
+    *why = "concat: no parts";
+    return false;
+  }
+  out->shape = parts[0].shape;
+  out->itemsize = parts[0].itemsize;
+  out->boxes.clear();
+  if (!DimFits(parts[0], dim, "concat", why)) return false;
+  uint64_t at = 0;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    BoxedTensor& part = parts[p];
+    bool same = part.shape.size() == out->shape.size() && part.itemsize == out->itemsize;
+    for (size_t d = 0; same && d < part.shape.size(); ++d) same = d == dim || part.shape[d] == out->shape[d];
+    if (!same) {
+      *why = "concat: part " + std::to_string(p) + " of shape " + ShapeText(part.shape) + " does not join part 0 of shape " +
+             ShapeText(parts[0].shape) + " along dimension " + std::to_string(dim);
+      return false;
+    }
+    for (Box& box : part.boxes) {
+      box.offset[dim] += at;
+      out->boxes.push_back(std::move(box));
+    }
+    at += part.shape[dim];
+  }
+  out->shape[dim] = at;
+  return true;
+}
+
+}  // namespace ckptfs

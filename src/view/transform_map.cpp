@@ -1,0 +1,757 @@
+// The `map=` view: a key map (doc/MAPS.md) serves new tensors made from the catalog's, each
+// the boxes of rows, slices or layers of source tensors (key_map_ops.hpp), with the files
+// the mapped model needs beside them (config.json). The map is data (map_spec.hpp): a shipped
+// one (maps/, shipped_maps.hpp) or a file.
+//
+// Never a silently wrong tree: a parameter that disagrees with a tensor's shape, a source
+// tensor no rule uses and the map does not ignore, a rule whose source is missing, a layer
+// axis of the wrong length: each refuses the view with one line naming the tensor.
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "view/key_map_ops.hpp"
+#include "view/map_expr.hpp"
+#include "view/map_spec.hpp"
+#include "view/model_config.hpp"
+#include "view/shipped_maps.hpp"
+#include "view/transform.hpp"
+
+namespace ckptfs {
+namespace {
+
+using json = nlohmann::json;
+
+// A row-major range split into more blocks than this is refused (ToBoxedTensor): no layout a
+// framework writes comes near it.
+constexpr size_t kMaxBlocksPerTensor = size_t{1} << 20;
+constexpr uint64_t kMaxMapFileBytes = uint64_t{1} << 20;
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string ShippedNames() {
+  std::string names;
+  for (const ShippedMap& m : ShippedMaps()) names += (names.empty() ? "" : ", ") + std::string(m.name);
+  return names;
+}
+
+Status ReadMapFile(const std::string& path, std::string* text) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return Status::FromErrno(path, "cannot open the map file", errno);
+  text->clear();
+  char buffer[65536];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, f)) > 0) {
+    text->append(buffer, n);
+    if (text->size() > kMaxMapFileBytes) {
+      std::fclose(f);
+      return Status::InvalidArgument(path, "a map file is at most 1 MiB");
+    }
+  }
+  const bool failed = std::ferror(f);
+  std::fclose(f);
+  if (failed) return Status::FromErrno(path, "cannot read the map file", EIO);
+  return Status::OK();
+}
+
+// A key split at its digit runs: the text with each run as "#", and the runs.
+void Split(std::string_view key, std::string* shape, std::vector<std::string_view>* numbers) {
+  shape->clear();
+  numbers->clear();
+  for (size_t i = 0; i < key.size();) {
+    if (!std::isdigit(static_cast<unsigned char>(key[i]))) {
+      shape->push_back(key[i++]);
+      continue;
+    }
+    size_t j = i;
+    while (j < key.size() && std::isdigit(static_cast<unsigned char>(key[j]))) ++j;
+    shape->push_back('#');
+    numbers->push_back(key.substr(i, j - i));
+    i = j;
+  }
+}
+
+// A decimal number as a capture takes it: no leading zero, at most 18 digits.
+bool CaptureNumber(std::string_view digits, uint64_t* value) {
+  if (digits.empty() || digits.size() > 18 || (digits.size() > 1 && digits[0] == '0')) return false;
+  uint64_t v = 0;
+  for (char c : digits) v = v * 10 + static_cast<uint64_t>(c - '0');
+  *value = v;
+  return true;
+}
+
+using Binding = std::vector<std::pair<std::string, uint64_t>>;
+
+const uint64_t* Bound(const Binding& b, std::string_view name) {
+  for (const auto& [n, v] : b)
+    if (n == name) return &v;
+  return nullptr;
+}
+
+std::string Substitute(const KeyPattern& p, const Binding& b) {
+  std::string out = p.literals[0];
+  for (size_t i = 0; i < p.names.size(); ++i) {
+    const uint64_t* v = Bound(b, p.names[i]);
+    out += v ? std::to_string(*v) : "{" + p.names[i] + "}";
+    out += p.literals[i + 1];
+  }
+  return out;
+}
+
+
+
+class MapTransform : public Transform {
+ public:
+  explicit MapTransform(const ViewOptions& options)
+      : spec_(options.map), settings_(options.map_settings), dtype_(options.dtype) {}
+  Status Apply(ServedTensors* served) const override;
+
+ private:
+  std::string spec_;
+  std::vector<std::pair<std::string, std::string>> settings_;
+  std::optional<DType> dtype_;
+};
+
+// One application of a map to one view: its names, the source keys, what it makes.
+class Mapping {
+ public:
+  Mapping(const KeyMap& map, json config, std::string where, ServedTensors* served)
+      : map_(map), config_(std::move(config)), where_(std::move(where)), served_(*served) {}
+
+  // map.NAME=VALUE: a parameter of that name is replaced; a config field too.
+  void Set(const std::string& name, const json& value) {
+    config_[name] = value;
+    for (const auto& [n, e] : map_.parameters)
+      if (n == name) overrides_[name] = value;
+  }
+
+  Status Resolve(std::string_view name, json* value, bool* found) {
+    *found = true;
+    if (binding_)
+      if (const uint64_t* v = Bound(*binding_, name)) {
+        *value = *v;
+        return Status::OK();
+      }
+    const std::string key(name);
+    if (auto it = overrides_.find(key); it != overrides_.end()) {
+      *value = it->second;
+      return Status::OK();
+    }
+    if (auto it = memo_.find(key); it != memo_.end()) {
+      *value = it->second;
+      return Status::OK();
+    }
+    for (const auto& [n, e] : map_.parameters) {
+      if (n != name) continue;
+      if (!evaluating_.insert(key).second)
+        return Status::InvalidArgument(where_, "parameter '" + key + "' is defined through itself");
+      const Binding* saved = binding_;
+      binding_ = nullptr;  // parameters do not depend on captured values
+      Status s = e.Evaluate(resolver_, value);
+      binding_ = saved;
+      evaluating_.erase(key);
+      if (!s.ok() && s.message().starts_with(where_)) return s;
+      if (!s.ok()) return Status::InvalidArgument(where_, "parameter '" + key + "' = " + e.text() + ": " + s.message());
+      memo_[key] = *value;
+      return Status::OK();
+    }
+    if (config_.contains(key)) {
+      *value = config_[key];
+      return Status::OK();
+    }
+    if (name == "served_dtype" && !served_dtype_.empty()) {
+      *value = served_dtype_;
+      return Status::OK();
+    }
+    *found = false;
+    return Status::OK();
+  }
+
+  Status Evaluate(const Expr& e, const std::string& entry, json* out) {
+    Status s = e.Evaluate(resolver_, out);
+    if (!s.ok()) return Wrap(s, entry);
+    return Status::OK();
+  }
+  Status Count(const Expr& e, const std::string& entry, uint64_t* out) {
+    Status s = e.EvaluateCount(resolver_, out);
+    if (!s.ok()) return Wrap(s, entry);
+    return Status::OK();
+  }
+  Status Bool(const Expr& e, const std::string& entry, bool* out) {
+    Status s = e.EvaluateBool(resolver_, out);
+    if (!s.ok()) return Wrap(s, entry);
+    return Status::OK();
+  }
+
+  Status CheckRequirements(const std::string& config_source) {
+    for (size_t i = 0; i < map_.requires_.size(); ++i) {
+      const auto& q = map_.requires_[i];
+      bool ok = false;
+      CKPTFS_RETURN_IF_ERROR(Bool(q.check, "requires[" + std::to_string(i) + "]", &ok));
+      if (!ok)
+        return Status::NotSupported(where_, "the checkpoint's config (" + config_source + ") fails '" + q.check.text() +
+                                                "': " + q.why);
+    }
+    return Status::OK();
+  }
+
+  // Whether some rule of the map finds a source tensor under `prefix`.
+  bool FindsUnder(const std::string& prefix) {
+    prefix_ = prefix;
+    IndexKeys();
+    for (const MapRule& rule : map_.rules)
+      for (const MapPart& part : rule.parts)
+        for (const MapSource& alt : part.from)
+          if (!Matches(alt).empty()) return true;
+    return false;
+  }
+
+  Status Run(std::optional<DType> dtype);
+  const std::string& prefix() const { return prefix_; }
+  json Parameters() {
+    json out = json::object();
+    for (const auto& [n, e] : map_.parameters) {
+      json v;
+      bool found = false;
+      if (Resolve(n, &v, &found).ok() && found) out[n] = v;
+    }
+    return out;
+  }
+
+ private:
+  Status Wrap(const Status& s, const std::string& entry) const {
+    if (s.message().starts_with(where_)) return s;
+    return Status::InvalidArgument(where_, entry + ": " + s.message());
+  }
+
+  void IndexKeys() {
+    by_key_.clear();
+    by_shape_.clear();
+    std::string shape;
+    std::vector<std::string_view> numbers;
+    for (size_t i = 0; i < served_.size(); ++i) {
+      const std::string& key = served_[i].key();
+      if (key.compare(0, prefix_.size(), prefix_) != 0) continue;
+      const std::string_view rest = std::string_view(key).substr(prefix_.size());
+      by_key_.emplace(rest, i);
+      Split(rest, &shape, &numbers);
+      if (!numbers.empty()) by_shape_[shape].push_back(static_cast<uint32_t>(i));
+    }
+  }
+
+  // The tensors `alt`'s key matches, with the captures they give (unstacked names not yet).
+  std::vector<std::pair<size_t, Binding>> Matches(const MapSource& alt) {
+    std::vector<std::pair<size_t, Binding>> out;
+    const KeyPattern& p = alt.key;
+    if (p.names.empty()) {
+      if (auto it = by_key_.find(p.text); it != by_key_.end()) out.emplace_back(it->second, Binding{});
+      return out;
+    }
+    // The pattern's shape: captures and the digit runs of its literal text as '#'.
+    std::string shape, piece;
+    std::vector<std::string_view> fixed;
+    std::vector<int> slot_name;  // per '#': capture index, or -1 for a literal run
+    std::vector<std::string_view> literal_numbers;
+    for (size_t i = 0; i < p.literals.size(); ++i) {
+      std::vector<std::string_view> numbers;
+      Split(p.literals[i], &piece, &numbers);
+      shape += piece;
+      for (std::string_view n : numbers) {
+        slot_name.push_back(-1);
+        literal_numbers.push_back(n);
+      }
+      if (i < p.names.size()) {
+        shape += '#';
+        slot_name.push_back(static_cast<int>(i));
+        literal_numbers.emplace_back();
+      }
+    }
+    auto it = by_shape_.find(shape);
+    if (it == by_shape_.end()) return out;
+    std::string s;
+    std::vector<std::string_view> numbers;
+    for (uint32_t i : it->second) {
+      const std::string_view rest = std::string_view(served_[i].key()).substr(prefix_.size());
+      Split(rest, &s, &numbers);
+      if (numbers.size() != slot_name.size()) continue;
+      Binding b;
+      bool ok = true;
+      for (size_t k = 0; ok && k < numbers.size(); ++k) {
+        if (slot_name[k] < 0) {
+          ok = numbers[k] == literal_numbers[k];
+          continue;
+        }
+        uint64_t v;
+        ok = CaptureNumber(numbers[k], &v);
+        const std::string& name = p.names[slot_name[k]];
+        if (const uint64_t* prior = Bound(b, name)) ok = ok && *prior == v;
+        else b.emplace_back(name, v);
+      }
+      if (ok) out.emplace_back(i, std::move(b));
+    }
+    return out;
+  }
+
+  const BoxedTensor* Boxed(size_t i, Status* error) {
+    auto it = boxed_.find(i);
+    if (it != boxed_.end()) return &it->second;
+    BoxedTensor t;
+    Status s = ToBoxedTensor(served_[i].stored, kMaxBlocksPerTensor, &t);
+    if (!s.ok()) {
+      *error = Status::NotSupported(where_, "'" + served_[i].key() + "': " + s.message());
+      return nullptr;
+    }
+    return &boxed_.emplace(i, std::move(t)).first->second;
+  }
+
+  // Every binding rule part `part` gives: its first alternative that finds a tensor.
+  Status Enumerate(const MapPart& part, std::vector<Binding>* out) {
+    out->clear();
+    for (const MapSource& alt : part.from) {
+      for (auto& [i, b] : Matches(alt)) {
+        // The unstacked dimensions' indices, outermost first.
+        const Shape& shape = served_[i].shape();
+        if (shape.size() < alt.unstack.size())
+          return Status::NotSupported(where_, "'" + served_[i].key() + "' of shape " + ShapeText(shape) + " has fewer than " +
+                                                  std::to_string(alt.unstack.size()) + " dimensions to unstack");
+        std::vector<Binding> level{b};
+        for (size_t d = 0; d < alt.unstack.size(); ++d) {
+          std::vector<Binding> next;
+          for (const Binding& partial : level)
+            for (uint64_t k = 0; k < shape[d]; ++k) {
+              next.push_back(partial);
+              next.back().emplace_back(alt.unstack[d], k);
+            }
+          level = std::move(next);
+        }
+        for (Binding& full : level) out->push_back(std::move(full));
+      }
+      if (!out->empty()) return Status::OK();
+    }
+    return Status::OK();
+  }
+
+  // The tensor part `part` gives for `binding`: its source and its boxes after the ops.
+  Status MakePart(const MapPart& part, const MapRule& rule, const Binding& binding, size_t* source, BoxedTensor* out) {
+    const MapSource* found = nullptr;
+    for (const MapSource& alt : part.from) {
+      auto it = by_key_.find(Substitute(alt.key, binding));
+      if (it == by_key_.end()) continue;
+      found = &alt;
+      *source = it->second;
+      break;
+    }
+    const std::string to = Substitute(rule.to, binding);
+    if (!found)
+      return Status::NotSupported(where_, "'" + to + "' needs '" + prefix_ + Substitute(part.from[0].key, binding) +
+                                              "', which the checkpoint does not have");
+    Status error;
+    const BoxedTensor* whole = Boxed(*source, &error);
+    if (!whole) return error;
+    *out = *whole;
+    const std::string what = "'" + served_[*source].key() + "' (for '" + to + "')";
+    std::string why;
+    for (const std::string& u : found->unstack)
+      if (!SelectIndex(out, 0, *Bound(binding, u), &why)) return Status::NotSupported(where_, what + ": " + why);
+    if (!rule.source_shape.empty()) {
+      Shape expected;
+      CKPTFS_RETURN_IF_ERROR(Dims(rule.source_shape, rule.where + ".source_shape", &expected));
+      if (expected != out->shape)
+        return Status::NotSupported(where_, what + " has shape " + ShapeText(out->shape) + ", the map's parameters give [" +
+                                                Texts(rule.source_shape) + "] = " + ShapeText(expected));
+    }
+    for (size_t k = 0; k < part.ops.size(); ++k) {
+      const MapOp& op = part.ops[k];
+      const std::string entry = rule.where + " op " + std::to_string(k);
+      uint64_t index = 0, start = 0, stop = 0, groups = 0, size = 0;
+      bool ok = true;
+      switch (op.kind) {
+        case MapOp::Kind::kSelect:
+          CKPTFS_RETURN_IF_ERROR(Count(op.index, entry + ".index", &index));
+          ok = SelectIndex(out, op.dim, index, &why);
+          break;
+        case MapOp::Kind::kSlice:
+          CKPTFS_RETURN_IF_ERROR(Count(op.start, entry + ".start", &start));
+          CKPTFS_RETURN_IF_ERROR(Count(op.stop, entry + ".stop", &stop));
+          ok = SliceDim(out, op.dim, start, stop, &why);
+          break;
+        case MapOp::Kind::kRowGroups:
+          CKPTFS_RETURN_IF_ERROR(Count(op.groups, entry + ".groups", &groups));
+          CKPTFS_RETURN_IF_ERROR(Count(op.size, entry + ".size", &size));
+          CKPTFS_RETURN_IF_ERROR(Count(op.start, entry + ".start", &start));
+          CKPTFS_RETURN_IF_ERROR(Count(op.stop, entry + ".stop", &stop));
+          ok = RowGroups(out, op.dim, groups, size, start, stop, &why);
+          break;
+        case MapOp::Kind::kTranspose: ok = Transpose(out, op.dim, op.dim2, &why); break;
+      }
+      if (!ok) return Status::NotSupported(where_, what + ": " + why);
+    }
+    return Status::OK();
+  }
+
+  Status CheckCaptures(const MapRule& rule, const std::vector<Binding>& bindings);
+  Status Dims(const std::vector<Expr>& exprs, const std::string& entry, Shape* out) {
+    out->clear();
+    for (const Expr& e : exprs) {
+      uint64_t n = 0;
+      CKPTFS_RETURN_IF_ERROR(Count(e, entry, &n));
+      out->push_back(n);
+    }
+    return Status::OK();
+  }
+  static std::string Texts(const std::vector<Expr>& exprs) {
+    std::string texts;
+    for (size_t d = 0; d < exprs.size(); ++d) texts += (d ? ", " : "") + exprs[d].text();
+    return texts;
+  }
+  Status MakeFile(const json& templ, const std::string& entry, json* out, bool* keep);
+
+  const KeyMap& map_;
+  json config_;
+  std::string where_;
+  ServedTensors& served_;
+  std::string prefix_;
+  std::unordered_map<std::string, json> overrides_, memo_;
+  std::set<std::string> evaluating_;
+  const Binding* binding_ = nullptr;
+  std::string served_dtype_;
+  Expr::Resolver resolver_ = [this](std::string_view n, json* v, bool* f) { return Resolve(n, v, f); };
+  std::unordered_map<std::string_view, size_t> by_key_;
+  std::unordered_map<std::string, std::vector<uint32_t>> by_shape_;
+  std::unordered_map<size_t, BoxedTensor> boxed_;
+};
+
+Status Mapping::CheckCaptures(const MapRule& rule, const std::vector<Binding>& bindings) {
+  // Each declared capture takes every value of [0, count) and no other; together they make
+  // every combination once.
+  uint64_t combinations = 1;
+  for (const auto& [name, count_expr] : map_.captures) {
+    if (bindings.empty() || !Bound(bindings[0], name)) continue;
+    uint64_t count = 0;
+    CKPTFS_RETURN_IF_ERROR(Count(count_expr, "captures." + name, &count));
+    std::set<uint64_t> seen;
+    for (const Binding& b : bindings) seen.insert(*Bound(b, name));
+    if (seen.size() != count || (count > 0 && *seen.rbegin() != count - 1))
+      return Status::NotSupported(
+          where_, "'" + rule.to.text + "' from '" + prefix_ + rule.parts[0].from[0].key.text + "': " + name + " takes " +
+                      std::to_string(seen.size()) + " values" +
+                      (seen.empty() ? "" : " in [" + std::to_string(*seen.begin()) + ", " + std::to_string(*seen.rbegin()) + "]") +
+                      ", the map expects " + count_expr.text() + " = " + std::to_string(count) + " (0 to " +
+                      std::to_string(count ? count - 1 : 0) + ")");
+    combinations *= count;
+  }
+  return Status::OK();
+}
+
+Status Mapping::MakeFile(const json& templ, const std::string& entry, json* out, bool* keep) {
+  *keep = true;
+  if (templ.is_string()) {
+    const std::string& s = templ.get_ref<const std::string&>();
+    if (s.empty() || s[0] != '=') {
+      *out = templ;
+      return Status::OK();
+    }
+    Expr e;
+    CKPTFS_RETURN_IF_ERROR(Expr::Parse(s.substr(1), &e));
+    return Evaluate(e, entry, out);
+  }
+  if (templ.is_object()) {
+    *out = json::object();
+    for (auto it = templ.begin(); it != templ.end(); ++it) {
+      if (it.key() == "$when") {
+        Expr e;
+        if (it.value().is_boolean()) e = Expr::Constant(it.value());
+        else CKPTFS_RETURN_IF_ERROR(Expr::Parse(it.value().get<std::string>(), &e));
+        bool when = false;
+        CKPTFS_RETURN_IF_ERROR(Bool(e, entry + ".$when", &when));
+        if (!when) {
+          *keep = false;
+          return Status::OK();
+        }
+        continue;
+      }
+      json v;
+      bool k = true;
+      CKPTFS_RETURN_IF_ERROR(MakeFile(it.value(), entry + "." + it.key(), &v, &k));
+      if (k) (*out)[it.key()] = std::move(v);
+    }
+    return Status::OK();
+  }
+  if (templ.is_array()) {
+    *out = json::array();
+    for (size_t i = 0; i < templ.size(); ++i) {
+      json v;
+      bool k = true;
+      CKPTFS_RETURN_IF_ERROR(MakeFile(templ[i], entry + "[" + std::to_string(i) + "]", &v, &k));
+      if (k) out->push_back(std::move(v));
+    }
+    return Status::OK();
+  }
+  *out = templ;
+  return Status::OK();
+}
+
+Status Mapping::Run(std::optional<DType> dtype) {
+  struct Made {
+    std::vector<uint64_t> order;
+    TensorEntry entry;
+    uint32_t source = 0;
+    std::vector<uint32_t> others;
+  };
+  std::vector<Made> made;
+  std::vector<bool> used(served_.size(), false);
+  // Sections of the served order: runs of rules whose first capture is the same.
+  uint64_t section = 0;
+  for (size_t r = 0; r < map_.rules.size(); ++r) {
+    const MapRule& rule = map_.rules[r];
+    if (r > 0) {
+      const auto& prev = map_.rules[r - 1].to.names;
+      const auto& cur = rule.to.names;
+      if ((prev.empty() ? "" : prev[0]) != (cur.empty() ? "" : cur[0])) ++section;
+    }
+    if (!rule.when.empty()) {
+      bool when = false;
+      CKPTFS_RETURN_IF_ERROR(Bool(rule.when, rule.where + ".when", &when));
+      if (!when) continue;
+    }
+    std::vector<Binding> bindings;
+    CKPTFS_RETURN_IF_ERROR(Enumerate(rule.parts[0], &bindings));
+    if (bindings.empty())
+      return Status::NotSupported(where_, "'" + rule.to.text + "' needs '" + prefix_ + rule.parts[0].from[0].key.text +
+                                              "', which the checkpoint does not have");
+    CKPTFS_RETURN_IF_ERROR(CheckCaptures(rule, bindings));
+    for (const Binding& binding : bindings) {
+      binding_ = &binding;
+      std::vector<BoxedTensor> parts(rule.parts.size());
+      std::vector<size_t> sources(rule.parts.size());
+      for (size_t p = 0; p < rule.parts.size(); ++p) {
+        Status s = MakePart(rule.parts[p], rule, binding, &sources[p], &parts[p]);
+        if (!s.ok()) {
+          binding_ = nullptr;
+          return s;
+        }
+        used[sources[p]] = true;
+      }
+      const std::string to = Substitute(rule.to, binding);
+      BoxedTensor result;
+      std::string why;
+      if (rule.concat) {
+        for (size_t p = 1; p < parts.size(); ++p)
+          if (served_[sources[p]].stored.dtype != served_[sources[0]].stored.dtype) {
+            binding_ = nullptr;
+            return Status::NotSupported(where_, "'" + to + "': concat of '" + served_[sources[0]].key() + "' and '" +
+                                                    served_[sources[p]].key() + "', of different dtypes");
+          }
+        if (!Concat(parts, rule.concat_dim, &result, &why)) {
+          binding_ = nullptr;
+          return Status::NotSupported(where_, "'" + to + "': " + why);
+        }
+      } else {
+        result = std::move(parts[0]);
+      }
+      if (!rule.shape.empty()) {
+        Shape expected;
+        Status s = Dims(rule.shape, rule.where + ".shape", &expected);
+        if (s.ok() && expected != result.shape)
+          s = Status::NotSupported(where_, "'" + to + "' from '" + served_[sources[0]].key() + "' has shape " +
+                                               ShapeText(result.shape) + ", the map's parameters give [" + Texts(rule.shape) +
+                                               "] = " + ShapeText(expected));
+        if (!s.ok()) {
+          binding_ = nullptr;
+          return s;
+        }
+      }
+      binding_ = nullptr;
+      Made m;
+      m.order.push_back(section);
+      const auto& names = rule.to.names;
+      m.order.push_back(names.empty() ? 0 : *Bound(binding, names[0]));
+      m.order.push_back(r);
+      for (size_t k = 1; k < names.size(); ++k) m.order.push_back(*Bound(binding, names[k]));
+      const TensorEntry& from = served_[sources[0]].stored;
+      m.entry.key = to;
+      m.entry.path = from.path;
+      m.entry.dtype = from.dtype;
+      m.entry.shape = result.shape;
+      m.entry.boxes = BoxList(std::move(result.boxes));
+      m.source = static_cast<uint32_t>(served_.source_index(sources[0]));
+      for (size_t p = 1; p < sources.size(); ++p)
+        if (sources[p] != sources[0]) m.others.push_back(static_cast<uint32_t>(served_.source_index(sources[p])));
+      made.push_back(std::move(m));
+    }
+  }
+  // Every source tensor is used or ignored on purpose.
+  for (size_t i = 0; i < served_.size(); ++i) {
+    if (used[i]) continue;
+    const std::string& key = served_[i].key();
+    const std::string_view rest =
+        key.compare(0, prefix_.size(), prefix_) == 0 ? std::string_view(key).substr(prefix_.size()) : std::string_view(key);
+    bool ignored = false;
+    for (const std::string& glob : map_.ignore) ignored = ignored || GlobMatch(glob, rest) || GlobMatch(glob, key);
+    if (!ignored)
+      return Status::NotSupported(where_, "tensor '" + key + "' " + ShapeText(served_[i].shape()) +
+                                              " is used by no rule of the map and not ignored by it: the map does not "
+                                              "describe this checkpoint");
+  }
+  std::vector<size_t> order(made.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return made[a].order < made[b].order; });
+  std::vector<TensorEntry> entries;
+  std::vector<uint32_t> from;
+  std::vector<std::vector<uint32_t>> others;
+  entries.reserve(made.size());
+  for (size_t k : order) {
+    entries.push_back(std::move(made[k].entry));
+    from.push_back(made[k].source);
+    others.push_back(std::move(made[k].others));
+  }
+  if (std::optional<size_t> twice = FindRepeatedKey(entries))
+    return Status::NotSupported(where_, "two rules serve the key '" + entries[*twice].key + "'");
+  // What config.json says of the dtype: the type the first tensor is served in.
+  if (!entries.empty()) {
+    DType d = entries[0].dtype;
+    if (dtype && Info(d).is_float && d != DType::kF4x2) d = *dtype;
+    served_dtype_ = std::string(Info(d).torch_name);
+  }
+  std::vector<std::pair<std::string, std::string>> files;
+  for (const auto& [name, templ] : {std::pair<const char*, const json*>{"config.json", &map_.config},
+                                    std::pair<const char*, const json*>{"generation_config.json", &map_.generation_config}}) {
+    if (templ->is_null()) continue;
+    json content;
+    bool keep = true;
+    CKPTFS_RETURN_IF_ERROR(MakeFile(*templ, name == std::string("config.json") ? "config" : "generation_config", &content, &keep));
+    files.emplace_back(name, content.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+  }
+  served_.ReplaceFromSources(std::move(entries), std::move(from), std::move(others));
+  for (auto& [name, content] : files) served_.AddFile(name, std::move(content));
+  return Status::OK();
+}
+
+// The shipped map named `name`, parsed.
+Status LoadShippedMap(std::string_view name, KeyMap* out) {
+  for (const ShippedMap& m : ShippedMaps()) {
+    if (m.name != name) continue;
+    CKPTFS_RETURN_IF_ERROR(ParseKeyMap(m.text, "map " + std::string(m.name), out));
+    out->origin = "shipped";
+    return Status::OK();
+  }
+  return Status::InvalidArgument("map=" + std::string(name), "no shipped map of that name (shipped: " + ShippedNames() +
+                                                                 "; a map file is given by its absolute path)");
+}
+
+Status MapTransform::Apply(ServedTensors* served) const {
+  const json& metadata = served->source().metadata;
+  json config = metadata.is_object() && metadata.contains("model_config") && metadata["model_config"].is_object()
+                    ? metadata["model_config"]
+                    : json::object();
+  const bool has_config = !config.empty();
+  std::string config_source = metadata.is_object() && metadata.contains("model_config_source") &&
+                                      metadata["model_config_source"].is_string()
+                                  ? metadata["model_config_source"].get<std::string>()
+                                  : "model_config";
+  if (!has_config) config_source = "no model_config";
+  for (const auto& [name, value] : settings_) config[name] = SettingValue(value);
+  NormalizeModelConfig(&config);
+  auto make = [&](const KeyMap& map) {
+    auto m = std::make_unique<Mapping>(map, config, "map " + map.name, served);
+    for (const auto& [name, value] : settings_) m->Set(name, SettingValue(value));
+    return m;
+  };
+
+  KeyMap map;
+  std::string reason;
+  if (spec_ == "auto") {
+    if (!has_config)
+      return Status::NotSupported("map=auto", "the checkpoint has no model_config (" + served->source().format +
+                                                  " source): name a map with map=NAME (" + ShippedNames() +
+                                                  ") and give its parameters with map.NAME=VALUE");
+    const std::string family = config.contains("model_family") && config["model_family"].is_string()
+                                   ? config["model_family"].get<std::string>()
+                                   : metadata.value("model_family", json()).is_string() ? metadata["model_family"].get<std::string>() : "";
+    std::vector<KeyMap> all;
+    for (const ShippedMap& m : ShippedMaps()) {
+      all.emplace_back();
+      CKPTFS_RETURN_IF_ERROR(LoadShippedMap(m.name, &all.back()));
+    }
+    // A config that names its family picks the map listing the longest match.
+    size_t best = all.size(), best_length = 0;
+    if (!family.empty()) {
+      const std::string f = Lower(family);
+      for (size_t k = 0; k < all.size(); ++k)
+        for (const std::string& entry : all[k].families) {
+          const std::string e = Lower(entry);
+          if ((f == e || f.starts_with(e)) && e.size() > best_length) best = k, best_length = e.size();
+        }
+    }
+    if (best < all.size()) {
+      reason = config_source + " names the family " + family;
+    } else {
+      std::string tried;
+      for (size_t k = 0; k < all.size() && best == all.size(); ++k) {
+        if (all[k].auto_when.empty()) continue;
+        auto m = make(all[k]);
+        json v;
+        bool found = false;
+        Status s = all[k].auto_when.Evaluate([&](std::string_view n, json* out, bool* f) { return m->Resolve(n, out, f); }, &v);
+        if (s.ok() && v == true) {
+          best = k;
+          reason = config_source + ": " + all[k].auto_why;
+        } else {
+          tried += (tried.empty() ? "" : "; ") + all[k].name + " needs " + all[k].auto_why +
+                   (s.ok() ? "" : " (" + s.message() + ")");
+        }
+        (void)found;
+      }
+      if (best == all.size())
+        return Status::NotSupported("map=auto", "no shipped map fits the checkpoint's config (" + config_source +
+                                                    (family.empty() ? "" : ", family " + family) + "): " + tried);
+    }
+    map = std::move(all[best]);
+  } else if (spec_.find('/') != std::string::npos || spec_.ends_with(".json")) {
+    std::string text;
+    CKPTFS_RETURN_IF_ERROR(ReadMapFile(spec_, &text));
+    CKPTFS_RETURN_IF_ERROR(ParseKeyMap(text, "map " + spec_, &map));
+    map.origin = spec_;
+    reason = "given as map=" + spec_;
+  } else {
+    CKPTFS_RETURN_IF_ERROR(LoadShippedMap(spec_, &map));
+    reason = "given as map=" + spec_;
+  }
+
+  auto mapping = make(map);
+  CKPTFS_RETURN_IF_ERROR(mapping->CheckRequirements(config_source));
+  bool found = false;
+  for (const std::string& prefix : map.key_prefixes)
+    if ((found = mapping->FindsUnder(prefix))) break;
+  if (!found) {
+    std::string prefixes;
+    for (const std::string& p : map.key_prefixes) prefixes += (prefixes.empty() ? "'" : ", '") + p + "'";
+    return Status::NotSupported("map " + map.name, "no rule finds its source keys in the checkpoint (e.g. '" +
+                                                       map.rules[0].parts[0].from[0].key.text + "'; key prefixes tried: " +
+                                                       prefixes + ")");
+  }
+  CKPTFS_RETURN_IF_ERROR(mapping->Run(dtype_));
+  json record = {{"name", map.name},
+                 {"reason", reason},
+                 {"map_file", map.origin},
+                 {"model_config_source", config_source},
+                 {"key_prefix", mapping->prefix()},
+                 {"parameters", mapping->Parameters()}};
+  (*served->mutable_manifest_fields())["map"] = std::move(record);
+  return Status::OK();
+}
+
+}  // namespace
+
+std::unique_ptr<Transform> MakeMapTransform(const ViewOptions& options) {
+  if (options.map.empty() || options.map == "none") return nullptr;
+  return std::make_unique<MapTransform>(options);
+}
+
+}  // namespace ckptfs

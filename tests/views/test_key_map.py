@@ -1,0 +1,319 @@
+"""Key maps (doc/MAPS.md): a Megatron-core GPT torch_dist save served as the Hugging Face
+model it came from. Each fixture is a round trip: a tiny Hugging Face model (transformers'
+own class, seeded) has its state dict rewritten into Megatron's layout (stacked layers, QKV
+rows interleaved by query group, [gate; up] fused, padded vocabulary, norms inside the fused
+linears), saved with torch.distributed.checkpoint beside a common.pt holding Megatron-LM's
+args Namespace, in Megatron's run-folder layout. The mapped tree must give back the original
+state dict byte for byte, and transformers' from_pretrained of it the original logits.
+megatron-core's own multi-rank saves are covered by tests/frameworks/test_megatron_hf_map.py;
+here the chunk layout is one box per tensor, and tests/unit/key_map_test.cpp covers boxes
+split by tensor-parallel ranks."""
+
+import argparse
+import json
+
+import pytest
+
+from fusetools import daemon_pids, mount_entry
+
+torch = pytest.importorskip("torch")
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+VOCAB, PADDED = 100, 128
+
+
+def hf_config(kind, tied):
+    import transformers
+
+    common = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                  num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
+                  rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=tied)
+    if kind == "llama":
+        return transformers.LlamaConfig(head_dim=8, **common)
+    if kind == "qwen2":
+        return transformers.Qwen2Config(**common)
+    # Qwen3 with a head_dim that is not hidden_size / heads.
+    return transformers.Qwen3Config(head_dim=12, **common)
+
+
+def megatron_state(sd, cfg, prefix=""):
+    """The HF state dict in Megatron-core's DCP keys and layout (stacked layers)."""
+    L, NH, NG = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads
+    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // NH
+    P = NH // NG
+    out = {}
+
+    def pad(t):
+        return torch.cat([t, torch.full((PADDED - t.shape[0], t.shape[1]), 7.0, dtype=t.dtype)])
+
+    def fused(layer, what):
+        q, k, v = (sd[f"model.layers.{layer}.self_attn.{n}_proj.{what}"] for n in "qkv")
+        rows = []
+        for g in range(NG):
+            rows += [q[g * P * D:(g + 1) * P * D], k[g * D:(g + 1) * D], v[g * D:(g + 1) * D]]
+        return torch.cat(rows)
+
+    def stack(fn):
+        return torch.stack([fn(i) for i in range(L)])
+
+    lay = "decoder.layers."
+    out["embedding.word_embeddings.weight"] = pad(sd["model.embed_tokens.weight"])
+    out[lay + "self_attention.linear_qkv.weight"] = stack(lambda i: fused(i, "weight"))
+    if f"model.layers.0.self_attn.q_proj.bias" in sd:
+        out[lay + "self_attention.linear_qkv.bias"] = stack(lambda i: fused(i, "bias"))
+    if f"model.layers.0.self_attn.q_norm.weight" in sd:
+        out[lay + "self_attention.q_layernorm.weight"] = stack(lambda i: sd[f"model.layers.{i}.self_attn.q_norm.weight"])
+        out[lay + "self_attention.k_layernorm.weight"] = stack(lambda i: sd[f"model.layers.{i}.self_attn.k_norm.weight"])
+    out[lay + "self_attention.linear_proj.weight"] = stack(lambda i: sd[f"model.layers.{i}.self_attn.o_proj.weight"])
+    out[lay + "self_attention.linear_qkv.layer_norm_weight"] = stack(lambda i: sd[f"model.layers.{i}.input_layernorm.weight"])
+    out[lay + "mlp.linear_fc1.layer_norm_weight"] = stack(lambda i: sd[f"model.layers.{i}.post_attention_layernorm.weight"])
+    out[lay + "mlp.linear_fc1.weight"] = stack(
+        lambda i: torch.cat([sd[f"model.layers.{i}.mlp.gate_proj.weight"], sd[f"model.layers.{i}.mlp.up_proj.weight"]]))
+    out[lay + "mlp.linear_fc2.weight"] = stack(lambda i: sd[f"model.layers.{i}.mlp.down_proj.weight"])
+    out["decoder.final_layernorm.weight"] = sd["model.norm.weight"]
+    if not cfg.tie_word_embeddings:
+        out["output_layer.weight"] = pad(sd["lm_head.weight"])
+    return {prefix + k: v.contiguous() for k, v in out.items()}
+
+
+def megatron_args(cfg, kind, **over):
+    """Megatron-LM's args as its training loop pickles them into common.pt."""
+    fields = dict(num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size,
+                  ffn_hidden_size=cfg.intermediate_size, num_attention_heads=cfg.num_attention_heads,
+                  group_query_attention=True, num_query_groups=cfg.num_key_value_heads,
+                  kv_channels=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+                  add_qkv_bias=kind == "qwen2", add_bias_linear=False, qk_layernorm=kind == "qwen3",
+                  untie_embeddings_and_output_weights=not cfg.tie_word_embeddings, normalization="RMSNorm",
+                  swiglu=True, position_embedding_type="rope", rotary_base=10000, rotary_percent=1.0,
+                  rotary_interleaved=False, norm_epsilon=1e-6, max_position_embeddings=64, seq_length=64,
+                  padded_vocab_size=PADDED, vocab_size=VOCAB, num_experts=None, params_dtype=torch.float32,
+                  bf16=False, fp16=False, make_vocab_size_divisible_by=128, tensor_model_parallel_size=1,
+                  lr=3e-4, train_iters=10)
+    fields.update(over)
+    return argparse.Namespace(**fields)
+
+
+def save_megatron(folder, state, args):
+    """Megatron-LM's run folder: iter_0000005/ (DCP + common.pt) and its tracker file."""
+    step = folder / "iter_0000005"
+    dcp.save(state, checkpoint_id=str(step), no_dist=True)
+    torch.save({"args": args, "checkpoint_version": 3.0, "iteration": 5}, step / "common.pt")
+    (step / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist"}))
+    (folder / "latest_checkpointed_iteration.txt").write_text("5")
+    return folder
+
+
+def build(tmp_path_factory, kind, tied, prefix="", **over):
+    import transformers
+
+    torch.manual_seed({"llama": 1, "qwen2": 2, "qwen3": 3}[kind])
+    cfg = hf_config(kind, tied)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    # Norm weights start at 1: make them differ so a swap of two norms cannot pass.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    folder = save_megatron(tmp_path_factory.mktemp(f"megatron-{kind}"), megatron_state(sd, cfg, prefix),
+                           megatron_args(cfg, kind, **over))
+    return folder, model, sd
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return build(tmp_path_factory, "llama", tied=False)
+
+
+@pytest.fixture(scope="module")
+def qwen2_tied(tmp_path_factory):
+    return build(tmp_path_factory, "qwen2", tied=True)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return build(tmp_path_factory, "qwen3", tied=False)
+
+
+def expected_keys(sd):
+    # Tied: the HF state dict lists lm_head, the saved model does not (transformers ties it).
+    return {k for k in sd if not k.startswith("lm_head") or "lm_head" in k and k in sd}
+
+
+def export(run_ckptfs, source, out, *options):
+    run_ckptfs("export", str(source), str(out), *options)
+    return load_file(str(out / "model.safetensors")), json.loads((out / "config.json").read_text())
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("case", ["llama", "qwen2_tied", "qwen3"])
+def test_round_trip_is_the_hf_model(case, request, run_ckptfs, tmp_path):
+    """map=auto picks the family from common.pt's args; every served tensor equals the HF
+    original bit for bit; from_pretrained of the export gives the original logits."""
+    import transformers
+
+    folder, model, sd = request.getfixturevalue(case)
+    kind = case.split("_")[0]
+    info = run_ckptfs("info", str(folder), "--map", "auto").stdout.decode()
+    assert f"map:          {kind} (common.pt args: " in info
+    got, config = export(run_ckptfs, folder, tmp_path / "out", "--map", "auto")
+    tied = model.config.tie_word_embeddings
+    want = {k: v for k, v in sd.items() if not (tied and k == "lm_head.weight")}
+    assert list(got) == [k for k in sd if k in want], "keys or their order differ from the HF state dict"
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape and torch.equal(got[k], v), k
+    assert config["model_type"] == kind and config["tie_word_embeddings"] == tied
+    assert config["vocab_size"] == VOCAB and config["num_key_value_heads"] == 2 and config["torch_dtype"] == "float32"
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+    assert type(loaded) is type(model)
+    ids = torch.tensor([[1, 5, 9, 42, 77, 99, 3]])
+    assert torch.equal(logits(loaded, ids), logits(model, ids))
+
+
+def test_info_json_names_the_map_and_its_parameters(llama, run_ckptfs):
+    folder, _, _ = llama
+    info = json.loads(run_ckptfs("info", "--json", str(folder), "--map", "auto").stdout)
+    m = info["map"]
+    assert m["name"] == "llama" and m["reason"].startswith("common.pt args: ")
+    assert m["parameters"]["groups"] == 2 and m["parameters"]["q_rows"] == 24 and m["parameters"]["vocab"] == VOCAB
+    assert info["metadata"]["model_config_source"] == "common.pt args"
+
+
+def test_mount_loads_with_from_pretrained_and_dtype_composes(llama, mounts):
+    """The mount itself, map then dtype: bf16 tensors equal to torch's .to(bfloat16), and a
+    config.json that says so."""
+    import transformers
+
+    folder, model, sd = llama
+    mnt = mounts.mount(str(folder), "map=auto", "dtype=bf16")
+    assert json.loads((mnt / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    got = load_file(str(mnt / "model.safetensors"))
+    for k, v in sd.items():
+        assert torch.equal(got[k], v.to(torch.bfloat16)), k
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(mnt), dtype=torch.float32)
+    assert type(loaded) is type(model)
+
+
+def test_nemo_prefix_and_per_layer_keys(tmp_path_factory, run_ckptfs, tmp_path):
+    """Keys under NeMo 2's `module.` prefix and per-layer keys (decoder.layers.N....) map the same."""
+    import transformers
+
+    folder, model, sd = build(tmp_path_factory, "llama", tied=False, prefix="module.")
+    got, _ = export(run_ckptfs, folder, tmp_path / "a", "--map", "llama")
+    assert all(torch.equal(got[k], v) for k, v in sd.items())
+
+    cfg = model.config
+    stacked = megatron_state(sd, cfg)
+    per_layer = {}
+    for k, v in stacked.items():
+        if k.startswith("decoder.layers."):
+            for i in range(cfg.num_hidden_layers):
+                per_layer[k.replace("decoder.layers.", f"decoder.layers.{i}.")] = v[i].clone()
+        else:
+            per_layer[k] = v
+    folder2 = save_megatron(tmp_path_factory.mktemp("per-layer"), per_layer, megatron_args(cfg, "llama"))
+    got2, _ = export(run_ckptfs, folder2, tmp_path / "b", "--map", "auto")
+    assert list(got2) == list(sd) and all(torch.equal(got2[k], v) for k, v in sd.items())
+    assert isinstance(transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "b")), type(model))
+
+
+@pytest.mark.parametrize("options, message", [
+    # A head count that disagrees with the fused QKV rows: refused naming the tensor.
+    (["--map.num-attention-heads=12"],
+     "map llama: 'decoder.layers.self_attention.linear_qkv.weight' (for 'model.layers.0.self_attn.q_proj.weight'): "
+     "row_groups: dimension 0 of shape [80, 48] is 80 long, not groups * size = 2 * 64 = 128"),
+    (["--map.num-layers=4"], "L takes 3 values in [0, 2], the map expects layers = 4 (0 to 3)"),
+    (["--map.ffn-hidden-size=60"], "'decoder.layers.mlp.linear_fc1.weight' (for 'model.layers.0.mlp.gate_proj.weight') "
+                                   "has shape [160, 48], the map's parameters give [2 * ffn, hidden] = [120, 48]"),
+    (["--map.vocab-size=200"], "slice: [0, 200) of dimension 0 of shape [128, 48] is out of range"),
+    (["--map.normalization=LayerNorm"], "fails 'normalization == 'RMSNorm'': LlamaForCausalLM normalizes with RMSNorm"),
+    (["--map.qk-layernorm=true"], "map=auto picks qwen3"),
+])
+def test_parameters_that_disagree_with_the_tensors_are_refused(llama, run_ckptfs, options, message):
+    folder, _, _ = llama
+    res = run_ckptfs("ls", str(folder), "--map", "auto", *options, check=False)
+    err = res.stderr.decode()
+    if message == "map=auto picks qwen3":
+        # The config now names q/k norms: the Qwen3 map is picked and finds none.
+        assert res.returncode != 0 and "map qwen3: 'model.layers.{L}.self_attn.q_norm.weight' needs" in err
+        return
+    assert res.returncode != 0 and res.stdout == b"" and len(err.strip().splitlines()) == 1, err
+    assert message in err, err
+
+
+def test_a_tensor_the_map_does_not_know_is_refused(tmp_path_factory, run_ckptfs, mounts):
+    """A Megatron model with linear biases has tensors Llama has no place for: refused by
+    name, at mount too (no mount), never dropped."""
+    import transformers
+
+    torch.manual_seed(4)
+    cfg = hf_config("llama", False)
+    sd = transformers.AutoModelForCausalLM.from_config(cfg).state_dict()
+    state = megatron_state(sd, cfg)
+    state["decoder.layers.self_attention.linear_proj.bias"] = torch.zeros(3, 48)
+    folder = save_megatron(tmp_path_factory.mktemp("bias"), state, megatron_args(cfg, "llama"))
+    res = run_ckptfs("ls", str(folder), "--map", "llama", check=False)
+    assert res.returncode != 0
+    assert "tensor 'decoder.layers.self_attention.linear_proj.bias' [3, 48] is used by no rule" in res.stderr.decode()
+    mountpoint, bounded = mounts.try_mount(str(folder), "map=llama")
+    assert bounded.returncode == 1 and len(bounded.stderr.splitlines()) == 1, bounded.describe()
+    assert "linear_proj.bias" in bounded.stderr.splitlines()[0]
+    assert mount_entry(mountpoint) is None and daemon_pids(mountpoint, mounts.binary) == []
+
+
+def test_auto_without_a_config_and_unknown_names(tmp_path, run_ckptfs, llama):
+    folder, _, sd = llama
+    plain = tmp_path / "plain.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(2)}, str(plain))
+    err = run_ckptfs("ls", str(plain), "--map", "auto", check=False).stderr.decode()
+    assert "map=auto: the checkpoint has no model_config" in err
+    err = run_ckptfs("ls", str(folder), "--map", "gpt5", check=False).stderr.decode()
+    assert "no shipped map of that name (shipped: llama, mistral, qwen2, qwen3" in err
+    err = run_ckptfs("ls", str(folder), "--map", "rel/m.json", check=False).stderr.decode()
+    assert "needs an absolute file path" in err
+
+
+def test_a_map_file(tmp_path, run_ckptfs, llama):
+    """A user's map: renames, a select, a transpose (served by gathering), a concat of two
+    source tensors; and a map file with a typo is refused naming the entry."""
+    folder, _, sd = llama
+    m = {
+        "ckptfs_map": 1, "name": "mine",
+        "tensors": [
+            {"to": "emb", "from": "embedding.word_embeddings.weight"},
+            {"to": "norm.{L}", "from": "decoder.layers.self_attention.linear_qkv.layer_norm_weight[L]"},
+            {"to": "o1.T", "from": "decoder.layers.self_attention.linear_proj.weight",
+             "ops": [{"op": "select", "dim": 0, "index": 1}, {"op": "transpose", "dims": [0, 1]}]},
+            {"to": "both_norms", "concat": {"dim": 0, "parts": [
+                {"from": "decoder.layers.mlp.linear_fc1.layer_norm_weight"},
+                {"from": "decoder.final_layernorm.weight", "ops": []}]}},
+        ],
+        "ignore": ["decoder.*", "output_layer.*"],
+    }
+    # the final norm is [48] and the stacked norms [3, 48]: make them join as [4, 48]
+    m["tensors"][3]["concat"]["parts"][1] = {"from": "decoder.layers.self_attention.linear_qkv.layer_norm_weight",
+                                              "ops": [{"op": "slice", "dim": 0, "start": 0, "stop": 1}]}
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(m))
+    got, _ = None, None
+    run_ckptfs("export", str(folder), str(tmp_path / "out"), "--map", str(path))
+    got = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert list(got) == ["emb", "norm.0", "norm.1", "norm.2", "o1.T", "both_norms"]
+    assert torch.equal(got["emb"][:VOCAB], sd["model.embed_tokens.weight"]) and got["emb"].shape[0] == PADDED
+    assert torch.equal(got["norm.2"], sd["model.layers.2.input_layernorm.weight"])
+    assert torch.equal(got["o1.T"], sd["model.layers.1.self_attn.o_proj.weight"].t())
+    post = torch.stack([sd[f"model.layers.{i}.post_attention_layernorm.weight"] for i in range(3)])
+    assert torch.equal(got["both_norms"], torch.cat([post, sd["model.layers.0.input_layernorm.weight"][None]]))
+    assert not (tmp_path / "out" / "config.json").exists()
+
+    m["tensors"][0]["form"] = "x"
+    path.write_text(json.dumps(m))
+    err = run_ckptfs("ls", str(folder), "--map", str(path), check=False).stderr.decode()
+    assert f"map {path}: tensors[0].form: not a field of a rule" in err
