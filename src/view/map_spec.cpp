@@ -300,6 +300,8 @@ class SpecReader {
       if (i == 0) bound = names;
       else if (names != bound) return Bad(entry + ".concat", "its parts capture different names");
     }
+    if (out->to.names.size() > kMaxKeyCaptures)
+      return Bad(entry + ".to", "more than " + std::to_string(kMaxKeyCaptures) + " captures");
     std::set<std::string> used(out->to.names.begin(), out->to.names.end());
     if (used != bound) return Bad(entry + ".to", "'" + out->to.text + "' must use exactly the names its source captures");
     if (v.contains("when")) CKPTFS_RETURN_IF_ERROR(Expression(v["when"], entry + ".when", &out->when));

@@ -15,6 +15,9 @@
 
 namespace ckptfs {
 
+// The most captures one served key may use.
+inline constexpr size_t kMaxKeyCaptures = 4;
+
 // A key pattern: literal text and {NAME} captures, alternating (literals.size() ==
 // names.size() + 1).
 struct KeyPattern {

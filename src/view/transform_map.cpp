@@ -7,6 +7,7 @@
 // tensor no rule uses and the map does not ignore, a rule whose source is missing, a layer
 // axis of the wrong length: each refuses the view with one line naming the tensor.
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdio>
 #include <map>
@@ -230,9 +231,22 @@ class Mapping {
     return Status::InvalidArgument(where_, entry + ": " + s.message());
   }
 
+  // A digit run as a value, and whether it is written as a capture takes a number (no
+  // leading zero, at most 18 digits): a key's "01" matches neither {L} nor a literal "1".
+  struct Number {
+    uint64_t value = 0;
+    bool canonical = false;
+  };
+  static Number ToNumber(std::string_view digits) {
+    Number n;
+    n.canonical = CaptureNumber(digits, &n.value);
+    return n;
+  }
+
   void IndexKeys() {
     by_key_.clear();
     by_shape_.clear();
+    numbers_.clear();
     std::string shape;
     std::vector<std::string_view> numbers;
     for (size_t i = 0; i < served_.size(); ++i) {
@@ -241,7 +255,12 @@ class Mapping {
       const std::string_view rest = std::string_view(key).substr(prefix_.size());
       by_key_.emplace(rest, i);
       Split(rest, &shape, &numbers);
-      if (!numbers.empty()) by_shape_[shape].push_back(static_cast<uint32_t>(i));
+      if (numbers.empty()) continue;
+      auto it = by_shape_.find(shape);
+      if (it == by_shape_.end()) it = by_shape_.emplace(shape, std::vector<Indexed>()).first;
+      it->second.push_back(Indexed{static_cast<uint32_t>(i), static_cast<uint32_t>(numbers_.size()),
+                                   static_cast<uint32_t>(numbers.size())});
+      for (std::string_view n : numbers) numbers_.push_back(ToNumber(n));
     }
   }
 
@@ -255,16 +274,15 @@ class Mapping {
     }
     // The pattern's shape: captures and the digit runs of its literal text as '#'.
     std::string shape, piece;
-    std::vector<std::string_view> fixed;
     std::vector<int> slot_name;  // per '#': capture index, or -1 for a literal run
-    std::vector<std::string_view> literal_numbers;
+    std::vector<Number> literal_numbers;
     for (size_t i = 0; i < p.literals.size(); ++i) {
       std::vector<std::string_view> numbers;
       Split(p.literals[i], &piece, &numbers);
       shape += piece;
       for (std::string_view n : numbers) {
         slot_name.push_back(-1);
-        literal_numbers.push_back(n);
+        literal_numbers.push_back(ToNumber(n));
       }
       if (i < p.names.size()) {
         shape += '#';
@@ -274,46 +292,50 @@ class Mapping {
     }
     auto it = by_shape_.find(shape);
     if (it == by_shape_.end()) return out;
-    std::string s;
-    std::vector<std::string_view> numbers;
-    for (uint32_t i : it->second) {
-      const std::string_view rest = std::string_view(served_[i].key()).substr(prefix_.size());
-      Split(rest, &s, &numbers);
-      if (numbers.size() != slot_name.size()) continue;
+    for (const Indexed& entry : it->second) {
+      if (entry.count != slot_name.size()) continue;
+      const Number* numbers = &numbers_[entry.first_number];
       Binding b;
       bool ok = true;
-      for (size_t k = 0; ok && k < numbers.size(); ++k) {
-        if (slot_name[k] < 0) {
-          ok = numbers[k] == literal_numbers[k];
-          continue;
+      for (size_t k = 0; ok && k < slot_name.size(); ++k) {
+        if (!numbers[k].canonical) {
+          ok = false;
+        } else if (slot_name[k] < 0) {
+          ok = numbers[k].value == literal_numbers[k].value && literal_numbers[k].canonical;
+        } else {
+          const std::string& name = p.names[slot_name[k]];
+          if (const uint64_t* prior = Bound(b, name)) ok = *prior == numbers[k].value;
+          else b.emplace_back(name, numbers[k].value);
         }
-        uint64_t v;
-        ok = CaptureNumber(numbers[k], &v);
-        const std::string& name = p.names[slot_name[k]];
-        if (const uint64_t* prior = Bound(b, name)) ok = ok && *prior == v;
-        else b.emplace_back(name, v);
       }
-      if (ok) out.emplace_back(i, std::move(b));
+      if (ok) out.emplace_back(entry.index, std::move(b));
     }
     return out;
   }
 
-  const BoxedTensor* Boxed(size_t i, Status* error) {
-    auto it = boxed_.find(i);
-    if (it != boxed_.end()) return &it->second;
-    BoxedTensor t;
-    Status s = ToBoxedTensor(served_[i].stored, kMaxBlocksPerTensor, &t);
-    if (!s.ok()) {
-      *error = Status::NotSupported(where_, "'" + served_[i].key() + "': " + s.message());
-      return nullptr;
-    }
-    return &boxed_.emplace(i, std::move(t)).first->second;
+  // Tensor i as boxes of its rank, into *out. Those of many boxes (a stacked tensor's chunks,
+  // used once per layer) are made once and kept.
+  Status Boxed(size_t i, BoxedTensor* out) {
+    const TensorEntry& t = served_[i].stored;
+    const bool keep = t.boxes.size() > 8;
+    if (keep)
+      if (auto it = boxed_.find(i); it != boxed_.end()) {
+        *out = it->second;
+        return Status::OK();
+      }
+    Status s = ToBoxedTensor(t, kMaxBlocksPerTensor, out);
+    if (!s.ok()) return Status::NotSupported(where_, "'" + t.key + "': " + s.message());
+    if (keep) boxed_.emplace(i, *out);
+    return Status::OK();
   }
 
   // Every binding rule part `part` gives: its first alternative that finds a tensor.
-  Status Enumerate(const MapPart& part, std::vector<Binding>* out) {
+  Status Enumerate(const MapPart& part, std::vector<Binding>* out, std::vector<uint32_t>* sources, size_t* alt_used) {
     out->clear();
-    for (const MapSource& alt : part.from) {
+    sources->clear();
+    for (size_t a = 0; a < part.from.size(); ++a) {
+      const MapSource& alt = part.from[a];
+      *alt_used = a;
       for (auto& [i, b] : Matches(alt)) {
         // The unstacked dimensions' indices, outermost first.
         const Shape& shape = served_[i].shape();
@@ -330,7 +352,10 @@ class Mapping {
             }
           level = std::move(next);
         }
-        for (Binding& full : level) out->push_back(std::move(full));
+        for (Binding& full : level) {
+          out->push_back(std::move(full));
+          sources->push_back(static_cast<uint32_t>(i));
+        }
       }
       if (!out->empty()) return Status::OK();
     }
@@ -338,23 +363,26 @@ class Mapping {
   }
 
   // The tensor part `part` gives for `binding`: its source and its boxes after the ops.
-  Status MakePart(const MapPart& part, const MapRule& rule, const Binding& binding, size_t* source, BoxedTensor* out) {
+  // `known`: the source tensor when the enumeration found it (part 0) through alternative
+  // `known_alt`, else SIZE_MAX.
+  Status MakePart(const MapPart& part, const MapRule& rule, const Binding& binding, size_t known, size_t known_alt,
+                  size_t* source, BoxedTensor* out) {
     const MapSource* found = nullptr;
-    for (const MapSource& alt : part.from) {
-      auto it = by_key_.find(Substitute(alt.key, binding));
+    if (known != SIZE_MAX) {
+      found = &part.from[known_alt];
+      *source = known;
+    }
+    for (size_t a = 0; !found && a < part.from.size(); ++a) {
+      auto it = by_key_.find(Substitute(part.from[a].key, binding));
       if (it == by_key_.end()) continue;
-      found = &alt;
+      found = &part.from[a];
       *source = it->second;
-      break;
     }
     const std::string to = Substitute(rule.to, binding);
     if (!found)
       return Status::NotSupported(where_, "'" + to + "' needs '" + prefix_ + Substitute(part.from[0].key, binding) +
                                               "', which the checkpoint does not have");
-    Status error;
-    const BoxedTensor* whole = Boxed(*source, &error);
-    if (!whole) return error;
-    *out = *whole;
+    CKPTFS_RETURN_IF_ERROR(Boxed(*source, out));
     const std::string what = "'" + served_[*source].key() + "' (for '" + to + "')";
     std::string why;
     for (const std::string& u : found->unstack)
@@ -423,7 +451,11 @@ class Mapping {
   std::string served_dtype_;
   Expr::Resolver resolver_ = [this](std::string_view n, json* v, bool* f) { return Resolve(n, v, f); };
   std::unordered_map<std::string_view, size_t> by_key_;
-  std::unordered_map<std::string, std::vector<uint32_t>> by_shape_;
+  struct Indexed {
+    uint32_t index, first_number, count;
+  };
+  std::unordered_map<std::string, std::vector<Indexed>> by_shape_;
+  std::vector<Number> numbers_;
   std::unordered_map<size_t, BoxedTensor> boxed_;
 };
 
@@ -499,7 +531,7 @@ Status Mapping::MakeFile(const json& templ, const std::string& entry, json* out,
 
 Status Mapping::Run(std::optional<DType> dtype) {
   struct Made {
-    std::vector<uint64_t> order;
+    std::array<uint64_t, 3 + kMaxKeyCaptures> order{};
     TensorEntry entry;
     uint32_t source = 0;
     std::vector<uint32_t> others;
@@ -521,17 +553,21 @@ Status Mapping::Run(std::optional<DType> dtype) {
       if (!when) continue;
     }
     std::vector<Binding> bindings;
-    CKPTFS_RETURN_IF_ERROR(Enumerate(rule.parts[0], &bindings));
+    std::vector<uint32_t> found;
+    size_t alt_used = 0;
+    CKPTFS_RETURN_IF_ERROR(Enumerate(rule.parts[0], &bindings, &found, &alt_used));
     if (bindings.empty())
       return Status::NotSupported(where_, "'" + rule.to.text + "' needs '" + prefix_ + rule.parts[0].from[0].key.text +
                                               "', which the checkpoint does not have");
     CKPTFS_RETURN_IF_ERROR(CheckCaptures(rule, bindings));
-    for (const Binding& binding : bindings) {
+    made.reserve(made.size() + bindings.size());
+    for (size_t b = 0; b < bindings.size(); ++b) {
+      const Binding& binding = bindings[b];
       binding_ = &binding;
       std::vector<BoxedTensor> parts(rule.parts.size());
       std::vector<size_t> sources(rule.parts.size());
       for (size_t p = 0; p < rule.parts.size(); ++p) {
-        Status s = MakePart(rule.parts[p], rule, binding, &sources[p], &parts[p]);
+        Status s = MakePart(rule.parts[p], rule, binding, p == 0 ? found[b] : SIZE_MAX, alt_used, &sources[p], &parts[p]);
         if (!s.ok()) {
           binding_ = nullptr;
           return s;
@@ -569,11 +605,11 @@ Status Mapping::Run(std::optional<DType> dtype) {
       }
       binding_ = nullptr;
       Made m;
-      m.order.push_back(section);
       const auto& names = rule.to.names;
-      m.order.push_back(names.empty() ? 0 : *Bound(binding, names[0]));
-      m.order.push_back(r);
-      for (size_t k = 1; k < names.size(); ++k) m.order.push_back(*Bound(binding, names[k]));
+      m.order[0] = section;
+      m.order[1] = names.empty() ? 0 : *Bound(binding, names[0]);
+      m.order[2] = r;
+      for (size_t k = 1; k < names.size(); ++k) m.order[2 + k] = *Bound(binding, names[k]);
       const TensorEntry& from = served_[sources[0]].stored;
       m.entry.key = to;
       m.entry.path = from.path;

@@ -60,7 +60,9 @@ BOOST_AUTO_TEST_CASE(every_entry_is_complete_and_unique) {
       BOOST_TEST(flags.insert(ckptfs::CommandLineFlag(spec)).second);
       BOOST_TEST(spec.groups != 0u);
       BOOST_TEST(!spec.help.empty());
-      BOOST_TEST(ckptfs::FindOption(spec.name) == &spec);
+      // A family ("map.") is found by its members' names.
+      BOOST_TEST(ckptfs::FindOption(spec.family ? std::string(spec.name) + "x" : std::string(spec.name)) == &spec);
+      if (spec.family) BOOST_TEST(ckptfs::FindOption(spec.name) == nullptr);
       if (spec.kind == OptionKind::kValue) {
         BOOST_TEST(spec.parse != nullptr);
         BOOST_TEST(!spec.value_name.empty());
@@ -203,7 +205,8 @@ BOOST_AUTO_TEST_CASE(help_lists_every_option_of_its_front_end) {
   const std::string mount = ckptfs::MountHelp(ckptfs::kMountGroups);
   for (const OptionSpec& spec : OptionTable()) {
     BOOST_TEST_CONTEXT(spec.name) {
-      BOOST_TEST(cli.find("  " + ckptfs::CommandLineFlag(spec) + " ") != std::string::npos);
+      const std::string left = ckptfs::CommandLineFlag(spec) + (spec.family ? std::string(spec.value_name) : " ");
+      BOOST_TEST(cli.find("  " + left) != std::string::npos);
       const bool mounts = (spec.groups & ckptfs::kMountGroups) != 0;
       BOOST_TEST((mount.find("  -o " + std::string(spec.name)) != std::string::npos) == mounts);
     }
@@ -214,4 +217,30 @@ BOOST_AUTO_TEST_CASE(help_lists_every_option_of_its_front_end) {
     BOOST_TEST(end - start <= 94u, cli.substr(start, end - start));
     start = end + 1;
   }
+}
+
+BOOST_AUTO_TEST_CASE(map_settings_are_a_family_in_every_spelling) {
+  ckptfs::OptionValues o;
+  bool known = false;
+  BOOST_TEST(ckptfs::ParseMountOption("map=auto", ckptfs::kMountGroups, &o, &known).ok());
+  BOOST_TEST(ckptfs::ParseMountOption("map.num_layers=4", ckptfs::kMountGroups, &o, &known).ok());
+  BOOST_TEST(known);
+  std::vector<std::string> args = {"--map.num-query-groups", "8"};
+  size_t next = 0;
+  BOOST_TEST(ckptfs::ParseCommandLineOption(args, &next, ckptfs::kReadCommandGroups, &o, &known).ok());
+  BOOST_TEST(known);
+  BOOST_TEST(next == 1u);
+  BOOST_TEST(ckptfs::ParseJsonOptions(nlohmann::json{{"map.vocab_size", 100}, {"map.num_layers", 6}}, ckptfs::kOpenGroups, &o).ok());
+  BOOST_TEST(o.view.map == "auto");
+  using Setting = std::pair<std::string, std::string>;
+  BOOST_TEST((o.view.map_settings == std::vector<Setting>{{"num_layers", "6"}, {"num_query_groups", "8"}, {"vocab_size", "100"}}));
+  BOOST_TEST(ckptfs::ParseMountOption("map.=4", ckptfs::kMountGroups, &o, &known).ok());
+  BOOST_TEST(!known);  // no member name: not the family
+  BOOST_TEST(ckptfs::ParseMountOption("map.bad-name=4", ckptfs::kMountGroups, &o, &known).message() ==
+             "map.bad-name=4: map.NAME=VALUE needs a NAME of letters, digits and '_'");
+  BOOST_TEST(!ckptfs::ParseMountOption("map.x=", ckptfs::kMountGroups, &o, &known).ok());
+  BOOST_TEST(ckptfs::ParseMountOption("map=m.json", ckptfs::kMountGroups, &o, &known).message() ==
+             "map=m.json: needs an absolute file path (a mount runs from /)");
+  BOOST_TEST(ckptfs::ParseMountOption("map=none", ckptfs::kMountGroups, &o, &known).ok());
+  BOOST_TEST(o.view.map.empty());
 }

@@ -1,0 +1,369 @@
+// Key maps (src/view/transform_map.cpp and its parts): the box operations read back through a
+// View against an independent computation from the source boxes (tensor-parallel chunks, a
+// group straddling two chunks, row-major ranges cut into blocks), the invariant's view check,
+// the expression language, the map file's refusals, and every shipped map parsing.
+#define BOOST_TEST_MODULE key_map_test
+#include <boost/test/unit_test.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "ckptfs/view.hpp"
+#include "test_util.hpp"
+#include "view/key_map_ops.hpp"
+#include "view/map_expr.hpp"
+#include "view/map_spec.hpp"
+#include "view/shipped_maps.hpp"
+#include "view/transform.hpp"
+
+using ckptfs::Box;
+using ckptfs::Catalog;
+using ckptfs::DType;
+using ckptfs::Expr;
+using ckptfs::Status;
+using ckptfs::TensorEntry;
+using ckptfs::View;
+using ckptfs::ViewOptions;
+using json = nlohmann::json;
+
+BOOST_TEST_DONT_PRINT_LOG_VALUE(ckptfs::ReadRoute)
+BOOST_TEST_DONT_PRINT_LOG_VALUE(ckptfs::Shape)
+
+namespace {
+
+Box MakeBox(uint32_t file, uint64_t base_offset, ckptfs::BoxDims offset, ckptfs::BoxDims extent, ckptfs::BoxDims strides) {
+  Box box;
+  box.file = file;
+  box.base_offset = base_offset;
+  box.offset = std::move(offset);
+  box.extent = std::move(extent);
+  box.strides = std::move(strides);
+  return box;
+}
+
+// A file of `n` float32 values: element k holds k + 1000 * file.
+std::string Floats(size_t n, uint32_t file) {
+  std::string bytes(n * 4, '\0');
+  for (size_t k = 0; k < n; ++k) {
+    const float v = static_cast<float>(k + 1000 * file);
+    std::memcpy(&bytes[k * 4], &v, 4);
+  }
+  return bytes;
+}
+
+// The value at `index` of a tensor, found from its boxes (the test's own reading of them).
+float At(const TensorEntry& t, const std::vector<uint64_t>& index) {
+  for (const Box& box : t.boxes) {
+    bool inside = true;
+    uint64_t element = 0;
+    for (size_t d = 0; d < index.size(); ++d) {
+      inside = inside && index[d] >= box.offset[d] && index[d] < box.offset[d] + box.extent[d];
+      element += (index[d] - box.offset[d]) * box.strides[d];
+    }
+    if (inside) return static_cast<float>(box.base_offset / 4 + element + 1000 * box.file);
+  }
+  BOOST_FAIL("no box holds the element");
+  return 0;
+}
+
+std::string WriteMap(const json& map) {
+  const std::string path = (std::filesystem::temp_directory_path() / ("ckptfs-key-map-test-" + std::to_string(getpid()) + ".json")).string();
+  std::ofstream(path) << map.dump();
+  return path;
+}
+
+// A stacked fused QKV of L layers [L, NG*(P+2)*D, H] split over TP ranks along dim 1, each
+// rank's chunk of a layer a contiguous block of that rank's file; and a [L, H, 2F] row-parallel
+// weight split along its last dimension.
+struct Megatron {
+  static constexpr uint64_t L = 3, NG = 2, P = 3, D = 2, H = 4, TP = 2;
+  static constexpr uint64_t R = NG * (P + 2) * D;  // 20 rows
+  Megatron(uint64_t tp = TP) {
+    source.Attach(catalog.get());
+    catalog->format = "test";
+    catalog->source = "/mem/megatron";
+    for (uint32_t r = 0; r < tp; ++r) {
+      uint32_t file = 0;
+      Status s = catalog->files->Add(source.Write("/mem/rank" + std::to_string(r), Floats(4096, r)), &file);
+      BOOST_REQUIRE(s.ok());
+    }
+    TensorEntry qkv;
+    qkv.key = "qkv";
+    qkv.path = {qkv.key};
+    qkv.dtype = DType::kF32;
+    qkv.shape = {L, R, H};
+    const uint64_t rows = R / tp;
+    std::vector<Box> boxes;
+    for (uint64_t l = 0; l < L; ++l)
+      for (uint32_t r = 0; r < tp; ++r)
+        boxes.push_back(MakeBox(r, 4 * (l * rows * H), {l, r * rows, 0}, {1, rows, H}, {rows * H, H, 1}));
+    qkv.boxes = boxes;
+    TensorEntry proj;
+    proj.key = "proj";
+    proj.path = {proj.key};
+    proj.dtype = DType::kF32;
+    proj.shape = {L, H, 12};
+    boxes.clear();
+    for (uint64_t l = 0; l < L; ++l)
+      for (uint32_t r = 0; r < tp; ++r)
+        boxes.push_back(MakeBox(r, 4 * (1024 + l * H * 12 / tp), {l, 0, r * 12 / tp}, {1, H, 12 / tp}, {H * 12 / tp, 12 / tp, 1}));
+    proj.boxes = boxes;
+    // One contiguous range over a [5, 3, 4] tensor from element 0 of file 0 at byte 8192.
+    TensorEntry flat;
+    flat.key = "flat";
+    flat.path = {flat.key};
+    flat.dtype = DType::kF32;
+    flat.shape = {5, 3, 4};
+    flat.boxes = {Box::Range(0, 8192, 0, 60)};
+    catalog->tensors = {qkv, proj, flat};
+    for (const TensorEntry& t : catalog->tensors) BOOST_REQUIRE(ckptfs::ValidateLayout(t, *catalog->files, "x").ok());
+  }
+
+  std::unique_ptr<View> Build(const json& map) {
+    ViewOptions options;
+    options.map = WriteMap(map);
+    std::unique_ptr<View> view;
+    Status s = View::Build(catalog, options, &view);
+    std::remove(options.map.c_str());
+    BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+    return view;
+  }
+
+  Status TryBuild(const json& map) {
+    ViewOptions options;
+    options.map = WriteMap(map);
+    std::unique_ptr<View> view;
+    Status s = View::Build(catalog, options, &view);
+    std::remove(options.map.c_str());
+    return s;
+  }
+
+  std::vector<float> Read(const View& view, size_t i) {
+    const uint64_t n = view.served()[i].stored.numel();
+    std::vector<float> out(n);
+    Status s = view.ReadTensorData(i, 0, n * 4, reinterpret_cast<char*>(out.data()));
+    BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+    return out;
+  }
+
+  ckptfs_test::MemorySource source;
+  std::shared_ptr<Catalog> catalog = std::make_shared<Catalog>();
+};
+
+json QkvMap(uint64_t groups) {
+  auto rows = [&](const std::string& a, const std::string& b) {
+    return json{{"op", "row_groups"}, {"dim", 0}, {"groups", groups}, {"size", "(P + 2) * D"}, {"start", a}, {"stop", b}};
+  };
+  return {{"ckptfs_map", 1},
+          {"name", "t"},
+          {"parameters", {{"P", 3}, {"D", 2}}},
+          {"captures", {{"L", 3}}},
+          {"tensors",
+           {{{"to", "q.{L}"}, {"from", "qkv[L]"}, {"ops", {rows("0", "P * D")}}},
+            {{"to", "k.{L}"}, {"from", "qkv[L]"}, {"ops", {rows("P * D", "P * D + D")}}},
+            {{"to", "v.{L}"}, {"from", "qkv[L]"}, {"ops", {rows("P * D + D", "(P + 2) * D")}}},
+            {{"to", "proj.{L}"}, {"from", "proj[L]"}},
+            {{"to", "flat.T"},
+             {"from", "flat"},
+             {"ops", {{{"op", "slice"}, {"dim", 0}, {"start", 1}, {"stop", 4}}, {{"op", "transpose"}, {"dims", {0, 2}}}}}}}}};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(qkv_row_groups_over_tensor_parallel_chunks) {
+  for (uint64_t tp : {1, 2, 4}) {  // tp = 4: a group's rows straddle two ranks' chunks
+    BOOST_TEST_CONTEXT("tp " << tp) {
+      Megatron m(tp);
+      auto view = m.Build(QkvMap(Megatron::NG));
+      const auto& served = view->served();
+      BOOST_REQUIRE_EQUAL(served.size(), 13u);
+      BOOST_TEST(served[0].key() == "q.0");
+      BOOST_TEST(served[3].key() == "proj.0");
+      const TensorEntry& qkv = m.catalog->tensors[0];
+      const uint64_t G = Megatron::NG, S = (Megatron::P + 2) * Megatron::D, PD = Megatron::P * Megatron::D;
+      for (uint64_t l = 0; l < Megatron::L; ++l) {
+        const std::vector<std::pair<uint64_t, uint64_t>> parts = {{0, PD}, {PD, PD + Megatron::D}, {PD + Megatron::D, S}};
+        for (size_t which = 0; which < 3; ++which) {
+          const auto got = m.Read(*view, l * 4 + which);
+          const auto [a, b] = parts[which];
+          std::vector<float> want;
+          for (uint64_t g = 0; g < G; ++g)
+            for (uint64_t row = g * S + a; row < g * S + b; ++row)
+              for (uint64_t c = 0; c < Megatron::H; ++c) want.push_back(At(qkv, {l, row, c}));
+          BOOST_TEST(got == want, boost::test_tools::per_element());
+        }
+        // The row-parallel weight split along its last dimension: gathered from both ranks.
+        const auto got = m.Read(*view, l * 4 + 3);
+        std::vector<float> want;
+        for (uint64_t r = 0; r < Megatron::H; ++r)
+          for (uint64_t c = 0; c < 12; ++c) want.push_back(At(m.catalog->tensors[1], {l, r, c}));
+        BOOST_TEST(got == want, boost::test_tools::per_element());
+      }
+      // Rows [1, 4) of a contiguous [5, 3, 4] range, dims 0 and 2 swapped: [4, 3, 3].
+      const auto got = m.Read(*view, 12);
+      BOOST_TEST(served[12].shape() == (ckptfs::Shape{4, 3, 3}));
+      std::vector<float> want;
+      for (uint64_t i = 0; i < 4; ++i)
+        for (uint64_t j = 0; j < 3; ++j)
+          for (uint64_t k = 0; k < 3; ++k) want.push_back(static_cast<float>(2048 + ((k + 1) * 3 + j) * 4 + i));
+      BOOST_TEST(got == want, boost::test_tools::per_element());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(unstacked_contiguous_layers_stay_byte_ranges) {
+  Megatron m(1);
+  auto view = m.Build(QkvMap(Megatron::NG));
+  // A layer of a single-rank chunk is one contiguous block per group: served as extents.
+  BOOST_TEST(ckptfs::RouteOf(view->served()[0]) == ckptfs::ReadRoute::kExtents);
+  BOOST_TEST(view->served()[0].stored.boxes.size() == Megatron::NG);
+  BOOST_TEST(ckptfs::RouteOf(view->served()[12]) == ckptfs::ReadRoute::kGather);  // the transpose
+}
+
+BOOST_AUTO_TEST_CASE(a_map_that_disagrees_with_the_shapes_is_refused) {
+  Megatron m;
+  Status s = m.TryBuild(QkvMap(3));
+  BOOST_TEST(!s.ok());
+  BOOST_TEST(s.message() ==
+             "map t: 'qkv' (for 'q.0'): row_groups: dimension 0 of shape [20, 4] is 20 long, not groups * size = 3 * 10 = 30");
+  json map = QkvMap(Megatron::NG);
+  map["captures"]["L"] = 4;
+  s = m.TryBuild(map);
+  BOOST_TEST(s.message().find("L takes 3 values in [0, 2], the map expects 4 = 4 (0 to 3)") != std::string::npos, s.message());
+  map = QkvMap(Megatron::NG);
+  map["tensors"].erase(3);  // proj: used by no rule, not ignored
+  s = m.TryBuild(map);
+  BOOST_TEST(s.message() == "map t: tensor 'proj' [3, 4, 12] is used by no rule of the map and not ignored by it: the map "
+                            "does not describe this checkpoint");
+  map["ignore"] = {"pro*"};
+  BOOST_TEST(m.TryBuild(map).ok());
+}
+
+BOOST_AUTO_TEST_CASE(views_of_boxes) {
+  const Box of = MakeBox(0, 400, {0, 0, 0}, {4, 5, 6}, {30, 6, 1});
+  // Index 2 of dim 0, rows [1, 3): rank 2.
+  BOOST_TEST(ckptfs::IsViewOfBox(MakeBox(0, 400 + 4 * (60 + 6), {0, 0}, {2, 6}, {6, 1}), of, 4));
+  // Transposed: strides swapped.
+  BOOST_TEST(ckptfs::IsViewOfBox(MakeBox(0, 400, {0, 0}, {6, 5}, {1, 6}), of, 4));
+  // Past the end of the source box, or another file.
+  BOOST_TEST(!ckptfs::IsViewOfBox(MakeBox(0, 400 + 4 * 100, {0, 0}, {2, 6}, {6, 1}), of, 4));
+  BOOST_TEST(!ckptfs::IsViewOfBox(MakeBox(1, 400, {0, 0}, {2, 6}, {6, 1}), of, 4));
+  // Strides the source does not have.
+  BOOST_TEST(!ckptfs::IsViewOfBox(MakeBox(0, 400, {0, 0}, {2, 3}, {12, 2}), of, 4));
+  // Any block inside a contiguous range; not one running past it.
+  const Box range = Box::Range(0, 1000, 0, 60);
+  BOOST_TEST(ckptfs::IsViewOfBox(MakeBox(0, 1000 + 4 * 12, {0, 0}, {3, 4}, {4, 1}), range, 4));
+  BOOST_TEST(!ckptfs::IsViewOfBox(MakeBox(0, 1000 + 4 * 50, {0, 0}, {3, 4}, {4, 1}), range, 4));
+}
+
+BOOST_AUTO_TEST_CASE(ranges_become_blocks) {
+  TensorEntry t;
+  t.dtype = DType::kF32;
+  t.shape = {3, 4, 5};
+  t.boxes = {Box::Range(0, 0, 0, 7), Box::Range(0, 100, 7, 53)};
+  ckptfs::BoxedTensor boxed;
+  BOOST_REQUIRE(ckptfs::ToBoxedTensor(t, 100, &boxed).ok());
+  uint64_t total = 0;
+  for (const Box& b : boxed.boxes) {
+    BOOST_TEST(b.rank() == 3u);
+    total += b.numel();
+  }
+  BOOST_TEST(total == 60u);
+  BOOST_TEST(boxed.boxes.size() <= 6u);
+  BOOST_TEST(!ckptfs::ToBoxedTensor(t, 2, &boxed).ok());
+}
+
+namespace {
+
+Status Eval(const std::string& text, json* out, const json& names = json::object()) {
+  Expr e;
+  CKPTFS_RETURN_IF_ERROR(Expr::Parse(text, &e));
+  return e.Evaluate(
+      [&](std::string_view n, json* v, bool* found) {
+        *found = names.contains(std::string(n));
+        if (*found) *v = names[std::string(n)];
+        return Status::OK();
+      },
+      out);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(expressions) {
+  json v;
+  const json names = {{"h", 64}, {"n", 4}, {"yes", true}, {"norm", "RMSNorm"}, {"nothing", nullptr}};
+  BOOST_TEST(Eval("1 + 2 * 3 == 7 && !(2 > 3)", &v).ok());
+  BOOST_TEST(v == true);
+  BOOST_TEST(Eval("h / n - 1", &v, names).ok());
+  BOOST_TEST(v == 15);
+  BOOST_TEST(Eval("missing ?? nothing ?? 1e-5", &v, names).ok());
+  BOOST_TEST(v == 1e-5);
+  BOOST_TEST(Eval("norm == 'RMSNorm' ? h : n", &v, names).ok());
+  BOOST_TEST(v == 64);
+  BOOST_TEST(Eval("has(h) && !has(missing) && !has(nothing)", &v, names).ok());
+  BOOST_TEST(v == true);
+  BOOST_TEST(Eval("7 / 2", &v).message() == "expression '7 / 2': 7 / 2 is not a whole number");
+  BOOST_TEST(Eval("h / 0", &v, names).message().find("divides 64 by 0") != std::string::npos);
+  BOOST_TEST(Eval("!h", &v, names).message().find("not a boolean") != std::string::npos);
+  BOOST_TEST(Eval("heads * 2", &v, names).message().find("'heads' is neither a map parameter") != std::string::npos);
+  BOOST_TEST(Eval("9223372036854775807 + 1", &v).message().find("overflow") != std::string::npos);
+  BOOST_TEST(!Eval("(1 + 2", &v).ok());
+  BOOST_TEST(!Eval("1 +", &v).ok());
+  BOOST_TEST(!Eval(std::string(1001, '1'), &v).ok());
+  BOOST_TEST(!Eval(std::string(200, '(') + "1" + std::string(200, ')'), &v).ok());
+}
+
+BOOST_AUTO_TEST_CASE(map_files_are_checked) {
+  ckptfs::KeyMap m;
+  const json good = QkvMap(2);
+  BOOST_TEST(ckptfs::ParseKeyMap(good.dump(), "map x", &m).ok());
+  auto refuse = [&](json doc, const std::string& expected) {
+    Status s = ckptfs::ParseKeyMap(doc.dump(), "map x", &m);
+    BOOST_TEST(s.message() == expected);
+  };
+  json doc = good;
+  doc["tensor"] = 1;
+  refuse(doc, "map x: tensor: not a field of a map (doc/MAPS.md)");
+  doc = good;
+  doc["tensors"][0]["to"] = "q";
+  refuse(doc, "map x: tensors[0].to: 'q' must use exactly the names its source captures");
+  doc = good;
+  doc["tensors"][0]["ops"][0]["op"] = "reshape";
+  refuse(doc, "map x: tensors[0].ops[0].op: 'reshape' is not select, slice, row_groups or transpose");
+  doc = good;
+  doc["tensors"][0]["from"] = "layers.{L}.qkv[L]";
+  refuse(doc, "map x: tensors[0].from: 'L' is both captured and unstacked");
+  doc = good;
+  doc["tensors"][0]["from"] = "layers{L}1.qkv";
+  refuse(doc, "map x: tensors[0].from: a capture in 'layers{L}1.qkv' touches a digit or another capture");
+  doc = good;
+  doc["parameters"]["P"] = "3 +";
+  BOOST_TEST(!ckptfs::ParseKeyMap(doc.dump(), "map x", &m).ok());
+  doc = good;
+  doc["ckptfs_map"] = 2;
+  refuse(doc, "map x: ckptfs_map: must be 1 (the language's version)");
+  BOOST_TEST(ckptfs::ParseKeyMap("{", "map x", &m).message() == "map x: not valid JSON");
+  BOOST_TEST(ckptfs::ParseKeyMap(std::string(2 << 20, ' '), "map x", &m).message() == "map x: larger than 1 MiB");
+}
+
+BOOST_AUTO_TEST_CASE(shipped_maps_parse) {
+  std::vector<std::string> names;
+  for (const ckptfs::ShippedMap& shipped : ckptfs::ShippedMaps()) {
+    ckptfs::KeyMap m;
+    Status s = ckptfs::ParseKeyMap(shipped.text, std::string(shipped.name), &m);
+    BOOST_TEST(s.ok(), s.message());
+    BOOST_TEST(m.name == shipped.name);
+    names.emplace_back(shipped.name);
+  }
+  BOOST_TEST(names == (std::vector<std::string>{"llama", "mistral", "qwen2", "qwen3"}), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(globs) {
+  BOOST_TEST(ckptfs::GlobMatch("*._extra_state*", "decoder.layers.x._extra_state/shard_0_4"));
+  BOOST_TEST(ckptfs::GlobMatch("optimizer.*", "optimizer.state.exp_avg.w"));
+  BOOST_TEST(!ckptfs::GlobMatch("optimizer.*", "model.optimizer.w"));
+  BOOST_TEST(ckptfs::GlobMatch("a*b*c", "aXbYbZc"));
+  BOOST_TEST(!ckptfs::GlobMatch("a*b", "aXbY"));
+}
