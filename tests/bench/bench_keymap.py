@@ -125,6 +125,7 @@ def read_files(paths: list[Path]) -> tuple[float, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     benchlib.add_common_args(ap)
+    ap.add_argument("--generate-only", action="store_true", help="write the checkpoints and stop")
     args = ap.parse_args()
     found = benchlib.workdir_and_binary(args)
     if found is None:
@@ -137,6 +138,8 @@ def main() -> int:
     hidden = 512 if args.quick else 2048
     rate = workdir / f"keymap-rate-{hidden}"
     generate(rate, 8, hidden=hidden, heads=16, groups=4, head_dim=hidden // 16, ffn=hidden, vocab=256, stacked=True)
+    if args.generate_only:
+        return 0
     results = []
 
     mnt = workdir / "keymap-mnt"
