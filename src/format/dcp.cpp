@@ -16,6 +16,7 @@
 #include "format/chunk_boxes.hpp"
 #include "format/dcp_metadata.hpp"
 #include "format/megatron_config.hpp"
+#include "format/megatron_framework_config.hpp"
 #include "format/megatron_fragments.hpp"
 #include "format/readers.hpp"
 #include "format/safetensors_header.hpp"
@@ -56,8 +57,16 @@ std::string Trim(std::string s) {
   return s;
 }
 
+bool HasStepFolder(Env& env, const std::string& dir) {
+  std::vector<FolderEntry> entries;
+  if (!env.ListFolder(dir, &entries).ok()) return false;
+  for (const FolderEntry& e : entries)
+    if (e.type == PathType::kFolder && HasMetadata(env, JoinPath(dir, e.name))) return true;
+  return false;
+}
+
 // The folder whose .metadata is served: `dir` itself, or its latest step folder.
-// `step` is the step folder's name ("" when `dir` is the checkpoint).
+// `step` is the step folder's path under `dir` ("" when `dir` is the checkpoint).
 Status ResolveStepFolder(Env& env, const std::string& dir, std::string* step) {
   step->clear();
   if (HasMetadata(env, dir)) return Status::OK();
@@ -66,6 +75,13 @@ Status ResolveStepFolder(Env& env, const std::string& dir, std::string* step) {
   std::vector<std::string> candidates;
   for (const FolderEntry& e : entries)
     if (e.type == PathType::kFolder && HasMetadata(env, JoinPath(dir, e.name))) candidates.push_back(e.name);
+  if (candidates.empty() && HasStepFolder(env, JoinPath(dir, kNemoRlWeights))) {
+    // A NeMo-RL step: its Megatron weights are a Bridge save folder in policy/weights/.
+    std::string inner;
+    CKPTFS_RETURN_IF_ERROR(ResolveStepFolder(env, JoinPath(dir, kNemoRlWeights), &inner));
+    *step = JoinPath(kNemoRlWeights, inner);
+    return Status::OK();
+  }
   if (candidates.empty()) return Status::NotFound(dir, "no .metadata file in the folder or its step folders");
 
   const std::string tracker = JoinPath(dir, kMegatronTracker);
@@ -537,12 +553,7 @@ Status DcpReader::AddSiblings() {
 }  // namespace
 
 bool IsDcpFolder(Env& env, const std::string& dir) {
-  if (HasMetadata(env, dir)) return true;
-  std::vector<FolderEntry> entries;
-  if (!env.ListFolder(dir, &entries).ok()) return false;
-  for (const FolderEntry& e : entries)
-    if (e.type == PathType::kFolder && HasMetadata(env, JoinPath(dir, e.name))) return true;
-  return false;
+  return HasMetadata(env, dir) || HasStepFolder(env, dir) || HasStepFolder(env, JoinPath(dir, kNemoRlWeights));
 }
 
 Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog) {
@@ -558,6 +569,10 @@ Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, C
   }
   DcpReader reader(folder, options, catalog);
   CKPTFS_RETURN_IF_ERROR(reader.Read(&info));
+  std::string framework;
+  // The framework's own config file first: Bridge prefers run_config.yaml to common.pt's args.
+  CKPTFS_RETURN_IF_ERROR(AddFrameworkModelConfig(env, dir, folder, &catalog->metadata, &framework));
+  if (!framework.empty()) info["framework"] = step.rfind(kNemoRlWeights, 0) == 0 ? "NeMo-RL" : framework;
   // The checkpoint's own objects keep their keys; the reader's summary goes beside them.
   catalog->metadata[catalog->metadata.contains("dcp") ? "$dcp" : "dcp"] = std::move(info);
   AddMegatronModelConfig(folder, options.limits, catalog);

@@ -106,7 +106,7 @@ bool IsDcpFolder(Env& env, const std::string& dir);
 // the Env of catalog->files. Tensor chunks become boxes of the full tensors; non-tensor
 // entries are decoded into the catalog's metadata; metadata["dcp"] says what was served.
 Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);
-inline constexpr uint32_t kDcpFormat = 3;
+inline constexpr uint32_t kDcpFormat = 4;
 
 // A folder of torch.save rank files (one group of rank-numbered names) holding DTensors or
 // ShardedTensors: consolidated into full tensors (format/rank_shards.hpp).

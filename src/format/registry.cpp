@@ -24,7 +24,7 @@ constexpr const ReaderEntry* kReaders[] = {
 // The number of the detection order: bump it whenever which reader a source goes to changes
 // (a format told apart differently, a reader added), so that no catalog cached from a reader a
 // source no longer goes to is served.
-constexpr uint32_t kDetectionFormat = 2;
+constexpr uint32_t kDetectionFormat = 3;
 
 const ReaderEntry* FindReader(std::string_view name) {
   for (const ReaderEntry* r : kReaders)
