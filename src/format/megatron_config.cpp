@@ -20,6 +20,8 @@ constexpr const char* kModelFields[] = {
     "moe_shared_expert_intermediate_size", "bf16", "fp16", "make_vocab_size_divisible_by",
     "tensor_model_parallel_size", "pipeline_model_parallel_size", "window_size", "apply_layernorm_1p",
     "init_method_std", "multi_latent_attention", "mtp_num_layers", "attention_output_gate",
+    "moe_router_score_function", "moe_router_enable_expert_bias", "moe_router_topk_scaling_factor",
+    "moe_router_num_groups", "moe_router_group_topk", "moe_aux_loss_coeff", "moe_grouped_gemm",
 };
 
 // torch.bfloat16 (a pickled global) -> "bfloat16".

@@ -220,7 +220,7 @@ const OptionSpec kTable[] = {
      ParseRoot},
     {"map", kValue, kViewGroup, "MAP",
      "serve the checkpoint as another framework's model through a key map: auto (the one its config names), "
-     "llama, mistral, qwen2, qwen3 (Megatron GPT as Hugging Face), or a map file's absolute path (doc/MAPS.md)",
+     "llama, mistral, qwen2, qwen3, mixtral, qwen3_moe (Megatron GPT as Hugging Face), or a map file's absolute path (doc/MAPS.md)",
      ParseMap},
     {"map.", kValue, kViewGroup, "NAME=V",
      "with map: set the map parameter or model_config field NAME to V over the checkpoint's config (repeatable)",

@@ -624,12 +624,15 @@ Status Mapping::Run(std::optional<DType> dtype) {
     total += f.bindings.size();
     found.push_back(std::move(f));
   }
-  // Sections of the served order: runs of rules whose first capture is the same.
-  std::vector<uint64_t> section_of(map_.rules.size(), 0);
+  // Sections of the served order: runs of rules whose first capture is the same; blocks
+  // within them: runs of rules with the same captures. Served in order of section, first
+  // capture, block, further captures, rule: per layer, each expert's tensors together.
+  std::vector<uint64_t> section_of(map_.rules.size(), 0), block_of(map_.rules.size(), 0);
   for (size_t r = 1; r < map_.rules.size(); ++r) {
     const auto& prev = map_.rules[r - 1].to.names;
     const auto& cur = map_.rules[r].to.names;
     section_of[r] = section_of[r - 1] + ((prev.empty() ? "" : prev[0]) != (cur.empty() ? "" : cur[0]));
+    block_of[r] = block_of[r - 1] + (prev != cur);
   }
   // Where each served tensor goes, known from its rule and binding alone: the entries are
   // then made once, in the served order.
@@ -647,8 +650,9 @@ Status Mapping::Run(std::optional<DType> dtype) {
       Slot slot{};
       slot.order[0] = section_of[found[k].rule];
       slot.order[1] = names.empty() ? 0 : *Bound(binding, names[0]);
-      slot.order[2] = found[k].rule;
+      slot.order[2] = block_of[found[k].rule];
       for (size_t n = 1; n < names.size(); ++n) slot.order[2 + n] = *Bound(binding, names[n]);
+      slot.order[2 + std::max<size_t>(names.size(), 1)] = found[k].rule;
       slot.found = static_cast<uint32_t>(k);
       slot.binding = static_cast<uint32_t>(b);
       slots.push_back(slot);
@@ -799,15 +803,31 @@ Status MapTransform::Apply(ServedTensors* served) const {
       all.emplace_back();
       CKPTFS_RETURN_IF_ERROR(LoadShippedMap(m.name, &all.back()));
     }
-    // A config that names its family picks the map listing the longest match.
+    // A config that names its family picks the map listing the longest match; among maps
+    // the family names equally (qwen3 and qwen3_moe for NeMo's Qwen3Model), the first whose
+    // auto.when holds, so the config's experts choose between the dense and the MoE map.
     size_t best = all.size(), best_length = 0;
+    bool best_holds = false;
     if (!family.empty()) {
       const std::string f = Lower(family);
-      for (size_t k = 0; k < all.size(); ++k)
+      for (size_t k = 0; k < all.size(); ++k) {
+        size_t length = 0;
         for (const std::string& entry : all[k].families) {
           const std::string e = Lower(entry);
-          if ((f == e || f.starts_with(e)) && e.size() > best_length) best = k, best_length = e.size();
+          if ((f == e || f.starts_with(e)) && e.size() > length) length = e.size();
         }
+        if (length == 0) continue;
+        bool holds = all[k].auto_when.empty();
+        if (!holds) {
+          auto m = make(all[k]);
+          json v;
+          holds = all[k].auto_when.Evaluate([&](std::string_view n, json* out, bool* f) { return m->Resolve(n, out, f); }, &v)
+                      .ok() &&
+                  v == true;
+        }
+        if (length > best_length || (length == best_length && holds && !best_holds))
+          best = k, best_length = length, best_holds = holds;
+      }
     }
     if (best < all.size()) {
       reason = config_source + " names the family " + family;

@@ -339,6 +339,9 @@ BOOST_AUTO_TEST_CASE(map_files_are_checked) {
   doc["tensors"][0]["from"] = "layers{L}1.qkv";
   refuse(doc, "map x: tensors[0].from: a capture in 'layers{L}1.qkv' touches a digit or another capture");
   doc = good;
+  doc["tensors"][0]["from"] = "a{A}.b{B}.c{C}.d{L}.qkv[E]";
+  refuse(doc, "map x: tensors[0].from: more than 4 captures and unstacked dimensions");
+  doc = good;
   doc["parameters"]["P"] = "3 +";
   BOOST_TEST(!ckptfs::ParseKeyMap(doc.dump(), "map x", &m).ok());
   doc = good;
@@ -357,7 +360,8 @@ BOOST_AUTO_TEST_CASE(shipped_maps_parse) {
     BOOST_TEST(m.name == shipped.name);
     names.emplace_back(shipped.name);
   }
-  BOOST_TEST(names == (std::vector<std::string>{"llama", "mistral", "qwen2", "qwen3"}), boost::test_tools::per_element());
+  BOOST_TEST(names == (std::vector<std::string>{"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"}),
+             boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(globs) {
@@ -366,4 +370,34 @@ BOOST_AUTO_TEST_CASE(globs) {
   BOOST_TEST(!ckptfs::GlobMatch("optimizer.*", "model.optimizer.w"));
   BOOST_TEST(ckptfs::GlobMatch("a*b*c", "aXbYbZc"));
   BOOST_TEST(!ckptfs::GlobMatch("a*b", "aXbY"));
+}
+
+BOOST_AUTO_TEST_CASE(select_copies_only_the_boxes_of_its_index) {
+  // [4 layers, 2 experts, 3] stored as one box per (layer, expert-parallel rank): index 2 of
+  // dimension 0 takes the two boxes of layer 2, each with dimension 0 removed.
+  ckptfs::BoxedTensor t;
+  t.shape = {4, 2, 3};
+  t.itemsize = 2;
+  for (uint64_t l = 0; l < 4; ++l)
+    for (uint64_t e = 0; e < 2; ++e) t.boxes.push_back(MakeBox(e, l * 6, {l, e, 0}, {1, 1, 3}, {3, 3, 1}));
+  ckptfs::BoxedTensor out;
+  std::string why;
+  BOOST_REQUIRE(ckptfs::SelectIndexOf(t, 0, 2, &out, &why));
+  BOOST_TEST(out.shape == (ckptfs::Shape{2, 3}));
+  BOOST_REQUIRE_EQUAL(out.boxes.size(), 2u);
+  for (uint64_t e = 0; e < 2; ++e) {
+    BOOST_TEST(out.boxes[e].file == e);
+    BOOST_TEST(out.boxes[e].base_offset == 12u);
+    BOOST_TEST(out.boxes[e].offset == (ckptfs::BoxDims{e, 0}));
+    BOOST_TEST(out.boxes[e].extent == (ckptfs::BoxDims{1, 3}));
+    BOOST_TEST(out.boxes[e].strides == (ckptfs::BoxDims{3, 1}));
+  }
+  BOOST_TEST(t.boxes.size() == 8u);  // the source is kept whole
+  BOOST_TEST(!ckptfs::SelectIndexOf(t, 0, 4, &out, &why));
+  BOOST_TEST(why == "select: index 4 of dimension 0 of shape [4, 2, 3] is out of range");
+  // A slice keeps each box it meets, clipped, in place.
+  BOOST_REQUIRE(ckptfs::SliceDim(&out, 1, 1, 3, &why));
+  BOOST_TEST(out.shape == (ckptfs::Shape{2, 2}));
+  BOOST_TEST(out.boxes[1].base_offset == 14u);
+  BOOST_TEST(out.boxes[1].extent == (ckptfs::BoxDims{1, 2}));
 }

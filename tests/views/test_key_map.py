@@ -68,9 +68,10 @@ def megatron_state(sd, cfg, prefix=""):
     out[lay + "self_attention.linear_proj.weight"] = stack(lambda i: sd[f"model.layers.{i}.self_attn.o_proj.weight"])
     out[lay + "self_attention.linear_qkv.layer_norm_weight"] = stack(lambda i: sd[f"model.layers.{i}.input_layernorm.weight"])
     out[lay + "mlp.linear_fc1.layer_norm_weight"] = stack(lambda i: sd[f"model.layers.{i}.post_attention_layernorm.weight"])
-    out[lay + "mlp.linear_fc1.weight"] = stack(
-        lambda i: torch.cat([sd[f"model.layers.{i}.mlp.gate_proj.weight"], sd[f"model.layers.{i}.mlp.up_proj.weight"]]))
-    out[lay + "mlp.linear_fc2.weight"] = stack(lambda i: sd[f"model.layers.{i}.mlp.down_proj.weight"])
+    if "model.layers.0.mlp.gate_proj.weight" in sd:
+        out[lay + "mlp.linear_fc1.weight"] = stack(
+            lambda i: torch.cat([sd[f"model.layers.{i}.mlp.gate_proj.weight"], sd[f"model.layers.{i}.mlp.up_proj.weight"]]))
+        out[lay + "mlp.linear_fc2.weight"] = stack(lambda i: sd[f"model.layers.{i}.mlp.down_proj.weight"])
     out["decoder.final_layernorm.weight"] = sd["model.norm.weight"]
     if not cfg.tie_word_embeddings:
         out["output_layer.weight"] = pad(sd["lm_head.weight"])
@@ -317,3 +318,160 @@ def test_a_map_file(tmp_path, run_ckptfs, llama):
     path.write_text(json.dumps(m))
     err = run_ckptfs("ls", str(folder), "--map", str(path), check=False).stderr.decode()
     assert f"map {path}: tensors[0].form: not a field of a rule" in err
+
+
+# Mixture of experts: Megatron's router [L, E, H] and experts stacked [L, E, ...] (fc1 of each
+# expert [gate; up]), from Hugging Face's on-disk per-expert keys (what save_pretrained writes
+# and from_pretrained reads, in transformers 4 and 5 alike).
+MOE = {
+    "mixtral": ("model.layers.{i}.block_sparse_moe.", "gate.weight", "experts.{e}.w1.weight", "experts.{e}.w3.weight",
+                "experts.{e}.w2.weight"),
+    "qwen3_moe": ("model.layers.{i}.mlp.", "gate.weight", "experts.{e}.gate_proj.weight", "experts.{e}.up_proj.weight",
+                  "experts.{e}.down_proj.weight"),
+}
+
+
+def moe_state(disk, cfg, kind, per_expert_keys=False):
+    out = megatron_state(disk, cfg)
+    L, E = cfg.num_hidden_layers, 4
+    base, router, gate, up, down = MOE[kind]
+
+    def get(i, e, what):
+        return disk[(base + what).format(i=i, e=e)]
+
+    lay = "decoder.layers."
+    out[lay + "mlp.router.weight"] = torch.stack([disk[(base + router).format(i=i)] for i in range(L)])
+    fc1 = [[torch.cat([get(i, e, gate), get(i, e, up)]) for e in range(E)] for i in range(L)]
+    fc2 = [[get(i, e, down) for e in range(E)] for i in range(L)]
+    if per_expert_keys:
+        # Megatron's per-layer, per-expert keys (a non-homogeneous block, SequentialMLP names).
+        for i in range(L):
+            for e in range(E):
+                out[f"decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc1.weight"] = fc1[i][e]
+                out[f"decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2.weight"] = fc2[i][e]
+    else:
+        out[lay + "mlp.experts.experts.linear_fc1.weight"] = torch.stack([torch.stack(r) for r in fc1])
+        out[lay + "mlp.experts.experts.linear_fc2.weight"] = torch.stack([torch.stack(r) for r in fc2])
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def build_moe(tmp_path_factory, kind, pre_softmax, per_expert_keys=False):
+    """A tiny HF MoE model, its save_pretrained tensors, and its Megatron save (common.pt args)."""
+    import transformers
+
+    torch.manual_seed({"mixtral": 5, "qwen3_moe": 6}[kind])
+    common = dict(vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                  max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+                  num_experts_per_tok=2)
+    if kind == "mixtral":
+        cfg = transformers.MixtralConfig(intermediate_size=40, num_local_experts=4, head_dim=8, **common)
+    else:
+        cfg = transformers.Qwen3MoeConfig(intermediate_size=80, moe_intermediate_size=40, num_experts=4, head_dim=12,
+                                          norm_topk_prob=not pre_softmax, **common)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    hf = tmp_path_factory.mktemp(f"hf-{kind}")
+    model.save_pretrained(str(hf))
+    disk = load_file(str(hf / "model.safetensors"))
+    ffn = cfg.intermediate_size if kind == "mixtral" else cfg.moe_intermediate_size
+    args = megatron_args(cfg, "qwen3" if kind == "qwen3_moe" else "llama", num_layers=2, num_experts=4,
+                         moe_router_topk=2, moe_ffn_hidden_size=ffn, moe_router_pre_softmax=pre_softmax,
+                         moe_router_score_function="softmax", moe_shared_expert_intermediate_size=None,
+                         moe_layer_freq=1, ffn_hidden_size=cfg.intermediate_size)
+    folder = save_megatron(tmp_path_factory.mktemp(f"megatron-{kind}"), moe_state(disk, cfg, kind, per_expert_keys),
+                           args)
+    return folder, model, disk
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory):
+    return build_moe(tmp_path_factory, "mixtral", pre_softmax=False)
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe(tmp_path_factory):
+    # A softmax before the top-k, not renormalized: Qwen3-MoE's norm_topk_prob false.
+    return build_moe(tmp_path_factory, "qwen3_moe", pre_softmax=True)
+
+
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe"])
+def test_moe_round_trip_is_the_hf_model(case, request, run_ckptfs, mounts):
+    """map=auto picks the MoE map from the experts in common.pt's args; the mount serves the
+    router and every expert's gate/up/down as save_pretrained wrote them, bit for bit, and
+    from_pretrained of the mount gives the original logits (routing included)."""
+    import transformers
+
+    folder, model, disk = request.getfixturevalue(case)
+    info = run_ckptfs("info", str(folder), "--map", "auto").stdout.decode()
+    assert f"map:          {case} (common.pt args: a mixture of experts" in info
+    mnt = mounts.mount(str(folder), "map=auto")
+    got = load_file(str(mnt / "model.safetensors"))
+    assert set(got) == set(disk)
+    for k, v in disk.items():
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape and torch.equal(got[k], v), k
+    base, router, gate, up, down = MOE[case]
+    # Served in the module's order: per layer, each expert's projections together.
+    keys = list(got)
+    first = keys.index((base + router).format(i=0))
+    names = [gate, down, up] if case == "mixtral" else [gate, up, down]
+    assert keys[first + 1:first + 4] == [(base + n).format(i=0, e=0) for n in names]
+    config = json.loads((mnt / "config.json").read_text())
+    assert config["model_type"] == case and config["num_experts_per_tok"] == 2
+    if case == "qwen3_moe":
+        assert config["norm_topk_prob"] is False and config["moe_intermediate_size"] == 40 and config["num_experts"] == 4
+    else:
+        assert config["num_local_experts"] == 4 and config["intermediate_size"] == 40
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(mnt)).eval()
+    assert type(loaded) is type(model)
+    ids = torch.tensor([[1, 5, 9, 42, 77, 99, 3]])
+    assert torch.equal(logits(loaded, ids), logits(model, ids))
+
+
+def test_moe_per_expert_keys(tmp_path_factory, run_ckptfs, tmp_path, qwen3_moe):
+    """Per-layer, per-expert keys (decoder.layers.N.mlp.experts.local_experts.E....) map the same."""
+    _, model, disk = qwen3_moe
+    folder = save_megatron(tmp_path_factory.mktemp("moe-per-expert"),
+                           moe_state(disk, model.config, "qwen3_moe", per_expert_keys=True),
+                           megatron_args(model.config, "qwen3", num_layers=2, num_experts=4, moe_router_topk=2,
+                                         moe_ffn_hidden_size=40, moe_router_pre_softmax=True,
+                                         ffn_hidden_size=model.config.intermediate_size))
+    got, _ = export(run_ckptfs, folder, tmp_path / "out", "--map", "auto")
+    assert set(got) == set(disk) and all(torch.equal(got[k], v) for k, v in disk.items())
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--map.moe-router-pre-softmax=true"],
+     "map mixtral: the checkpoint's config (common.pt args) fails '!(moe_router_pre_softmax ?? false)': Mixtral "
+     "renormalizes the top-k routing weights"),
+    (["--map.moe-router-score-function=sigmoid"], "sigmoid scores are another model"),
+    (["--map.moe-router-enable-expert-bias=true"], "router has no expert bias"),
+    (["--map.moe-shared-expert-intermediate-size=64"], "MixtralForCausalLM has no shared experts"),
+    (["--map.num-experts=8"], "E takes 4 values in [0, 3], the map expects experts = 8 (0 to 7)"),
+    (["--map.moe-ffn-hidden-size=30"],
+     "'decoder.layers.mlp.experts.experts.linear_fc1.weight' (for 'model.layers.0.block_sparse_moe.experts.0.w1.weight') "
+     "has shape [80, 48], the map's parameters give [2 * moe_ffn, hidden] = [60, 48]"),
+])
+def test_moe_configs_the_map_cannot_serve_are_refused(mixtral, run_ckptfs, options, message):
+    folder, _, _ = mixtral
+    res = run_ckptfs("ls", str(folder), "--map", "auto", *options, check=False)
+    err = res.stderr.decode()
+    assert res.returncode != 0 and res.stdout == b"" and len(err.strip().splitlines()) == 1, err
+    assert message in err, err
+
+
+def test_moe_tensors_a_map_has_no_place_for_are_refused(tmp_path_factory, run_ckptfs, mixtral):
+    """A router expert bias or shared experts saved beside the experts: refused by name."""
+    folder, model, disk = mixtral
+    state = moe_state(disk, model.config, "mixtral")
+    state["decoder.layers.mlp.router.expert_bias"] = torch.zeros(2, 4)
+    args = megatron_args(model.config, "llama", num_layers=2, num_experts=4, moe_router_topk=2,
+                         moe_ffn_hidden_size=40, ffn_hidden_size=40)
+    bias = save_megatron(tmp_path_factory.mktemp("moe-bias"), state, args)
+    err = run_ckptfs("ls", str(bias), "--map", "auto", check=False).stderr.decode()
+    assert "tensor 'decoder.layers.mlp.router.expert_bias' [2, 4] is used by no rule" in err, err
+    # The dense map refuses an MoE config before it looks at tensors.
+    err = run_ckptfs("ls", str(folder), "--map", "llama", check=False).stderr.decode()
+    assert "fails '(num_experts ?? 0) == 0'" in err, err
