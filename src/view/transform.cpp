@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <unordered_map>
 
 #include "io/checked_math.hpp"
 
@@ -125,6 +126,20 @@ bool IsViewOfBox(const Box& box, const Box& of, uint64_t itemsize) {
 Status CheckSubBoxInvariant(const ServedTensors& served, const char* transform) {
   const Catalog& source = served.source();
   if (served.SharesSourceEntries()) return Status::OK();
+  // Per source tensor of many boxes: its boxes' indices by (file, base offset), made once.
+  std::unordered_map<const TensorEntry*, std::vector<uint32_t>> sorted;
+  auto by_offset = [&](const TensorEntry& of) -> const std::vector<uint32_t>& {
+    auto [it, made] = sorted.try_emplace(&of);
+    if (made) {
+      it->second.resize(of.boxes.size());
+      for (size_t k = 0; k < of.boxes.size(); ++k) it->second[k] = static_cast<uint32_t>(k);
+      std::sort(it->second.begin(), it->second.end(), [&](uint32_t a, uint32_t b) {
+        const Box &x = of.boxes[a], &y = of.boxes[b];
+        return x.file != y.file ? x.file < y.file : x.base_offset < y.base_offset;
+      });
+    }
+    return it->second;
+  };
   for (size_t i = 0; i < served.size(); ++i) {
     const TensorEntry& t = served[i].stored;
     const size_t s = served.source_index(i);
@@ -142,6 +157,17 @@ Status CheckSubBoxInvariant(const ServedTensors& served, const char* transform) 
         return Status::Corruption(source.source, what + " names another source tensor of another dtype or none");
     }
     auto within = [&](const Box& box, const TensorEntry& of) {
+      // A stacked tensor's many chunks (a layer per tensor-parallel rank, each served tensor a
+      // layer of them): first the chunk of that file starting nearest below the box, the one
+      // whose bytes hold its first element when chunks do not interleave; else all of them.
+      if (of.boxes.size() > 8) {
+        const std::vector<uint32_t>& order = by_offset(of);
+        auto at = std::upper_bound(order.begin(), order.end(), box, [&](const Box& b, uint32_t k) {
+          const Box& o = of.boxes[k];
+          return b.file != o.file ? b.file < o.file : b.base_offset < o.base_offset;
+        });
+        if (at != order.begin() && IsViewOfBox(box, of.boxes[*(at - 1)], itemsize)) return true;
+      }
       return std::any_of(of.boxes.begin(), of.boxes.end(), [&](const Box& b) { return IsViewOfBox(box, b, itemsize); });
     };
     for (size_t k = 0; k < t.boxes.size(); ++k) {
