@@ -81,6 +81,10 @@ void Split(std::string_view key, std::string* shape, std::vector<std::string_vie
   }
 }
 
+bool HasDigit(std::string_view s) {
+  return std::any_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 // A decimal number as a capture takes it: no leading zero, at most 18 digits.
 bool CaptureNumber(std::string_view digits, uint64_t* value) {
   if (digits.empty() || digits.size() > 18 || (digits.size() > 1 && digits[0] == '0')) return false;
@@ -279,14 +283,16 @@ class Mapping {
     numbers_.clear();
     std::string shape;
     std::vector<std::string_view> numbers;
-    by_key_.reserve(served_.size());
+    all_keys_indexed_ = false;
     for (size_t i = 0; i < served_.size(); ++i) {
       const std::string& key = served_[i].key();
       if (key.compare(0, prefix_.size(), prefix_) != 0) continue;
       const std::string_view rest = std::string_view(key).substr(prefix_.size());
-      by_key_.emplace(rest, i);
       Split(rest, &shape, &numbers);
-      if (numbers.empty()) continue;
+      if (numbers.empty()) {
+        by_key_.emplace(rest, i);
+        continue;
+      }
       auto it = by_shape_.find(shape);
       if (it == by_shape_.end()) it = by_shape_.emplace(shape, std::vector<Indexed>()).first;
       it->second.push_back(Indexed{static_cast<uint32_t>(i), static_cast<uint32_t>(numbers_.size()),
@@ -295,12 +301,27 @@ class Mapping {
     }
   }
 
+  // The tensor of key `key` (after the prefix), or SIZE_MAX. Keys with digits (a per-layer
+  // save's nearly every key) are found through their numbers (Matches); they are indexed by
+  // name only when a lookup first needs one.
+  size_t FindKey(std::string_view key) {
+    if (!all_keys_indexed_ && HasDigit(key)) {
+      for (const auto& [shape, entries] : by_shape_)
+        for (const Indexed& entry : entries)
+          by_key_.emplace(std::string_view(served_[entry.index].key()).substr(prefix_.size()), entry.index);
+      all_keys_indexed_ = true;
+    }
+    auto it = by_key_.find(key);
+    return it == by_key_.end() ? SIZE_MAX : it->second;
+  }
+
   // The tensors `alt`'s key matches, with the captures they give (unstacked names not yet).
   std::vector<std::pair<size_t, Binding>> Matches(const MapSource& alt) {
     std::vector<std::pair<size_t, Binding>> out;
     const KeyPattern& p = alt.key;
-    if (p.names.empty()) {
-      if (auto it = by_key_.find(p.text); it != by_key_.end()) out.emplace_back(it->second, Binding{});
+    // A key without digits by name; one with digits (`linear_fc1`) through its numbers too.
+    if (p.names.empty() && !HasDigit(p.text)) {
+      if (const size_t i = FindKey(p.text); i != SIZE_MAX) out.emplace_back(i, Binding{});
       return out;
     }
     // The pattern's shape: captures and the digit runs of its literal text as '#'.
@@ -425,10 +446,10 @@ class Mapping {
       *source = known;
     }
     for (size_t a = 0; !found && a < part.from.size(); ++a) {
-      auto it = by_key_.find(Substitute(part.from[a].key, binding));
-      if (it == by_key_.end()) continue;
+      const size_t i = FindKey(Substitute(part.from[a].key, binding));
+      if (i == SIZE_MAX) continue;
       found = &part.from[a];
-      *source = it->second;
+      *source = i;
     }
     if (!found)
       return Status::NotSupported(where_, "'" + to + "' needs '" + prefix_ + Substitute(part.from[0].key, binding) +
@@ -512,6 +533,7 @@ class Mapping {
   std::string served_dtype_;
   Expr::Resolver resolver_ = [this](std::string_view n, json* v, bool* f) { return Resolve(n, v, f); };
   std::unordered_map<std::string_view, size_t> by_key_;
+  bool all_keys_indexed_ = false;
   struct Indexed {
     uint32_t index, first_number, count;
   };
@@ -709,7 +731,7 @@ Status Mapping::Run(std::optional<DType> dtype) {
     entry.dtype = source.dtype;
     entry.shape = std::move(result.shape);
     entry.boxes = BoxList(std::move(result.boxes));
-    result.boxes = std::vector<Box>();
+    result.boxes.clear();  // its capacity serves the next tensor
     from.push_back(static_cast<uint32_t>(served_.source_index(sources[0])));
     bool more = false;
     for (size_t p = 1; p < sources.size(); ++p) more = more || sources[p] != sources[0];
