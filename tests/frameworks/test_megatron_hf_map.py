@@ -8,7 +8,9 @@ mbridge's own Megatron -> HF conversion of the same DCP tensors gives that state
 that Megatron's forward agrees with the HF logits.
 
 Cases: Llama-like (GQA, SwiGLU, RoPE, untied) at TP2, Llama tied at TP2+PP2, Qwen2 (QKV biases)
-and Qwen3 (q/k norms, head_dim != hidden / heads) at TP2. Layouts: Megatron-LM's run folder
+and Qwen3 (q/k norms, head_dim != hidden / heads) at TP2; mixtures of experts at TP2 (experts
+tensor-parallel, SequentialMLP, the allgather dispatcher): Mixtral-like (renormalized top-k
+routing) and Qwen3-MoE-like (q/k norms, top k of the full softmax: norm_topk_prob false). Layouts: Megatron-LM's run folder
 (config: common.pt args), Megatron-Bridge's (run_config.yaml), NeMo 2's (weights/ keyed
 `module.` + context/model.yaml) and NeMo-RL's step folder (policy/weights/iter_0000000)."""
 
@@ -23,7 +25,7 @@ from safetensors.torch import load_file
 from ckptfs_testlib import assert_bitwise_equal, cached_fixtures_or_fail
 
 GENERATOR = Path(__file__).resolve().parent / "make_megatron_gpt.py"
-CASES = ("llama", "llama_tied_pp2", "qwen2", "qwen3")
+CASES = ("llama", "llama_tied_pp2", "qwen2", "qwen3", "mixtral", "qwen3_moe")
 LAYOUTS = ("megatron_lm", "bridge", "nemo2", "nemo_rl")
 # What each layout's model_config comes from, and the framework the DCP reader recognises.
 CONFIG_SOURCES = {"megatron_lm": "common.pt args", "bridge": "run_config.yaml model:",
@@ -33,7 +35,7 @@ FRAMEWORKS = {"bridge": "Megatron-Bridge", "nemo2": "NeMo 2", "nemo_rl": "NeMo-R
 
 @pytest.fixture(scope="module")
 def gpt_root() -> Path:
-    # Four cases, 2 and 4 gloo ranks of megatron-core: about 45 s once per machine.
+    # Six cases, 2 and 4 gloo ranks of megatron-core: about a minute once per machine.
     return cached_fixtures_or_fail(GENERATOR, overlay="megatron16", packages=("torch", "transformers"),
                                    timeout_s=900)
 
@@ -88,7 +90,16 @@ def test_fixture_is_the_models_round_trip(case):
     qkv = dcp["decoder.layers.self_attention.linear_qkv.weight"]
     groups, heads, head_dim = case.fixture["groups"], case.fixture["heads"], case.fixture["head_dim"]
     assert qkv == [case.fixture["layers"], (heads + 2 * groups) * head_dim, case.fixture["hidden"]]
-    assert dcp["decoder.layers.mlp.linear_fc1.weight"][1] == 2 * case.fixture["ffn"]
+    if "experts" in case.fixture:  # experts stacked per layer, then per expert
+        f = case.fixture
+        assert dcp["decoder.layers.mlp.router.weight"] == [f["layers"], f["experts"], f["hidden"]]
+        assert dcp["decoder.layers.mlp.experts.experts.linear_fc1.weight"] == \
+            [f["layers"], f["experts"], 2 * f["moe_ffn"], f["hidden"]]
+        assert dcp["decoder.layers.mlp.experts.experts.linear_fc2.weight"] == \
+            [f["layers"], f["experts"], f["hidden"], f["moe_ffn"]]
+        assert "decoder.layers.mlp.linear_fc1.weight" not in dcp
+    else:
+        assert dcp["decoder.layers.mlp.linear_fc1.weight"][1] == 2 * case.fixture["ffn"]
     assert dcp["embedding.word_embeddings.weight"][0] == case.fixture["padded_vocab"] > case.vocab
     assert ("output_layer.weight" in dcp) == (not case.fixture["tied"])
     assert case.fixture["megatron_logits"]["max_abs_diff_vs_hf"] < 1e-4
@@ -106,7 +117,17 @@ def test_from_pretrained_of_the_mount(case, mounts):
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "vocab_size", "tie_word_embeddings", "rms_norm_eps"):
         assert config[key] == case.hf_config[key], key
-    if case.family == "qwen3":
+    # The MoE settings as transformers reads them (5.x stores Qwen3-MoE's num_experts under
+    # num_local_experts; its attribute map answers both names).
+    moe_keys = {"mixtral": ("num_local_experts", "num_experts_per_tok"),
+                "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                              "decoder_sparse_step", "mlp_only_layers")}
+    if case.family in moe_keys:
+        served = transformers.AutoConfig.from_pretrained(mnt)
+        want = transformers.AutoConfig.from_pretrained(case.dir / "reference")
+        for key in moe_keys[case.family]:
+            assert getattr(served, key) == getattr(want, key), key
+    if case.family in ("qwen3", "qwen3_moe"):
         assert config["head_dim"] == case.hf_config["head_dim"] != case.fixture["hidden"] // case.fixture["heads"]
     model, info = transformers.AutoModelForCausalLM.from_pretrained(
         mnt, output_loading_info=True, attn_implementation="eager", dtype=torch.float32)
