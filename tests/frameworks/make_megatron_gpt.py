@@ -31,7 +31,10 @@ the local spec's SequentialMLP (`mlp.experts.local_experts.{e}`), which megatron
 stacked per layer and per expert (`mlp.experts.experts.linear_fc1.weight` [L, E, 2F, H]).
 Tensor-parallel shards: column-parallel weights (qkv, fc1, embedding, output layer) split
 rows, row-parallel ones (linear_proj, fc2) columns; fc1's local shard is [gate_r; up_r]
-(each expert's too: the experts are tensor-parallel with the attention, expert parallel 1).
+(each expert's too: experts are split over the expert tensor-parallel group, of the TP size).
+Expert parallel EP (the Mixtral case: EP2, so 4 ranks, the dense layers replicated on 2
+data-parallel ranks): rank r of the expert group holds experts [r * E / EP, (r + 1) * E / EP)
+as its local_experts.{0..}.
 
 Layouts, each under OUT/<case>/ (SOURCE given to ckptfs in the tests):
     megatron_lm/                    Megatron-LM's run folder: latest_checkpointed_iteration.txt,
@@ -90,11 +93,12 @@ CASES = {
     "qwen2": dict(family="qwen2", tp=2, pp=1, head_dim=16, tied=False, qkv_bias=True, qk_norm=False),
     # head_dim 24 != hidden / heads: a config that forgets head_dim loads the wrong shapes
     "qwen3": dict(family="qwen3", tp=2, pp=1, head_dim=24, tied=False, qkv_bias=False, qk_norm=True),
-    # Mixture of experts (SequentialMLP experts, the allgather dispatcher: what runs on the CPU).
+    # Mixture of experts (SequentialMLP experts, the allgather dispatcher: what runs on the CPU),
+    # Mixtral's experts also expert-parallel (EP2: 4 ranks).
     # Mixtral renormalizes the top-k routing weights (Megatron: softmax over the top-k logits);
     # the Qwen3-MoE case takes the other routing, the top k of the full softmax
     # (moe_router_pre_softmax, HF norm_topk_prob false), so both are checked by the logits.
-    "mixtral": dict(family="mixtral", tp=2, pp=1, head_dim=16, tied=False, qkv_bias=False, qk_norm=False,
+    "mixtral": dict(family="mixtral", tp=2, pp=1, ep=2, head_dim=16, tied=False, qkv_bias=False, qk_norm=False,
                     experts=4, topk=2, moe_ffn=32, pre_softmax=False),
     "qwen3_moe": dict(family="qwen3_moe", tp=2, pp=1, head_dim=24, tied=False, qkv_bias=False, qk_norm=True,
                       experts=4, topk=2, moe_ffn=32, pre_softmax=True),
@@ -117,6 +121,11 @@ NEMO_MODELS = {"llama": ("nemo.collections.llm.gpt.model.llama.LlamaModel", "nem
                              "nemo.collections.llm.gpt.model.qwen3.Qwen3MoEConfig")}
 NEMO_NAME = "megatron_gpt--reduced_train_loss=5.5400-epoch=0-consumed_samples=8.0"
 HF_MODELS = {}  # case -> (hf state dict, hf config), built before the ranks fork
+
+
+def world_size(c):
+    """Ranks of a case: expert parallelism spans data-parallel replicas of the dense layers."""
+    return c["tp"] * c["pp"] * c.get("ep", 1)
 
 
 def padded_vocab(tp):
@@ -279,7 +288,8 @@ def transformer_config(c):
         gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, layernorm_epsilon=1e-6,
         add_qkv_bias=c["qkv_bias"], qk_layernorm=c["qk_norm"], hidden_dropout=0.0, attention_dropout=0.0,
         params_dtype=torch.float32, pipeline_dtype=torch.float32,
-        tensor_model_parallel_size=c["tp"], pipeline_model_parallel_size=c["pp"], **moe_config(c))
+        tensor_model_parallel_size=c["tp"], pipeline_model_parallel_size=c["pp"],
+        expert_model_parallel_size=c.get("ep", 1), **moe_config(c))
 
 
 def moe_config(c):
@@ -312,13 +322,13 @@ def megatron_lm_args(c, config, **changes):
         moe_aux_loss_coeff=0.01 if "experts" in c else 0.0, moe_router_topk_scaling_factor=None,
         moe_router_enable_expert_bias=False, moe_router_num_groups=None, moe_router_group_topk=None,
         moe_shared_expert_intermediate_size=None, moe_layer_freq=1, moe_grouped_gemm=False,
-        moe_token_dispatcher_type="allgather", expert_model_parallel_size=1,
+        moe_token_dispatcher_type="allgather", expert_model_parallel_size=c.get("ep", 1),
         expert_tensor_parallel_size=c["tp"], init_method_std=0.02, attention_dropout=0.0, hidden_dropout=0.0,
         params_dtype=torch.float32, bf16=False, fp16=False,
         tensor_model_parallel_size=c["tp"], pipeline_model_parallel_size=c["pp"],
         ckpt_format="torch_dist", use_dist_ckpt=True, iteration=ITERATION, train_iters=ITERATION,
         micro_batch_size=1, global_batch_size=8, lr=1e-4, seed=1234, save="checkpoints",
-        world_size=c["tp"] * c["pp"], data_parallel_size=1)
+        world_size=world_size(c), data_parallel_size=world_size(c) // (c["tp"] * c["pp"]))
     args.update(changes)
     return argparse.Namespace(**args)
 
@@ -468,13 +478,19 @@ def run_case(name, rank, out):
 
     c = CASES[name]
     tp, pp = c["tp"], c["pp"]
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                             expert_model_parallel_size=c.get("ep", 1))
     # DotProductAttention forks the CUDA RNG tracker (dropout), which cannot be seeded on CPU.
     tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
     torch.manual_seed(1234)
     config = transformer_config(c)
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    # Expert parallel: this rank holds experts [ep_rank * E / EP, ...) as local_experts.{0..}, each
+    # split over the expert tensor-parallel group.
+    ep_rank = parallel_state.get_expert_model_parallel_rank()
+    etp_rank = parallel_state.get_expert_tensor_parallel_rank()
+    local_experts = c.get("experts", 0) // c.get("ep", 1)
     spec = get_gpt_layer_local_spec(num_experts=c.get("experts"), moe_grouped_gemm=False, qk_layernorm=c["qk_norm"],
                                     normalization="RMSNorm")
     model = GPTModel(config=config, transformer_layer_spec=spec,
@@ -491,9 +507,13 @@ def run_case(name, rank, out):
             if pname.startswith("decoder.layers."):
                 j, rest = pname[len("decoder.layers."):].split(".", 1)
                 key = f"decoder.layers.{offset[int(j)]}.{rest}"
+            if ".local_experts." in key:
+                head, tail = key.split(".local_experts.")
+                e, tail = tail.split(".", 1)
+                key = f"{head}.local_experts.{ep_rank * local_experts + int(e)}.{tail}"
             if key == "output_layer.weight" and c["tied"]:
                 key = "embedding.word_embeddings.weight"  # the last stage's copy of the tied embedding
-            shard = local_shard(pname, p, full[key], c, tp_rank)
+            shard = local_shard(pname, p, full[key], c, etp_rank if ".local_experts." in key else tp_rank)
             if tuple(shard.shape) != tuple(p.shape):
                 raise SystemExit(f"{name}: {pname}: shard {tuple(shard.shape)} != parameter {tuple(p.shape)}")
             p.copy_(shard)
@@ -517,7 +537,7 @@ def run_case(name, rank, out):
                 model.set_input_tensor(hidden)
                 logits = model(None, pos, mask)
     case_dir = Path(out) / name
-    if logits is not None and tp_rank == 0:  # compared with the HF logits by main()
+    if logits is not None and tp_rank == 0 and parallel_state.get_data_parallel_rank() == 0:  # compared with the HF logits by main()
         from safetensors.torch import save_file
 
         save_file({"logits": logits[..., :VOCAB].contiguous()}, case_dir / "megatron_logits.safetensors")
@@ -704,7 +724,7 @@ def main():
         HF_MODELS[name] = (sd, {"ids": ids, "model": model, "config": model.config})
     by_world = {}
     for name, c in CASES.items():
-        by_world.setdefault(c["tp"] * c["pp"], []).append(name)
+        by_world.setdefault(world_size(c), []).append(name)
     run_ranks_per_world_size(rank_main, by_world, out)
     # The HF forwards run after the ranks: a parent that has run a parallel region of torch's
     # OpenMP pool before forking leaves the children's pool hung (seen with the MoE models).

@@ -8,9 +8,10 @@ mbridge's own Megatron -> HF conversion of the same DCP tensors gives that state
 that Megatron's forward agrees with the HF logits.
 
 Cases: Llama-like (GQA, SwiGLU, RoPE, untied) at TP2, Llama tied at TP2+PP2, Qwen2 (QKV biases)
-and Qwen3 (q/k norms, head_dim != hidden / heads) at TP2; mixtures of experts at TP2 (experts
-tensor-parallel, SequentialMLP, the allgather dispatcher): Mixtral-like (renormalized top-k
-routing) and Qwen3-MoE-like (q/k norms, top k of the full softmax: norm_topk_prob false). Layouts: Megatron-LM's run folder
+and Qwen3 (q/k norms, head_dim != hidden / heads) at TP2; mixtures of experts (SequentialMLP
+experts, tensor-parallel, the allgather dispatcher): Mixtral-like at TP2 with expert parallel 2
+(renormalized top-k routing) and Qwen3-MoE-like at TP2 (q/k norms, top k of the full softmax:
+norm_topk_prob false). Layouts: Megatron-LM's run folder
 (config: common.pt args), Megatron-Bridge's (run_config.yaml), NeMo 2's (weights/ keyed
 `module.` + context/model.yaml) and NeMo-RL's step folder (policy/weights/iter_0000000)."""
 
@@ -35,7 +36,7 @@ FRAMEWORKS = {"bridge": "Megatron-Bridge", "nemo2": "NeMo 2", "nemo_rl": "NeMo-R
 
 @pytest.fixture(scope="module")
 def gpt_root() -> Path:
-    # Six cases, 2 and 4 gloo ranks of megatron-core: about a minute once per machine.
+    # Six cases, 2 and 4 gloo ranks of megatron-core: 30-40 s once per machine.
     return cached_fixtures_or_fail(GENERATOR, overlay="megatron16", packages=("torch", "transformers"),
                                    timeout_s=900)
 
