@@ -213,3 +213,19 @@ def test_wrong_head_count_refused(gpt_root, run_ckptfs, mounts, tmp_path):
     res = mounts.start([mounts.binary, damaged, mountpoint, "-o", "map=auto"], mountpoint)
     one_line_refusal(res, "linear_qkv")
     assert not any(mountpoint.iterdir())
+
+
+def test_moe_mismatches_refused(gpt_root, run_ckptfs):
+    """Real MoE saves under parameters that disagree with them: an expert count or an expert
+    width the tensors do not have is refused naming the expert tensor; a routing Mixtral cannot
+    express (top k of the full softmax) is refused naming the config check."""
+    mixtral = Case(gpt_root, "mixtral").source("megatron_lm")
+
+    def ls(*options):
+        return run_ckptfs("ls", str(mixtral), "--map", "auto", *options, check=False)
+
+    one_line_refusal(ls("--map.num_experts=8"), "experts.linear_fc1.weight", "experts = 8")
+    one_line_refusal(ls("--map.moe_ffn_hidden_size=16"), "experts.linear_fc1.weight", "[32, 64]")
+    one_line_refusal(ls("--map.moe_router_pre_softmax=true"), "moe_router_pre_softmax")
+    # The same save as it is: served.
+    assert ls().returncode == 0
