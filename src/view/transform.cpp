@@ -147,14 +147,15 @@ Status CheckSubBoxInvariant(const ServedTensors& served, const char* transform) 
       return Status::Corruption(source.source, std::string("view transform ") + transform + ": tensor '" + t.key +
                                                    "' names no source tensor");
     const TensorEntry& from = source.tensors[s];
-    const std::string what = std::string("view transform ") + transform + ": tensor '" + t.key + "' of '" + from.key + "'";
-    if (t.dtype != from.dtype) return Status::Corruption(source.source, what + " changes the stored dtype");
+    // Made only for a refusal: this runs once per served tensor.
+    auto what = [&] { return std::string("view transform ") + transform + ": tensor '" + t.key + "' of '" + from.key + "'"; };
+    if (t.dtype != from.dtype) return Status::Corruption(source.source, what() + " changes the stored dtype");
     if (SameLayout(t, from)) continue;
     const uint64_t itemsize = Info(t.dtype).itemsize;
     const std::span<const uint32_t> others = served.other_sources(i);
     for (uint32_t o : others) {
       if (o >= source.tensors.size() || source.tensors[o].dtype != t.dtype)
-        return Status::Corruption(source.source, what + " names another source tensor of another dtype or none");
+        return Status::Corruption(source.source, what() + " names another source tensor of another dtype or none");
     }
     auto within = [&](const Box& box, const TensorEntry& of) {
       // A stacked tensor's many chunks (a layer per tensor-parallel rank, each served tensor a
@@ -174,7 +175,7 @@ Status CheckSubBoxInvariant(const ServedTensors& served, const char* transform) 
       const Box& box = t.boxes[k];
       if (!within(box, from) &&
           !std::any_of(others.begin(), others.end(), [&](uint32_t o) { return within(box, source.tensors[o]); }))
-        return Status::Corruption(source.source, what + ": box " + std::to_string(k) + " is not a sub-box of the source's");
+        return Status::Corruption(source.source, what() + ": box " + std::to_string(k) + " is not a sub-box of the source's");
     }
     // Every box is a view of a validated source box, so its elements lie in its file; what is
     // left is the tiling. One box over the whole shape tiles it (nearly every mapped tensor:

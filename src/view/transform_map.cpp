@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <charconv>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -113,11 +114,22 @@ const uint64_t* Bound(const Binding& b, std::string_view name) {
   return nullptr;
 }
 
+// The key `p` names for `b`, its length counted first: one allocation per served key.
 std::string Substitute(const KeyPattern& p, const Binding& b) {
-  std::string out = p.literals[0];
+  std::array<std::array<char, 24>, kMaxKeyCaptures> digits;
+  std::array<size_t, kMaxKeyCaptures> lengths{};
+  size_t size = p.literals[0].size();
   for (size_t i = 0; i < p.names.size(); ++i) {
     const uint64_t* v = Bound(b, p.names[i]);
-    out += v ? std::to_string(*v) : "{" + p.names[i] + "}";
+    if (v && i < kMaxKeyCaptures) lengths[i] = std::to_chars(digits[i].data(), digits[i].data() + 24, *v).ptr - digits[i].data();
+    size += (v ? lengths[i] : p.names[i].size() + 2) + p.literals[i + 1].size();
+  }
+  std::string out;
+  out.reserve(size);
+  out += p.literals[0];
+  for (size_t i = 0; i < p.names.size(); ++i) {
+    if (Bound(b, p.names[i]) && i < kMaxKeyCaptures) out.append(digits[i].data(), lengths[i]);
+    else out += "{" + p.names[i] + "}";
     out += p.literals[i + 1];
   }
   return out;
