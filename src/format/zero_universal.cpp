@@ -68,6 +68,8 @@ class UniversalReader {
   SourceOptions options_;
   Catalog* catalog_;
   ZeroTensors out_{step_dir_, catalog_};
+  uint64_t vocab_rows_ = 0;  // rows the last ParameterFile kept of a vocabulary (0: none cut)
+  json vocab_cut_ = json::object();  // name -> [rows served, rows in param_shapes]
   int stage_ = 0;       // -1: the BF16_Optimizer
   uint64_t world_ = 0;  // data-parallel ranks of the save (stage 3: its model-states files)
 };
@@ -90,13 +92,7 @@ Status UniversalReader::ReadOptimizerState(const ZeroMpRankFiles& files) {
                        " disagrees with the model-states files beside zero/ (" +
                        (stage3_files ? "one per rank, as stage 3 writes them" : "one, as stage 1 and 2 write it") + ")");
   world_ = ZeroPartitionCount(osd);
-  if (stage_ == 3) {
-    const uint64_t files_world = files.zero3_model.size();
-    if (world_ != 0 && world_ != files_world)
-      return archive.Bad("key 'partition_count': " + std::to_string(world_) + " ranks, but there are " +
-                         std::to_string(files_world) + " stage-3 model-states files");
-    world_ = files_world;
-  }
+  if (stage_ == 3 && world_ == 0) world_ = files.zero3_model.size();
   return Status::OK();
 }
 
@@ -135,7 +131,9 @@ Status UniversalReader::ParameterFile(const std::string& name, const char* state
   TorchArchive archive;
   CKPTFS_RETURN_IF_ERROR(archive.Open(path, catalog_->files.get(), options_.limits));
   const PyValue* value = archive.root();
-  bool vocab = false, in_dict = false;
+  bool in_dict = false;
+  vocab_rows_ = 0;
+  bool vocab = false;
   if (const PyValue* dict = AsMapping(value)) {
     in_dict = true;
     value = nullptr;
@@ -166,7 +164,8 @@ Status UniversalReader::ParameterFile(const std::string& name, const char* state
   if (stored == shape) {
     *out = std::move(t);
   } else if (vocab && same_rest && stored[0] <= shape[0]) {
-    *out = std::move(t);  // the vocabulary without its padding rows, as DeepSpeed loads it
+    vocab_rows_ = stored[0];
+    *out = std::move(t);  // the vocabulary without its padding rows, as the file holds it
   } else if (!in_dict && stored.size() == 1 && stored[0] == ZeroNumel(shape)) {
     out->dtype = t.dtype;
     out->shape = shape;
@@ -184,6 +183,7 @@ Status UniversalReader::AddState(const std::string& key_prefix, const char* stat
     for (const auto& [name, shape] : group) {
       TensorEntry t;
       CKPTFS_RETURN_IF_ERROR(ParameterFile(name, state, shape, model.rank0().path(), &t));
+      if (vocab_rows_ && std::string_view(state) == "fp32") vocab_cut_[name] = {vocab_rows_, shape[0]};
       CKPTFS_RETURN_IF_ERROR(out_.Add(key_prefix, name, std::move(t)));
     }
   return Status::OK();
@@ -205,8 +205,10 @@ Status UniversalReader::Read() {
   ZeroModelStates model;
   CKPTFS_RETURN_IF_ERROR(
       OpenZeroModelStates(step_dir_, files, "00", stage_, world_, catalog_->files.get(), options_.limits, &model));
+  // OpenZeroModelStates found ranks 0..world-1; any other is of another save.
   if (stage_ == 3 && files.zero3_model.size() != world_)
-    return Status::Corruption(step_dir_, "stage-3 model-states files are not those of ranks 0.." + std::to_string(world_ - 1));
+    return Status::Corruption(JoinPath(step_dir_, files.zero3_model.rbegin()->second),
+                              "unexpected: zero/optimizer_state.pt says the world size is " + std::to_string(world_));
   CKPTFS_RETURN_IF_ERROR(CheckParameterFolders(model));
   CKPTFS_RETURN_IF_ERROR(AddZeroBuffers("", model, &out_));
   CKPTFS_RETURN_IF_ERROR(AddZeroFrozen("", stage_, world_, model, &out_));
@@ -219,6 +221,7 @@ Status UniversalReader::Read() {
   }
   json& info = DescribeZeroRun(tag_, stage_, world_, model, catalog_);
   info["universal"] = true;
+  if (!vocab_cut_.empty()) info["vocab_padding_cut"] = vocab_cut_;
   info["mp_world_size"] = 1;
   return Status::OK();
 }
