@@ -86,6 +86,9 @@ Status UniversalReader::ReadOptimizerState(const ZeroMpRankFiles& files) {
   const PyValue* osd = AsMapping(archive.root());
   if (!osd) return archive.Bad("not a dict: not what ds_to_universal writes");
   CKPTFS_RETURN_IF_ERROR(ZeroStageOf(osd, path, &stage_));
+  // No zero_stage: the BF16_Optimizer's state, which has group_paddings as stage 1/2's has.
+  if (stage_ < 0 && !Find(osd, "group_paddings"))
+    return archive.Bad("key 'zero_stage' is missing (and no group_paddings: not the state of a ZeRO optimizer)");
   const bool stage3_files = !files.zero3_model.empty();
   if ((stage_ == 3) != stage3_files || (stage3_files && !files.model.empty()))
     return archive.Bad("key 'zero_stage': stage " + std::to_string(stage_ < 0 ? 1 : stage_) +

@@ -245,3 +245,29 @@ def test_missing_stage_3_model_states_file(universal_copy, assert_refused):
     path = run_dir / STEP / "zero_pp_rank_2_mp_rank_00_model_states.pt"
     path.unlink()
     assert "missing" in assert_refused(run_dir, path)
+
+
+def test_optimizer_state_of_no_zero_optimizer(universal_copy, assert_refused):
+    run_dir, zero = universal_copy("w2-s2-bf16")
+    path = zero / "optimizer_state.pt"
+    torch.save({"param_groups": []}, path)
+    assert "'zero_stage'" in assert_refused(run_dir, path)
+
+
+def test_stage_disagrees_with_model_states_files(universal_copy, assert_refused):
+    run_dir, zero = universal_copy("w2-s2-bf16")
+    path = zero / "optimizer_state.pt"
+    state = torch_load(path)
+    state["zero_stage"] = 3
+    torch.save(state, path)
+    line = assert_refused(run_dir, path)
+    assert "stage 3 disagrees" in line, line
+
+
+def test_several_model_parallel_ranks(universal_copy, assert_refused):
+    """Each mp rank's param_shapes describes its own slice, and its frozen parameters and
+    buffers are its own: no merged tree can be checked against them."""
+    run_dir, _ = universal_copy("w2-s2-bf16")
+    step = run_dir / STEP
+    shutil.copyfile(step / "mp_rank_00_model_states.pt", step / "mp_rank_01_model_states.pt")
+    assert "2 model-parallel ranks are not supported" in assert_refused(run_dir, step)
