@@ -146,7 +146,7 @@ Status UniversalReader::ParameterFile(const std::string& name, const char* state
         value = v;
       } else if (key == "vocab_tensor") {
         vocab = v->b();
-      } else if (key.rfind("ep_", 0) == 0) {
+      } else if (key == "is_expert_param" || key.rfind("ep_", 0) == 0) {
         return Status::NotSupported(path, "key '" + std::string(key) + "': expert-parallel (AutoEP) parameters are not supported");
       } else if (std::find(std::begin(kLayoutKeys), std::end(kLayoutKeys), key) == std::end(kLayoutKeys)) {
         return archive.Bad("key '" + std::string(key) + "' is not understood");

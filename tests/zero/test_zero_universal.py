@@ -197,6 +197,13 @@ def test_parameter_file_key_not_understood(universal_copy, assert_refused):
     assert "'scale_factor'" in line, line
 
 
+def test_expert_parameter_file(universal_copy, assert_refused):
+    run_dir, zero = universal_copy("w2-s2-bf16")
+    path = zero / "fc2.weight" / "fp32.pt"
+    torch.save({**torch_load(path), "is_expert_param": True, "ep_num_experts": 1}, path)
+    assert "not supported" in assert_refused(run_dir, path)
+
+
 def test_parameter_file_that_is_no_tensor(universal_copy, assert_refused):
     run_dir, zero = universal_copy("w2-s2-bf16")
     path = zero / "gate" / "fp32.pt"
