@@ -5,6 +5,7 @@
 // buffers, frozen parameters and tied aliases come from the model-states files exactly as the
 // ZeRO reader takes them (format/zero_files.hpp). Layout: doc/FORMATS.md, "DeepSpeed universal
 // checkpoints".
+#include <algorithm>
 #include <set>
 #include <string_view>
 
