@@ -77,6 +77,22 @@ json Summarize(const json& v) {
   return v;
 }
 
+// The "folder" entry a folder reader leaves in the catalog's metadata, when it has the form
+// it writes ({"weights_rule": string, "files": {name: {"role": string, "why": string}}}).
+const json* FolderFiles(const json& metadata) {
+  if (!metadata.is_object()) return nullptr;
+  auto it = metadata.find("folder");
+  if (it == metadata.end() || !it->is_object()) return nullptr;
+  auto rule = it->find("weights_rule");
+  auto files = it->find("files");
+  if (rule == it->end() || !rule->is_string() || files == it->end() || !files->is_object()) return nullptr;
+  for (const auto& what : *files)
+    if (!what.is_object() || !what.contains("role") || !what["role"].is_string() || !what.contains("why") ||
+        !what["why"].is_string())
+      return nullptr;
+  return &*it;
+}
+
 }  // namespace
 
 int RunLs(const Args& args) {
@@ -171,9 +187,14 @@ int RunInfo(const Args& args) {
   info["total_bytes"] = total;
   info["dtypes"] = json::object();
   for (const auto& [name, cb] : by_dtype) info["dtypes"][name] = {{"tensors", cb.first}, {"bytes", cb.second}};
+  // A folder reader's account of the folder's files (metadata.json's "folder": what each file
+  // is to the mount and why) is printed whole, file by file, instead of summarized.
+  const json* folder = FolderFiles(catalog->metadata);
+  if (folder) info["folder"] = *folder;
   info["metadata"] = json::object();
   if (served.metadata().is_object())
-    for (auto& [k, v] : served.metadata().items()) info["metadata"][k] = Summarize(v);
+    for (auto& [k, v] : served.metadata().items())
+      if (!(folder && k == "folder")) info["metadata"][k] = Summarize(v);
   // What building the catalog fetched, where its Env fetches.
   FetchCounters fetched;
   if (catalog->files->env().fetch_counters(&fetched))
@@ -192,6 +213,14 @@ int RunInfo(const Args& args) {
   text += "files:\n";
   for (uint32_t f = 0; f < catalog->files->count(); ++f)
     text += "  " + catalog->files->path(f) + "  (" + std::to_string(catalog->files->size(f)) + " bytes)\n";
+  if (folder) {
+    text += "folder files (weights: " + (*folder)["weights_rule"].get<std::string>() + "):\n";
+    size_t name_w = 0;
+    for (auto& [name, what] : (*folder)["files"].items()) name_w = std::max(name_w, name.size());
+    for (auto& [name, what] : (*folder)["files"].items())
+      text += "  " + name + std::string(name_w - name.size() + 2, ' ') + what["role"].get<std::string>() + ": " +
+              what["why"].get<std::string>() + "\n";
+  }
   text += "dtypes:\n";
   for (const auto& [name, cb] : by_dtype)
     text += "  " + name + ": " + std::to_string(cb.first) + " tensors, " + std::to_string(cb.second) + " bytes\n";

@@ -37,7 +37,8 @@ constexpr CommandLine kCat = {kCatUsage, false, kReadCommandGroups, 2, "cat take
 constexpr char kExportUsage[] =
     "usage: ckptfs export [OPTIONS] SOURCE OUTDIR\n"
     "\n"
-    "Writes files of the virtual tree of SOURCE under OUTDIR, creating it if needed: by\n"
+    "Writes files of the virtual tree of SOURCE under OUTDIR, creating it and its parent\n"
+    "folders if needed (as mkdir -p): by\n"
     "default the model (model.safetensors, or with --shard-size the Hugging Face shards and\n"
     "model.safetensors.index.json) and the small files (manifest.json, metadata.json, the\n"
     "source folder's other files, e.g. config.json); --write tensors adds tensors/, one\n"
@@ -213,8 +214,26 @@ unsigned PartOf(const View& view, View::NodeId id) {
   return kExportFiles;
 }
 
+// OUTDIR and every missing folder above it, as `mkdir -p` does; an error names the folder
+// that could not be made, or the path in the way that is not a folder.
+Status MakeFolders(const std::string& outdir) {
+  for (size_t end = outdir.find('/', 1);; end = outdir.find('/', end + 1)) {
+    const std::string folder = outdir.substr(0, end);
+    if (!folder.empty() && folder.back() != '/') {
+      if (::mkdir(folder.c_str(), 0755) != 0) {
+        const int err = errno;
+        struct stat st;
+        if (err != EEXIST) return Status::FromErrno(folder, "cannot create the folder", err);
+        if (::stat(folder.c_str(), &st) != 0) return Status::FromErrno(folder, "cannot stat", errno);
+        if (!S_ISDIR(st.st_mode)) return Status::InvalidArgument(folder, "exists and is not a folder");
+      }
+    }
+    if (end == std::string::npos) return Status::OK();
+  }
+}
+
 Status ExportTree(const View& view, const std::string& outdir, unsigned parts) {
-  if (::mkdir(outdir.c_str(), 0755) != 0 && errno != EEXIST) return Status::FromErrno(outdir, "cannot create", errno);
+  CKPTFS_RETURN_IF_ERROR(MakeFolders(outdir));
   uint64_t total = 0;
   for (View::NodeId id = 1; id < view.node_count(); ++id)
     if (!view.node(id).is_dir && (PartOf(view, id) & parts)) total += view.SizeOf(id);

@@ -1,11 +1,14 @@
 // Reader for checkpoint folders: Hugging Face style model folders (sharded or single
-// safetensors / torch .bin files, with or without a *.index.json) and plain folders of
-// .safetensors files. Everything else in the folder is passed through as a sibling file.
+// safetensors / torch .bin files, with or without a *.index.json), PEFT adapters, Trainer and
+// accelerate checkpoint folders, and plain folders of .safetensors files. Which files are the
+// weights follows the frameworks' own names (format/folder_weights.hpp); everything else in
+// the folder is passed through as a sibling file.
 #include <algorithm>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "format/folder_weights.hpp"
 #include "format/readers.hpp"
 #include "format/sibling_files.hpp"
 
@@ -18,12 +21,6 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 bool IsSafetensors(std::string_view name) { return EndsWith(name, ".safetensors"); }
-bool IsTorchFile(std::string_view name) {
-  return EndsWith(name, ".bin") || EndsWith(name, ".pt") || EndsWith(name, ".pth");
-}
-bool IsIndex(std::string_view name) {
-  return EndsWith(name, ".safetensors.index.json") || EndsWith(name, ".bin.index.json");
-}
 
 // The shard file names an index maps weights to, and the weight -> shard map itself.
 Status ReadIndex(Env& env, const std::string& path, const ReadLimits& limits, std::vector<std::string>* shards,
@@ -51,10 +48,12 @@ Status ReadIndex(Env& env, const std::string& path, const ReadLimits& limits, st
 constexpr std::string_view kConventionalSiblings[] = {
     "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
     "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model", "preprocessor_config.json",
-    "chat_template.jinja", "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"};
-// The weight files of that layout, in the order transformers looks for them.
-constexpr std::string_view kConventionalWeights[] = {"model.safetensors.index.json", "model.safetensors",
-                                                     "pytorch_model.bin.index.json", "pytorch_model.bin"};
+    "chat_template.jinja", "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+    "adapter_config.json"};
+// The weight files of that layout, in the order transformers looks for them, then PEFT's.
+constexpr std::string_view kConventionalWeights[] = {"model.safetensors",         "model.safetensors.index.json",
+                                                     "pytorch_model.bin",         "pytorch_model.bin.index.json",
+                                                     "adapter_model.safetensors", "adapter_model.bin"};
 
 // For a folder the Env cannot list (a plain HTTP server): the files the Hugging Face layout
 // names that exist, found by asking for each. `index_name`, when given, is the weights' index.
@@ -103,45 +102,136 @@ Status ReadTorchWeights(const std::string& path, Catalog* catalog, json* meta, c
   return ReadTorchZip(path, catalog, meta, limits);
 }
 
+// Up to `most` names joined with ", ", then how many more there are.
+std::string JoinNames(const std::vector<std::string>& names, size_t most) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < most; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > most) out += " and " + std::to_string(names.size() - most) + " more";
+  return out;
+}
+
+// What each file of the folder is to the mount and why, for metadata.json's "folder" entry
+// (which `ckptfs info` prints file by file).
+json DescribeFolderFiles(const std::vector<std::string>& names, const FolderWeights& chosen,
+                         const std::unordered_set<std::string>& weights) {
+  json files = json::object();
+  // A folder read without a listing (a plain HTTP server) names only the files probed: the
+  // shards of its index are added from the index.
+  std::vector<std::string> all = names;
+  for (const std::string& w : weights)
+    if (std::find(names.begin(), names.end(), w) == names.end()) all.push_back(w);
+  for (const std::string& n : all) {
+    std::string role, why;
+    if (weights.count(n)) {
+      role = "weights";
+      why = chosen.index.empty() ? chosen.file_why : "a shard that " + chosen.index + " names";
+    } else if (n == chosen.index) {
+      role = "index";
+      why = chosen.file_why;
+    } else if (IsWeightIndexName(n)) {
+      role = "not served";
+      why = "a weight index other than the one read; the mount's own model file (or index) takes its place";
+    } else if (std::string known = KnownFrameworkFile(n); !known.empty()) {
+      role = "passed through";
+      why = IsTrainingStateName(n) ? known + ", not the model's weights" : known;
+    } else if (IsWeightFileSuffix(n)) {
+      role = "passed through";
+      why = "not a weight file by the rule that chose the weights";
+    } else {
+      role = "passed through";
+      why = "not a weight file";
+    }
+    files[n] = {{"role", role}, {"why", why}};
+  }
+  return {{"weights_rule", chosen.rule}, {"files", std::move(files)}};
+}
+
+// Whether subfolder `sub` holds files a checkpoint is made of (weights, DCP data, a DeepSpeed
+// `latest`), by their names.
+Status HoldsCheckpointFiles(Env& env, const std::string& sub, bool* holds) {
+  std::vector<FolderEntry> entries;
+  *holds = false;
+  if (!env.ListFolder(sub, &entries).ok()) return Status::OK();  // unreadable: not named
+  for (const FolderEntry& e : entries) {
+    if (e.type != PathType::kFile) continue;
+    const std::string& n = e.name;
+    if ((IsWeightFileSuffix(n) && !IsTrainingStateName(n)) || IsWeightIndexName(n) || EndsWith(n, ".distcp") ||
+        n == ".metadata" || n == "latest") {
+      *holds = true;
+      return Status::OK();
+    }
+  }
+  return Status::OK();
+}
+
+// The refusal of a folder none of the rules found weights in: where ckptfs looked, what the
+// folder holds instead, and which subfolders hold checkpoint files (a run folder, a
+// Trainer's output_dir of checkpoint-N/ folders, DeepSpeed's global_stepN/).
+Status NoCheckpointHere(Env& env, const std::string& dir, const std::vector<std::string>& names, bool listed) {
+  if (!listed)
+    return Status::InvalidArgument(dir, "no checkpoint here: none of model.safetensors, model.safetensors.index.json, "
+                                            "pytorch_model.bin, pytorch_model.bin.index.json, "
+                                            "adapter_model.safetensors, adapter_model.bin exists");
+  std::string what =
+      "no checkpoint at the top level of this folder (looked for DeepSpeed and DCP folders, then model.safetensors, "
+      "model.safetensors.index.json, pytorch_model.bin, pytorch_model.bin.index.json, adapter_model.safetensors/.bin, "
+      "other *.index.json, *.safetensors, and .bin/.pt/.pth files that are not training state)";
+  std::vector<std::string> state;
+  for (const std::string& n : names)
+    if (IsTrainingStateName(n)) state.push_back(n);
+  if (!state.empty()) what += "; its training state is not weights: " + JoinNames(state, 4);
+  std::vector<FolderEntry> entries;
+  CKPTFS_RETURN_IF_ERROR(env.ListFolder(dir, &entries));
+  // Enough subfolders to name a few; a folder of thousands is not walked whole.
+  constexpr size_t kMostLookedAt = 64;
+  std::vector<std::string> holding;
+  size_t looked = 0;
+  for (const FolderEntry& e : entries) {
+    if (e.type != PathType::kFolder || e.name.empty() || e.name.front() == '.') continue;
+    if (++looked > kMostLookedAt) break;
+    bool holds = false;
+    CKPTFS_RETURN_IF_ERROR(HoldsCheckpointFiles(env, JoinPath(dir, e.name), &holds));
+    if (holds) holding.push_back(e.name + "/");
+  }
+  if (!holding.empty())
+    what += "; subfolders holding checkpoint files: " + JoinNames(holding, 4) + " (give one as SOURCE)";
+  return Status::InvalidArgument(dir, what);
+}
+
 }  // namespace
 
 Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const ReadLimits& limits,
                             const std::string& index_name) {
   std::vector<std::string> names;
   Env& env = catalog->files->env();
-  if (Status listed = ListFolderFiles(env, dir, &names); !listed.ok()) {
-    if (!IsFolderNotListable(listed)) return listed;
+  bool listed = true;
+  if (Status s = ListFolderFiles(env, dir, &names); !s.ok()) {
+    if (!IsFolderNotListable(s)) return s;
+    listed = false;
     names.clear();
     CKPTFS_RETURN_IF_ERROR(ProbeConventionalFiles(env, dir, index_name, &names));
   }
-  std::vector<std::string> indexes;
-  if (!index_name.empty()) {
-    indexes.push_back(index_name);
-  } else {
-    for (const auto& n : names)
-      if (IsIndex(n)) indexes.push_back(n);
+  // An index given as SOURCE is read whatever else the folder holds; when it is the one the
+  // rules choose anyway, the folder is described as it is when given as SOURCE itself.
+  FolderWeights chosen = ChooseFolderWeights(names);
+  if (!index_name.empty() && chosen.index != index_name) {
+    chosen = FolderWeights{};
+    chosen.index = index_name;
+    chosen.rule = index_name + ", the index given as SOURCE";
+    chosen.file_why = "the index given as SOURCE";
   }
-  // Prefer safetensors when a folder holds both formats, as transformers does.
-  std::sort(indexes.begin(), indexes.end(), [](const std::string& a, const std::string& b) {
-    return EndsWith(a, ".safetensors.index.json") > EndsWith(b, ".safetensors.index.json");
-  });
+  if (chosen.index.empty() && chosen.files.empty()) return NoCheckpointHere(env, dir, names, listed);
 
   std::vector<std::string> weights;
   std::unordered_map<std::string, std::string> weight_map;
   json index_metadata;
-  std::string index_used;
-  if (!indexes.empty()) {
-    index_used = indexes.front();
+  const std::string& index_used = chosen.index;
+  if (!index_used.empty()) {
     CKPTFS_RETURN_IF_ERROR(ReadIndex(env, JoinPath(dir, index_used), limits, &weights, &weight_map, &index_metadata));
+    if (weights.empty()) return Status::Corruption(JoinPath(dir, index_used), "the index maps no tensor to a file");
   } else {
-    for (const auto& n : names)
-      if (IsSafetensors(n)) weights.push_back(n);
-    if (weights.empty())
-      for (const auto& n : names)
-        if (IsTorchFile(n)) weights.push_back(n);
+    weights = chosen.files;
   }
-  if (weights.empty())
-    return Status::InvalidArgument(dir, "no checkpoint files (.safetensors, .bin, .pt) in this folder");
   catalog->format = IsSafetensors(weights.front()) ? "safetensors-folder" : "torch-zip-folder";
 
   std::unordered_set<std::string> seen;
@@ -169,11 +259,18 @@ Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const Read
       if (!seen.count(key))
         return Status::Corruption(JoinPath(dir, index_used), "tensor '" + key + "' is missing from " + shard);
   }
+  // Torch files taken by their suffix alone may be anything torch.save wrote: when none of
+  // them holds a tensor, the folder has no weights ckptfs can tell, and an empty tree would
+  // pass for a model.
+  if (chosen.by_suffix && catalog->tensors.empty() && !IsSafetensors(weights.front()))
+    return Status::InvalidArgument(dir, "no tensors in " + JoinNames(weights, 4) + " (taken as the weights: " +
+                                            chosen.rule + ")");
   if (!index_used.empty() && !index_metadata.is_null()) catalog->metadata["index_metadata"] = index_metadata;
 
   std::unordered_set<std::string> used(weights.begin(), weights.end());
-  return AddSiblingFiles(dir, names, [&used](const std::string& n) { return used.count(n) > 0 || IsIndex(n); },
-                         catalog);
+  catalog->metadata["folder"] = DescribeFolderFiles(names, chosen, used);
+  return AddSiblingFiles(dir, names,
+                         [&used](const std::string& n) { return used.count(n) > 0 || IsWeightIndexName(n); }, catalog);
 }
 
 namespace {

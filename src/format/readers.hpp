@@ -72,15 +72,19 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, nlohmann::
                            const ReadLimits& limits = ReadLimits{});
 inline constexpr uint32_t kSafetensorsFormat = 1;
 
-// Reads the checkpoint in folder `dir` (through the Env of catalog->files): sharded safetensors with an index, a folder of
-// .safetensors files, or torch .bin/.pt files (with or without pytorch_model.bin.index.json).
-// Other regular files in the folder become sibling files, served unchanged.
+// Reads the checkpoint in folder `dir` (through the Env of catalog->files): its weights are
+// found by the frameworks' file names (format/folder_weights.hpp: transformers' order, PEFT's
+// adapter, other indexes, then .safetensors files, then torch files that are not training
+// state). Other regular files in the folder become sibling files, served unchanged, and
+// metadata["folder"] says of each file what it is and why. A folder in which no rule finds
+// weights is refused with a line naming what was looked for and the subfolders that hold
+// checkpoint files.
 // `index_name`, when given, is the index file of `dir` to read the weights from (the SOURCE
 // was that index); a folder the Env cannot list is read from the names the index and the
 // Hugging Face layout give.
 Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const ReadLimits& limits = ReadLimits{},
                             const std::string& index_name = {});
-inline constexpr uint32_t kCheckpointFolderFormat = 1;
+inline constexpr uint32_t kCheckpointFolderFormat = 2;
 
 // True when `dir` is a DeepSpeed save folder (it has `latest`) or tag folder (it holds
 // ZeRO rank files or pipeline layer files).

@@ -762,14 +762,27 @@ def pcall(module, name, args) -> bytes:
     return pglobal(module, name) + ptuple(args) + b"R"
 
 
-@case("obj-wrapper-subclass.pt", "a DTensor as torch pickles it: _rebuild_from_type_v2(_rebuild_wrapper_subclass, DTensor, ..., "
-      "state holding the local tensor)",
-      r"'w': a tensor of class torch\.distributed\.tensor\.DTensor rebuilt by torch\._utils\._rebuild_wrapper_subclass" + NOT_UNDERSTOOD)
-def _(p):
+def wrapper_subclass(module: str, name: str) -> bytes:
+    """_rebuild_from_type_v2(_rebuild_wrapper_subclass, <class>, (float32,), state holding an
+    inner tensor): how torch pickles a wrapper tensor subclass (DTensor's form)."""
     state = b"}" + pstr("_local_tensor") + ptensor() + b"s"
-    p.write_bytes(rebuild(pdict([(pstr("w"), pcall("torch._tensor", "_rebuild_from_type_v2", [
-        pglobal("torch._utils", "_rebuild_wrapper_subclass"), pglobal("torch.distributed.tensor", "DTensor"),
-        ptuple([pglobal("torch", "float32")]), state]))])))
+    return rebuild(pdict([(pstr("w"), pcall("torch._tensor", "_rebuild_from_type_v2", [
+        pglobal("torch._utils", "_rebuild_wrapper_subclass"), pglobal(module, name),
+        ptuple([pglobal("torch", "float32")]), state]))]))
+
+
+@case("obj-wrapper-subclass.pt", "a wrapper tensor subclass ckptfs does not know (torchao's quantized tensor) as torch "
+      "pickles it: _rebuild_from_type_v2(_rebuild_wrapper_subclass, <class>, ..., state holding the inner tensor)",
+      r"'w': a tensor of class torchao\.dtypes\.affine_quantized_tensor\.AffineQuantizedTensor rebuilt by "
+      r"torch\._utils\._rebuild_wrapper_subclass" + NOT_UNDERSTOOD)
+def _(p):
+    p.write_bytes(wrapper_subclass("torchao.dtypes.affine_quantized_tensor", "AffineQuantizedTensor"))
+
+
+@case("obj-dtensor-malformed.pt", "a DTensor whose wrapper arguments lack the global shape, strides and device",
+      r"'w': DTensor with malformed wrapper arguments")
+def _(p):
+    p.write_bytes(wrapper_subclass("torch.distributed.tensor", "DTensor"))
 
 
 @case("obj-unknown-rebuild.pt", "a quantized tensor: torch._utils._rebuild_qtensor over a storage",

@@ -630,18 +630,25 @@ void Tensor12(PickleBuilder* p) { PickleTensor(p, "FloatStorage", "0", 12, 0, {1
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(tensor_subclasses_without_a_plain_storage_are_refused) {
-  // DTensor's form: _rebuild_from_type_v2(_rebuild_wrapper_subclass, DTensor, (...), state
-  // holding the local tensor).
-  Built dtensor = WithObject([](PickleBuilder* p) {
-    p->Global("torch._tensor", "_rebuild_from_type_v2").Mark().Global("torch._utils", "_rebuild_wrapper_subclass");
-    p->Global("torch.distributed.tensor", "DTensor").Mark().Global("torch", "float32").Tuple();
-    p->EmptyDict().BinUnicode("_local_tensor");
-    Tensor12(p);
-    p->SetItem().Tuple().Reduce();
-  });
-  CheckError(dtensor.status, dtensor.path, Status::Code::kNotSupported,
-             "'w': a tensor of class torch.distributed.tensor.DTensor rebuilt by "
+  // A wrapper subclass (DTensor's form: _rebuild_from_type_v2(_rebuild_wrapper_subclass,
+  // <class>, (...), state holding the inner tensors)) of a class ckptfs does not know.
+  auto Wrapper = [](const char* module, const char* name) {
+    return WithObject([module, name](PickleBuilder* p) {
+      p->Global("torch._tensor", "_rebuild_from_type_v2").Mark().Global("torch._utils", "_rebuild_wrapper_subclass");
+      p->Global(module, name).Mark().Global("torch", "float32").Tuple();
+      p->EmptyDict().BinUnicode("_local_tensor");
+      Tensor12(p);
+      p->SetItem().Tuple().Reduce();
+    });
+  };
+  Built quantized = Wrapper("torchao.dtypes.affine_quantized_tensor", "AffineQuantizedTensor");
+  CheckError(quantized.status, quantized.path, Status::Code::kNotSupported,
+             "'w': a tensor of class torchao.dtypes.affine_quantized_tensor.AffineQuantizedTensor rebuilt by "
              "torch._utils._rebuild_wrapper_subclass; ckptfs does not know how to serve it");
+  // A DTensor is recognised (format/torch_distributed.hpp), and refused when its form is not
+  // the one it knows.
+  Built dtensor = Wrapper("torch.distributed.tensor", "DTensor");
+  CheckError(dtensor.status, dtensor.path, Status::Code::kNotSupported, "'w': DTensor with malformed wrapper arguments");
   // A tensor kind ckptfs does not rebuild, even one without storage (meta).
   Built meta = WithObject([](PickleBuilder* p) {
     p->Global("torch._utils", "_rebuild_meta_tensor_no_storage").Mark().Global("torch", "float32");

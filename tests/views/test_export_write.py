@@ -124,3 +124,21 @@ def test_bad_write_value(bad, folder, run_ckptfs, tmp_path):
 def test_write_is_export_only(folder, run_ckptfs):
     res = run_ckptfs("ls", "--write", "model", folder[0], check=False)
     assert res.returncode == 2 and b"unknown option '--write'" in res.stderr, res.stderr
+
+
+def test_export_creates_missing_parent_folders(folder, run_ckptfs, tmp_path):
+    out = tmp_path / "not" / "yet" / "there" / "out"
+    run_ckptfs("export", folder[0], out)
+    served = load_file(out / "model.safetensors")
+    assert sorted(served) == sorted(folder[1])
+    assert (out / "config.json").read_bytes() == SIDE_FILES["config.json"]
+
+
+def test_export_under_a_file_is_refused_naming_it(folder, run_ckptfs, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    done = run_ckptfs("export", folder[0], blocker / "out", check=False)
+    assert done.returncode == 1
+    err = done.stderr.decode().strip()
+    assert err.splitlines() == [f"ckptfs: {blocker}: exists and is not a folder"], err
+    assert blocker.read_text() == "not a folder\n"
