@@ -104,6 +104,10 @@ bool IsDcpFolder(Env& env, const std::string& dir);
 Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);
 inline constexpr uint32_t kDcpFormat = 1;
 
+// A folder of torch.save rank files (one group of rank-numbered names) holding DTensors or
+// ShardedTensors: consolidated into full tensors (format/rank_shards.hpp).
+inline constexpr uint32_t kTorchRanksFormat = 1;
+
 // True when `dir` holds shard-<rank>-model-<i>-of-<n>.safetensors files: what torch's
 // HuggingFaceStorageWriter(save_distributed=True) writes, with no .metadata.
 bool IsDcpHfShardFolder(Env& env, const std::string& dir);

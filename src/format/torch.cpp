@@ -13,6 +13,7 @@
 #include "format/page_prefault.hpp"
 #include "format/readers.hpp"
 #include "format/torch_archive.hpp"
+#include "format/torch_distributed.hpp"
 
 namespace ckptfs {
 namespace {
@@ -128,9 +129,10 @@ Status TensorStream::OnCall(const PyValue* call, bool* take, uint64_t* index) {
 // `stream`, the pickle was parsed through it: kTaken values are its entries.
 class TorchZipReader {
  public:
+  // With a `sink`, DTensors and ShardedTensors go to it instead of being served as local shards.
   TorchZipReader(const StorageResolver& storages, Catalog* catalog, const ReadLimits& limits,
-                 const TensorStream* stream = nullptr)
-      : storages_(storages), path_(storages.path()), catalog_(catalog), limits_(limits), stream_(stream) {}
+                 const TensorStream* stream = nullptr, DistributedTensorSink* sink = nullptr)
+      : storages_(storages), path_(storages.path()), catalog_(catalog), limits_(limits), stream_(stream), sink_(sink) {}
 
   // `walked`, when given, is called once the walk no longer needs the pickle's values, before
   // the keys are checked (the pickle can be freed then).
@@ -139,6 +141,9 @@ class TorchZipReader {
  private:
   Status Walk(const PyValue* v, std::vector<PathElement>* path, int depth, json* out, bool* keep);
   Status WalkOpaque(const PyValue* v, std::vector<PathElement>* path, int depth, json* out);
+  // A DTensor or ShardedTensor at `path` (*found): its local shards served under
+  // <key>.local_shards.<i> and described in *out, or handed to the sink.
+  Status WalkDistributed(const PyValue* v, std::vector<PathElement>* path, json* out, bool* found);
   Status AddTensor(TensorEntry t, const std::vector<PathElement>& path);
   // A streamed entry met at `path`: its first place names it, any other gets a copy.
   Status AddTaken(uint64_t index, const std::vector<PathElement>& path);
@@ -161,6 +166,7 @@ class TorchZipReader {
   ReadLimits limits_;
   uint64_t visit_budget_ = 0, visits_left_ = 0;
   const TensorStream* stream_;
+  DistributedTensorSink* sink_;
   // With a stream: the catalog entries in walk order (indices into catalog_->tensors), and
   // which streamed entries the walk has named.
   std::vector<uint32_t> walk_order_;
@@ -281,6 +287,12 @@ Status TorchZipReader::Walk(const PyValue* v, std::vector<PathElement>* path, in
     *keep = false;
     return AddTaken(v->taken(), *path);
   }
+  bool distributed = false;
+  CKPTFS_RETURN_IF_ERROR(WalkDistributed(v, path, out, &distributed));
+  if (distributed) {
+    *keep = !out->is_null();
+    return Status::OK();
+  }
   TensorEntry t;
   bool is_tensor = false;
   CKPTFS_RETURN_IF_ERROR(RebuildTensor(v, storages_, &t, &is_tensor));
@@ -337,6 +349,34 @@ Status TorchZipReader::Walk(const PyValue* v, std::vector<PathElement>* path, in
     return Status::OK();
   }
   return WalkOpaque(v, path, depth, out);
+}
+
+Status TorchZipReader::WalkDistributed(const PyValue* v, std::vector<PathElement>* path, json* out, bool* found) {
+  DistributedTensor d;
+  CKPTFS_RETURN_IF_ERROR(RecognizeDistributedTensor(v, storages_, *path, found, &d));
+  if (!*found) return Status::OK();
+  if (sink_) {
+    *out = nullptr;
+    const size_t before = stream_ ? stream_->first() + walk_order_.size() : catalog_->tensors.size();
+    return sink_->Add(std::move(d), *path, before);
+  }
+  std::vector<std::string> keys;
+  path->push_back(std::string(kLocalShardsName));
+  for (size_t i = 0; i < d.local.size(); ++i) {
+    path->push_back(static_cast<int64_t>(i));
+    const PyValue* value = d.local[i].value;
+    Status added = value->kind() == Kind::kTaken && stream_ ? AddTaken(value->taken(), *path)
+                                                            : AddTensor(std::move(d.local[i].tensor), *path);
+    path->pop_back();
+    if (!added.ok()) {
+      path->pop_back();
+      return added;
+    }
+    keys.push_back(catalog_->tensors[stream_ ? walk_order_.back() : catalog_->tensors.size() - 1].key);
+  }
+  path->pop_back();
+  *out = d.Describe(keys);
+  return Status::OK();
 }
 
 // Values that are not containers: scalars become JSON, unknown objects become an inspectable
@@ -437,15 +477,15 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
 }
 
 Status FlattenTorchObject(const PyValue* root, size_t value_count, const StorageResolver& storages,
-                          Catalog* catalog, const ReadLimits& limits, json* metadata) {
-  TorchZipReader reader(storages, catalog, limits);
+                          Catalog* catalog, const ReadLimits& limits, json* metadata, DistributedTensorSink* sink) {
+  TorchZipReader reader(storages, catalog, limits, nullptr, sink);
   return reader.Read(root, value_count, metadata);
 }
 
 namespace {
 
 Status ReadTorchZipIn(const FileWindow& window, Catalog* catalog, json* metadata, const ReadLimits& limits,
-                      ZipArchive* opened) {
+                      ZipArchive* opened, DistributedTensorSink* sink = nullptr) {
   TorchArchive archive;
   // Streamed first: the parsed tree of a million tensors (~330 bytes each) is never alive
   // beside the catalog. Whatever fails streamed is read again without streaming, and that
@@ -457,7 +497,7 @@ Status ReadTorchZipIn(const FileWindow& window, Catalog* catalog, json* metadata
     // Every tensor the walk serves is resolved by now (any other lookup fails the streamed
     // read, which is then read again).
     archive.ReleaseDirectory();
-    TorchZipReader reader(stream, catalog, limits, &stream);
+    TorchZipReader reader(stream, catalog, limits, &stream, sink);
     // The pickle's values (a million keys and taken tensors, ~90 MB) are freed before the
     // keys are checked, which adds its own scratch.
     streamed = reader.Read(archive.root(), archive.value_count(), metadata, [&archive] { archive.ReleasePickle(); });
@@ -469,7 +509,7 @@ Status ReadTorchZipIn(const FileWindow& window, Catalog* catalog, json* metadata
   // (a million tensors' vector held its old and new copies, ~260 MB, at the parse's peak).
   catalog->tensors.reserve(catalog->tensors.size() +
                            std::min<size_t>(archive.zip().entries().size(), limits.tensors));
-  return FlattenTorchObject(archive.root(), archive.value_count(), archive, catalog, limits, metadata);
+  return FlattenTorchObject(archive.root(), archive.value_count(), archive, catalog, limits, metadata, sink);
 }
 
 }  // namespace
@@ -483,6 +523,13 @@ Status ReadTorchZip(const std::string& path, Catalog* catalog, json* metadata, c
   uint32_t file;
   CKPTFS_RETURN_IF_ERROR(catalog->files->Add(path, &file));
   return ReadTorchZipIn(catalog->files->whole(file), catalog, metadata, limits, opened);
+}
+
+Status ReadTorchZipDistributed(const std::string& path, Catalog* catalog, json* metadata, const ReadLimits& limits,
+                               DistributedTensorSink* sink) {
+  uint32_t file;
+  CKPTFS_RETURN_IF_ERROR(catalog->files->Add(path, &file));
+  return ReadTorchZipIn(catalog->files->whole(file), catalog, metadata, limits, nullptr, sink);
 }
 
 namespace {

@@ -93,9 +93,13 @@ Status RebuildTensor(const PyValue* v, const StorageResolver& storages, TensorEn
 // Flattens the object a torch pickle holds (`root`, from a pickle of `value_count` values):
 // tensors become catalog tensors under dotted keys ("layer.0.weight", module attributes
 // included), every other value becomes JSON in *metadata. Tensors resolve through `storages`.
-// Shared by the readers of torch.save zips, legacy streams and TorchScript archives.
+// Shared by the readers of torch.save zips, legacy streams and TorchScript archives. DTensors
+// and ShardedTensors are served as their local shards, or handed to `sink` when given
+// (format/torch_distributed.hpp).
+class DistributedTensorSink;
 Status FlattenTorchObject(const PyValue* root, size_t value_count, const StorageResolver& storages,
-                          Catalog* catalog, const ReadLimits& limits, nlohmann::json* metadata);
+                          Catalog* catalog, const ReadLimits& limits, nlohmann::json* metadata,
+                          DistributedTensorSink* sink = nullptr);
 
 // Which records of a torch zip archive to read as its object pickle and storages.
 struct ArchiveRecords {
