@@ -15,6 +15,7 @@
 
 #include "format/chunk_boxes.hpp"
 #include "format/dcp_metadata.hpp"
+#include "format/megatron_fragments.hpp"
 #include "format/readers.hpp"
 #include "format/safetensors_header.hpp"
 #include "format/sibling_files.hpp"
@@ -100,6 +101,13 @@ Status ResolveStepFolder(Env& env, const std::string& dir, std::string* step) {
                                       "give the one to serve");
 }
 
+// "[2, 20, 20]"
+std::string DimsText(std::span<const uint64_t> dims) {
+  std::string text = "[";
+  for (size_t d = 0; d < dims.size(); ++d) text += (d ? ", " : "") + std::to_string(dims[d]);
+  return text + "]";
+}
+
 // The same error with the entry it concerns named after it.
 Status Concerning(const Status& s, const std::string& fqn) {
   const std::string what = "while reading '" + fqn + "'";
@@ -147,6 +155,8 @@ class DcpReader {
   Status SafetensorsChunk(const DcpItem& item, const Chunk& chunk, const FileWindow& blob, TensorEntry* piece);
   Status Blob(const FileWindow& window, const SafetensorsBlob** blob);
   Status AddTensor(const DcpItem& item);
+  Status PlaceFragment(const DcpItem& item, const MegatronReformulation& plan, const Chunk& chunk,
+                       const TensorEntry& piece, BoxList* out);
   Status AddObject(const DcpItem& item);
   Status PlaceObject(const DcpItem& item, json value);
   Status AddSiblings();
@@ -165,6 +175,9 @@ class DcpReader {
   std::unordered_map<uint32_t, std::optional<uint64_t>> blob_start_;
   // Chunks read in each serialization, for `ckptfs info`.
   uint64_t torch_save_chunks_ = 0, safetensors_chunks_ = 0;
+  // Megatron's reformulated tensors served with their real shapes, for `ckptfs info`: as
+  // byte ranges (row-major fragments) or gathered from boxes; and their fragments.
+  uint64_t megatron_ranges_ = 0, megatron_gathered_ = 0, megatron_fragments_ = 0;
   // Chunks of one shape pickle identical data.pkl records: each is parsed once.
   PickleCache pickles_;
   // Reopened for every chunk: its buffers are reused, not reallocated a million times.
@@ -230,6 +243,12 @@ Status DcpReader::Read(json* info) {
                                : torch_save_chunks_ == 0 ? "safetensors"
                                                          : "torch_save+safetensors";
   if (!meta.storage_meta.is_null()) (*info)["storage_meta"] = meta.storage_meta;
+  if (megatron_ranges_ + megatron_gathered_ > 0)
+    (*info)["megatron_fragments"] = {{"shapes_from", "mcore_data nd_reformulated_orig_global_shape"},
+                                     {"tensors", megatron_ranges_ + megatron_gathered_},
+                                     {"fragments", megatron_fragments_},
+                                     {"served_as_byte_ranges", megatron_ranges_},
+                                     {"gathered", megatron_gathered_}};
   catalog_->metadata = std::move(objects_);
   return AddSiblings();
 }
@@ -373,9 +392,19 @@ Status DcpReader::AddTensor(const DcpItem& item) {
     distinct.erase(repeat, distinct.end());
     std::sort(distinct.begin(), distinct.end());
   }
+  // Megatron's fragments: the real shape from mcore_data, each fragment placed in it.
+  MegatronReformulation megatron;
+  if (item.megatron_reformulated) {
+    std::string why;
+    if (!PlanMegatronReformulation(item.megatron_shape, item.shape, &megatron, &why))
+      return Status::NotSupported(metadata_path_, "'" + item.fqn + "': Megatron flattened fragments of real shape " +
+                                                      DimsText(item.megatron_shape) + " cannot be served: " + why);
+    entry.shape = item.megatron_shape;
+  }
   // The whole tensor in one archive (every world-size-1 save): its boxes are the tensor's
   // as they are, whether a byte range or a strided view.
-  const bool single = distinct.size() == 1 && std::ranges::equal(item.sizes(distinct.front()), item.shape);
+  const bool single = !item.megatron_reformulated && distinct.size() == 1 &&
+                      std::ranges::equal(item.sizes(distinct.front()), item.shape);
   entry.boxes.reserve(distinct.size());
   for (size_t k : distinct) {
     const Chunk c{item.offsets(k), item.sizes(k), item.chunk_slices[k]};
@@ -409,14 +438,46 @@ Status DcpReader::AddTensor(const DcpItem& item) {
       entry.storage_id = std::move(piece.storage_id);
       break;
     }
+    if (item.megatron_reformulated) {
+      CKPTFS_RETURN_IF_ERROR(PlaceFragment(item, megatron, *chunk, piece, &entry.boxes));
+      continue;
+    }
     // A block of the tensor: the chunk's boxes move to the chunk's offsets.
     if (!PlaceChunkBoxes(std::move(piece.boxes), chunk->offsets, chunk->sizes, &entry.boxes))
       return Status::Corruption(metadata_path_, "'" + item.fqn + "': chunk size overflows");
   }
+  if (item.megatron_reformulated) ++(megatron.row_major ? megatron_ranges_ : megatron_gathered_);
   if (catalog_->tensors.size() >= limits_.tensors)
     return Status::Refused(metadata_path_, "more than " + std::to_string(limits_.tensors) + " tensors")
         .WithLimitOption("max_tensors");
   catalog_->tensors.push_back(std::move(entry));
+  return Status::OK();
+}
+
+// One of Megatron's fragments: the chunk's elements must be stored contiguously (a 1-D
+// flattened range is saved as one), then they are placed in the real tensor.
+Status DcpReader::PlaceFragment(const DcpItem& item, const MegatronReformulation& plan, const Chunk& chunk,
+                                const TensorEntry& piece, BoxList* out) {
+  ++megatron_fragments_;
+  if (piece.numel() == 0) return Status::OK();
+  std::optional<uint64_t> base;
+  if (piece.boxes.size() == 1) {
+    const Box& box = piece.boxes.front();
+    bool contiguous = std::ranges::all_of(box.offset, [](uint64_t o) { return o == 0; });
+    uint64_t stride = 1;
+    for (size_t d = box.rank(); contiguous && d-- > 0;) {
+      if (box.extent[d] != 1 && box.strides[d] != stride) contiguous = false;
+      stride *= box.extent[d];
+    }
+    if (contiguous) base = box.base_offset;
+  }
+  if (!base)
+    return Status::NotSupported(metadata_path_, "'" + item.fqn + "': a Megatron flattened fragment is not stored "
+                                                "as one contiguous run, so it cannot be placed in the real shape");
+  std::string why;
+  if (!PlaceMegatronFragment(plan, chunk.offsets, chunk.sizes, piece.boxes.front().file, *base,
+                             Info(item.dtype).itemsize, out, &why))
+    return Status::Corruption(metadata_path_, "'" + item.fqn + "': " + why);
   return Status::OK();
 }
 

@@ -112,6 +112,7 @@ class MetadataParser {
   }
   Status ReadStorageData(const PyValue* storage_data);
   Status ReadItem(const std::string& fqn, const PyValue* value, DcpItem* item);
+  Status ReadMcoreData(const PyValue* mcore_data);
   Status ReadProperties(const std::string& fqn, const PyValue* props, DType* dtype);
   // The slice of `fqn`'s object (no offsets) or of its chunk at `offsets`.
   Status Slice(const std::string& fqn, const std::span<const uint64_t>* offsets, DcpSlice* slice) const;
@@ -133,6 +134,8 @@ class MetadataParser {
   // The same by the address of the pickled value (see ReadStorageData).
   std::unordered_map<const PyValue*, std::vector<StoredSlice>*> group_by_value_;
   std::unordered_map<const PyValue*, uint32_t> file_by_value_;
+  // mcore_data: fqn -> the real shape of a reformulated tensor (a view into the pickle).
+  std::unordered_map<std::string_view, std::vector<uint64_t>> megatron_shapes_;
   std::vector<uint64_t> scratch_;  // a tuple being read
   uint64_t dims_bytes_ = 0;        // what the items' chunk_dims take
 };
@@ -146,6 +149,7 @@ Status MetadataParser::Parse(const PyValue* root) {
     return Bad("Metadata.version is not a string");
   ReadStorageMeta(Field(root, "storage_meta"));
   CKPTFS_RETURN_IF_ERROR(ReadStorageData(Field(root, "storage_data")));
+  CKPTFS_RETURN_IF_ERROR(ReadMcoreData(Field(root, "mcore_data")));
 
   // planner_data: fqn -> the key path in the nested state dict (the default planner's).
   std::unordered_map<std::string_view, const PyValue*> planner;
@@ -175,6 +179,13 @@ Status MetadataParser::Parse(const PyValue* root) {
       }
     }
     if (item.path.empty()) item.path.emplace_back(item.fqn);
+    if (auto it = megatron_shapes_.find(k->s()); it != megatron_shapes_.end()) {
+      if (!item.is_tensor)
+        return Status::NotSupported(where_, "'" + item.fqn + "': mcore_data gives a real shape (nd_reformulated_orig_global_shape) "
+                                                              "for an entry that is not a tensor");
+      item.megatron_reformulated = true;
+      item.megatron_shape = std::move(it->second);
+    }
     out_->items.push_back(std::move(item));
   }
   return Status::OK();
@@ -341,6 +352,34 @@ Status MetadataParser::ReadItem(const std::string& fqn, const PyValue* value, Dc
         return BadItem(fqn, "a chunk extends past the tensor along dimension " + std::to_string(d));
     }
     CKPTFS_RETURN_IF_ERROR(Slice(fqn, &offsets, &item->chunk_slices[k]));
+  }
+  return Status::OK();
+}
+
+// megatron-core's `mcore_data`: {fqn: {}} for a plain tensor, {fqn:
+// {"nd_reformulated_orig_global_shape": (real shape)}} for one saved as flattened fragments.
+Status MetadataParser::ReadMcoreData(const PyValue* mcore_data) {
+  if (!mcore_data || mcore_data->kind() == Kind::kNone) return Status::OK();
+  const PyValue* entries = AsMapping(mcore_data);
+  if (!entries) return Bad("Metadata.mcore_data (Megatron's) is not a dict");
+  for (const auto& [k, v] : entries->entries()) {
+    if (k->kind() != Kind::kStr) return Bad("a key of Metadata.mcore_data (Megatron's) is not a string");
+    const PyValue* fields = AsMapping(v);
+    if (!fields) return BadItem(k->s(), "its mcore_data entry (Megatron's) is not a dict");
+    for (const auto& [name, value] : fields->entries()) {
+      if (name->kind() == Kind::kStr && name->s() == "nd_reformulated_orig_global_shape") {
+        std::vector<uint64_t> shape;
+        if (!AsUintTuple(value, &shape))
+          return BadItem(k->s(), "mcore_data's nd_reformulated_orig_global_shape is not a tuple of ints");
+        megatron_shapes_[k->s()] = std::move(shape);
+        continue;
+      }
+      // Another Megatron record of how the tensor was saved: what it changes is unknown, so
+      // the tensor's layout cannot be trusted.
+      return Status::NotSupported(where_, "'" + std::string(k->s()) + "': mcore_data (Megatron's) holds '" +
+                                              (name->kind() == Kind::kStr ? std::string(name->s()) : std::string("?")) +
+                                              "', which ckptfs does not know");
+    }
   }
   return Status::OK();
 }

@@ -47,6 +47,11 @@ struct DcpItem {
   }
   // Non-tensor items: a torch.save of the object.
   DcpSlice object;
+  // Megatron's flattened fragments (megatron-core before 0.14): `shape` is the reformulated
+  // shape DCP saved and this the real one, from the metadata's
+  // `mcore_data[fqn]["nd_reformulated_orig_global_shape"]` (src/format/megatron_fragments.hpp).
+  bool megatron_reformulated = false;
+  std::vector<uint64_t> megatron_shape;
 };
 
 struct DcpMetadata {
@@ -60,7 +65,9 @@ struct DcpMetadata {
 // `where` names it in messages, which also name the fqn concerned. Checks every chunk lies
 // inside its tensor and has a storage entry, every relative path stays inside the folder,
 // and refuses storage entries with transform descriptors (compressed or otherwise encoded
-// slices).
+// slices). Megatron's `mcore_data` (an attribute megatron-core adds to the Metadata) gives
+// reformulated tensors their real shapes; an entry of it that names anything else, or a real
+// shape for a non-tensor entry, is refused as not understood.
 Status ParseDcpMetadata(std::string bytes, std::string_view where, DcpMetadata* out,
                         const ReadLimits& limits = ReadLimits{});
 

@@ -259,6 +259,146 @@ bool RunsCode(std::string_view module, std::string_view name) {
   return false;
 }
 
+// The Python 2 names of globals as Python 3's unpickler maps them for protocols 0-2
+// (fix_imports, on by default; Python 3 writes them too at protocol 2): the builtins and
+// copyreg modules, and the builtins Python 3 renamed. Other modules keep their names.
+void FixImport(std::string_view* module, std::string_view* name) {
+  if (*module == "__builtin__") {
+    static constexpr std::array<std::array<std::string_view, 3>, 7> kRenamed = {{
+        {"xrange", "builtins", "range"}, {"reduce", "functools", "reduce"}, {"intern", "sys", "intern"},
+        {"unichr", "builtins", "chr"}, {"unicode", "builtins", "str"}, {"long", "builtins", "int"},
+        {"basestring", "builtins", "str"}}};
+    for (const auto& r : kRenamed)
+      if (*name == r[0]) {
+        *module = r[1];
+        *name = r[2];
+        return;
+      }
+    *module = "builtins";
+  } else if (*module == "copy_reg") {
+    *module = "copyreg";
+  }
+}
+
+// Appends code point `cp` as UTF-8 (a lone surrogate, which a Python str may hold, as its
+// three-byte form).
+void AppendUtf8(uint32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+// A Python 2 byte string (SHORT_BINSTRING, BINSTRING, STRING) as torch.load reads legacy
+// files, with encoding="latin1": each byte is the code point of its value. ASCII, nearly
+// every such string, is unchanged.
+bool IsAscii(std::string_view bytes) {
+  for (char c : bytes)
+    if (static_cast<uint8_t>(c) >= 0x80) return false;
+  return true;
+}
+std::string Latin1ToUtf8(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (char c : bytes) AppendUtf8(static_cast<uint8_t>(c), &out);
+  return out;
+}
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// The body of a protocol-0 STRING literal (quotes removed) unescaped as Python's
+// codecs.escape_decode does: \\, \', \", \a \b \f \n \r \t \v, \x + two hex digits, one
+// to three octal digits (modulo 256), a backslash before a newline dropped, and any other
+// escape kept as written. Fails on a bad \x escape or a trailing backslash, as Python does.
+bool EscapeDecode(std::string_view in, std::string* out) {
+  out->clear();
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != '\\') {
+      out->push_back(in[i]);
+      continue;
+    }
+    if (++i == in.size()) return false;
+    const char c = in[i];
+    switch (c) {
+      case '\n': break;
+      case '\\': case '\'': case '"': out->push_back(c); break;
+      case 'a': out->push_back('\a'); break;
+      case 'b': out->push_back('\b'); break;
+      case 'f': out->push_back('\f'); break;
+      case 'n': out->push_back('\n'); break;
+      case 'r': out->push_back('\r'); break;
+      case 't': out->push_back('\t'); break;
+      case 'v': out->push_back('\v'); break;
+      case 'x': {
+        const int hi = i + 1 < in.size() ? HexDigit(in[i + 1]) : -1;
+        const int lo = i + 2 < in.size() ? HexDigit(in[i + 2]) : -1;
+        if (hi < 0 || lo < 0) return false;
+        out->push_back(static_cast<char>(hi * 16 + lo));
+        i += 2;
+        break;
+      }
+      default:
+        if (c >= '0' && c <= '7') {
+          unsigned value = static_cast<unsigned>(c - '0');
+          for (int k = 0; k < 2 && i + 1 < in.size() && in[i + 1] >= '0' && in[i + 1] <= '7'; ++k)
+            value = value * 8 + static_cast<unsigned>(in[++i] - '0');
+          out->push_back(static_cast<char>(value & 0xFF));
+        } else {
+          out->push_back('\\');
+          out->push_back(c);
+        }
+    }
+  }
+  return true;
+}
+
+// The operand of protocol-0 UNICODE, decoded as Python's raw-unicode-escape: bytes are
+// latin1 code points, and \uXXXX / \UXXXXXXXX after an odd number of backslashes are
+// escapes (the backslash before them is dropped). Fails on a short escape or one past
+// U+10FFFF, as Python does.
+bool RawUnicodeEscapeDecode(std::string_view in, std::string* out) {
+  out->clear();
+  for (size_t i = 0; i < in.size();) {
+    if (in[i] != '\\') {
+      AppendUtf8(static_cast<uint8_t>(in[i++]), out);
+      continue;
+    }
+    const size_t run = i;
+    while (i < in.size() && in[i] == '\\') out->push_back(in[i++]);
+    if (((i - run) & 1) == 0 || i >= in.size() || (in[i] != 'u' && in[i] != 'U')) continue;
+    out->pop_back();
+    const size_t digits = in[i] == 'u' ? 4 : 8;
+    ++i;
+    if (in.size() - i < digits) return false;
+    uint32_t cp = 0;
+    for (size_t k = 0; k < digits; ++k) {
+      const int d = HexDigit(in[i + k]);
+      if (d < 0 || cp > 0x10FFFF) return false;
+      cp = cp * 16 + static_cast<uint32_t>(d);
+    }
+    if (cp > 0x10FFFF) return false;
+    AppendUtf8(cp, out);
+    i += digits;
+  }
+  return true;
+}
+
 class Machine {
  public:
   Machine(std::string_view bytes, std::string_view where, Pickle* out, uint64_t memory_limit,
@@ -473,6 +613,21 @@ class Machine {
   }
   Status PushLong(std::string_view le_bytes);
   Status PushGlobal(std::string_view module, std::string_view name);
+  // SHORT_BINSTRING / BINSTRING: a Python 2 byte string, read as latin1 text.
+  Status PushBinString(size_t width) {
+    uint64_t len = 0;
+    CKPTFS_RETURN_IF_ERROR(ReadLen(width, &len));
+    std::string_view s;
+    r_.Bytes(len, &s);
+    return PushStr(IsAscii(s) ? s : std::string_view(Latin1ToUtf8(s)), K::kStr);
+  }
+  // After a call of a mapping class (OrderedDict, dict) on the stack top: Python applies its
+  // argument, a list of (key, value) pairs or a dict, when it is called; its pairs become
+  // the object's entries here, as if set by SETITEMS, and the argument is dropped. Python 2
+  // pickles every OrderedDict so (a list of [key, value] lists). Taken at the call, they
+  // are the entries Python would see, whatever the pickle does to the list afterwards. An
+  // argument of another shape is left as it is.
+  Status ApplyMappingArguments();
   // Streamed parses (with a hook). A region: what the parse had made when a MARK was pushed.
   // When a taken call's argument tuple was built from the MARK just before it (torch's
   // rebuild calls always are), every value made since then is reachable only from that
@@ -602,6 +757,8 @@ class Machine {
   PyRef region_tuple_ = nullptr;
   Region region_;
   bool ran_out_ = false;  // the last failure was the bytes ending before the pickle did
+  uint8_t proto_ = 0;     // the PROTO opcode's, 0 without one (Python 2's names are mapped below 3)
+  std::vector<PyRef> pairs_;  // scratch of ApplyMappingArguments
 };
 
 Status Machine::PushLong(std::string_view le) {
@@ -624,10 +781,43 @@ Status Machine::PushLong(std::string_view le) {
 }
 
 Status Machine::PushGlobal(std::string_view module, std::string_view name) {
-  if (RunsCode(module, name))
-    return Status::Refused(where_, "pickle references " + std::string(module) + "." + std::string(name) +
+  const std::string_view written_module = module, written_name = name;
+  if (proto_ < 3) FixImport(&module, &name);
+  if (RunsCode(written_module, written_name) || RunsCode(module, name))
+    return Status::Refused(where_, "pickle references " + std::string(written_module) + "." + std::string(written_name) +
                                        ", which would run code when loaded; refusing it");
   return Push(B::NewGlobal(out_, module, name));
+}
+
+Status Machine::ApplyMappingArguments() {
+  PyRef obj = stack_.back();
+  if (obj->kind() != K::kObject || obj->kwargs()) return Status::OK();
+  const PyValue* callable = obj->callable();
+  if (!callable->IsGlobal("collections", "OrderedDict") && !callable->IsGlobal("builtins", "dict")) return Status::OK();
+  const PyValue* args = obj->args();
+  if (args->kind() != K::kTuple || args->items().size() != 1) return Status::OK();
+  const PyValue* items = args->items()[0];
+  pairs_.clear();
+  if (items->kind() == K::kDict) {
+    for (const PyPair& kv : items->entries()) {
+      pairs_.push_back(kv.first);
+      pairs_.push_back(kv.second);
+    }
+  } else if (items->kind() == K::kList || items->kind() == K::kTuple) {
+    for (PyRef pair : items->items()) {
+      if ((pair->kind() != K::kList && pair->kind() != K::kTuple) || pair->items().size() != 2) return Status::OK();
+      pairs_.push_back(pair->items()[0]);
+      pairs_.push_back(pair->items()[1]);
+    }
+  } else {
+    return Status::OK();
+  }
+  if (!empty_tuple_) {
+    CKPTFS_RETURN_IF_ERROR(PushShared(&empty_tuple_, K::kTuple, 0));
+    stack_.pop_back();
+  }
+  B::Object(obj)->args = empty_tuple_;
+  return SetItems(pairs_);
 }
 
 Status Machine::Call(PyRef callable, PyRef args, PyRef kwargs, bool keep, const Region* args_region) {
@@ -774,6 +964,7 @@ Status Machine::Step(uint8_t op, bool* stop) {
       uint8_t proto;
       if (!r_.U8(&proto)) return Truncated();
       if (proto > kHighestProtocol) return Fail("unsupported pickle protocol " + std::to_string(proto));
+      proto_ = proto;
       return Status::OK();
     }
     case FRAME: {  // framing is only a read-ahead hint: the opcodes continue inline
@@ -848,17 +1039,24 @@ Status Machine::Step(uint8_t op, bool* stop) {
     case BINUNICODE: return PushCounted(4, K::kStr);
     case SHORT_BINUNICODE: return PushCounted(1, K::kStr);
     case BINUNICODE8: return PushCounted(8, K::kStr);
-    case SHORT_BINSTRING: return PushCounted(1, K::kStr);
-    case BINSTRING: return PushCounted(4, K::kStr);
+    case SHORT_BINSTRING: return PushBinString(1);
+    case BINSTRING: return PushBinString(4);
     case BINBYTES: return PushCounted(4, K::kBytes);
     case SHORT_BINBYTES: return PushCounted(1, K::kBytes);
     case BINBYTES8: case BYTEARRAY8: return PushCounted(8, K::kBytes);
-    case UNICODE: if (!r_.Line(&text)) return Truncated(); return PushStr(text, K::kStr);
+    case UNICODE: {
+      if (!r_.Line(&text)) return Truncated();
+      std::string decoded;
+      if (!RawUnicodeEscapeDecode(text, &decoded)) return Fail("UNICODE operand with a malformed \\u escape");
+      return PushStr(decoded, K::kStr);
+    }
     case STRING: {
       if (!r_.Line(&text)) return Truncated();
-      if (text.size() >= 2 && (text.front() == '\'' || text.front() == '"') && text.back() == text.front())
-        text = text.substr(1, text.size() - 2);
-      return PushStr(text, K::kStr);
+      if (text.size() < 2 || (text.front() != '\'' && text.front() != '"') || text.back() != text.front())
+        return Fail("STRING operand is not quoted");
+      std::string decoded;
+      if (!EscapeDecode(text.substr(1, text.size() - 2), &decoded)) return Fail("STRING operand with a malformed escape");
+      return PushStr(IsAscii(decoded) ? decoded : Latin1ToUtf8(decoded), K::kStr);
     }
 
     case EMPTY_TUPLE: return PushTuple({});
@@ -935,7 +1133,8 @@ Status Machine::Step(uint8_t op, bool* stop) {
       }
       // The tuple popped is the one the last TUPLE made, and the callable was below its MARK:
       // the region holds the arguments alone.
-      return Call(a, b, nullptr, false, hook_ && region_tuple && b == region_tuple ? &region_ : nullptr);
+      CKPTFS_RETURN_IF_ERROR(Call(a, b, nullptr, false, hook_ && region_tuple && b == region_tuple ? &region_ : nullptr));
+      return ApplyMappingArguments();
     case NEWOBJ:
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
       CKPTFS_RETURN_IF_ERROR(Pop(&a));
@@ -953,7 +1152,8 @@ Status Machine::Step(uint8_t op, bool* stop) {
       CKPTFS_RETURN_IF_ERROR(Pop(&a));
       CKPTFS_RETURN_IF_ERROR(PushTuple(scratch_));
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
-      return Call(a, b, nullptr);
+      CKPTFS_RETURN_IF_ERROR(Call(a, b, nullptr));
+      return ApplyMappingArguments();
     }
     case OBJ: {
       CKPTFS_RETURN_IF_ERROR(PopMark());
@@ -961,7 +1161,8 @@ Status Machine::Step(uint8_t op, bool* stop) {
       a = scratch_.front();
       CKPTFS_RETURN_IF_ERROR(PushTuple(std::span<const PyRef>(scratch_).subspan(1)));
       CKPTFS_RETURN_IF_ERROR(Pop(&b));
-      return Call(a, b, nullptr);
+      CKPTFS_RETURN_IF_ERROR(Call(a, b, nullptr));
+      return ApplyMappingArguments();
     }
     case BUILD: {
       CKPTFS_RETURN_IF_ERROR(Pop(&b));

@@ -153,6 +153,7 @@ Status Consolidation::Assemble(const Collected& first, TensorEntry* full) {
   std::set<std::vector<uint64_t>> coordinates;
   // ShardedTensor: the blocks the metadata lists, and which of them a rank file holds.
   std::set<std::pair<std::vector<uint64_t>, std::vector<uint64_t>>> held;
+  std::vector<std::pair<size_t, const LocalShard*>> placed;  // (rank, shard) of the non-empty shards served
   for (size_t r = 0; r < world; ++r) {
     const DistributedTensor& t = ranks_[r].distributed[ranks_[r].distributed_by_key.at(key)].tensor;
     if (t.kind != t0.kind)
@@ -187,9 +188,17 @@ Status Consolidation::Assemble(const Collected& first, TensorEntry* full) {
                .second)
         return Fail(r, key, "the shard at " + DimsText(s.offsets) + " is held by another rank file too");
       if (s.tensor.numel() == 0) continue;
-      if (!PlaceChunkBoxes(s.tensor.boxes, s.offsets, s.tensor.shape, &full->boxes))
-        return Fail(r, key, "a local shard too large to place");
+      placed.push_back({r, &s});
     }
+  }
+  // A shard that is the whole tensor (Replicate on every mesh dimension, a world of one) keeps
+  // its stored boxes: a byte range stays a byte range.
+  if (placed.size() == 1 && placed[0].second->tensor.shape == full->shape) {
+    full->boxes = placed[0].second->tensor.boxes;
+  } else {
+    for (const auto& [r, s] : placed)
+      if (!PlaceChunkBoxes(s->tensor.boxes, s->offsets, s->tensor.shape, &full->boxes))
+        return Fail(r, key, "a local shard too large to place");
   }
   if (t0.kind == DistributedTensor::Kind::kShardedTensor)
     for (const DistributedTensor::ShardMeta& m : t0.shards)

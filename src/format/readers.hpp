@@ -37,7 +37,7 @@ Status ReadTorchZip(const std::string& path, Catalog* catalog, nlohmann::json* m
 // (a chunk of a larger file): tensor offsets are offsets in that file.
 Status ReadTorchZip(const FileWindow& window, Catalog* catalog, nlohmann::json* metadata,
                     const ReadLimits& limits = ReadLimits{});
-inline constexpr uint32_t kTorchZipFormat = 1;
+inline constexpr uint32_t kTorchZipFormat = 2;
 
 // True when a file's first bytes (`head`, the first 512 or all when shorter) start a legacy
 // torch.save stream (a pickle) or a tar archive (torch <= 0.3 saved tar files).
@@ -46,13 +46,13 @@ bool IsTorchLegacy(std::string_view head);
 // like a torch.save zip; the tar-based format of torch <= 0.3 is refused by name.
 Status ReadTorchLegacy(const std::string& path, std::string_view head, Catalog* catalog, nlohmann::json* metadata,
                        const ReadLimits& limits = ReadLimits{});
-inline constexpr uint32_t kTorchLegacyFormat = 1;
+inline constexpr uint32_t kTorchLegacyFormat = 2;
 
 // A TorchScript archive (torch.jit.save): the module tree's tensors under the names
 // Module.state_dict() gives them, constants under "CONSTANTS.c<i>"; code is never read.
 Status ReadTorchScript(const std::string& path, Catalog* catalog, nlohmann::json* metadata,
                        const ReadLimits& limits = ReadLimits{});
-inline constexpr uint32_t kTorchScriptFormat = 1;
+inline constexpr uint32_t kTorchScriptFormat = 2;
 
 // A torch.export.save package (.pt2): parameters, buffers and constants by their
 // state-dict names, from the package's weight and constant configs.
@@ -102,7 +102,7 @@ bool IsDcpFolder(Env& env, const std::string& dir);
 // the Env of catalog->files. Tensor chunks become boxes of the full tensors; non-tensor
 // entries are decoded into the catalog's metadata; metadata["dcp"] says what was served.
 Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);
-inline constexpr uint32_t kDcpFormat = 1;
+inline constexpr uint32_t kDcpFormat = 2;
 
 // A veRL FSDP checkpoint: an actor or critic folder (model_world_size_W_rank_R.pt, ...), the
 // global_step_N/ folder holding it or the run folder naming the step

@@ -96,7 +96,7 @@ std::span<const ReaderEntry* const> Readers();
 // What identifies the code that builds a catalog whose Catalog::format is `format`, as the
 // catalog cache records and compares it: the project version, the number of the detection
 // order, and the numbers of the reader that builds such a catalog and of the readers it reads
-// files through ("ckptfs 0.1.0; detection 1; torch-zip 1"). Empty when no reader builds
+// files through ("ckptfs 0.1.0; detection 2; torch-zip 2"). Empty when no reader builds
 // `format`.
 std::string ReaderStamp(std::string_view format);
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <optional>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,129 @@ using Kind = PyValue::Kind;
 
 // Real checkpoints nest a handful of levels; deeper means a cycle or an attack.
 constexpr int kMaxDepth = 256;
+
+// What marks a value as tensor data (doc/FORMATS.md, "Objects that hold tensors"): a call
+// of a torch rebuild function (torch._utils._rebuild_*, torch._tensor._rebuild_*, served or
+// not), a streamed parse's taken tensor, or a storage persistent id. nullptr for anything
+// else.
+const char* TensorMarker(const PyValue* v) {
+  switch (v->kind()) {
+    case Kind::kTaken: return "a tensor";
+    case Kind::kPersistent: {
+      const PyValue* pid = v->args();
+      if (pid && pid->kind() == Kind::kTuple && !pid->items().empty() && pid->items()[0]->kind() == Kind::kStr &&
+          pid->items()[0]->s() == "storage")
+        return "a storage";
+      return nullptr;
+    }
+    case Kind::kObject: {
+      const PyValue* c = v->callable();
+      if (c && c->kind() == Kind::kGlobal && (c->s() == "torch._utils" || c->s() == "torch._tensor") &&
+          c->name().starts_with("_rebuild_"))
+        return "a tensor";
+      return nullptr;
+    }
+    default: return nullptr;
+  }
+}
+
+// Whether anything reachable from `v` is tensor data (TensorMarker). Each value is looked at
+// once; `visit` charges the walk's budget.
+Status HoldsTensors(const PyValue* v, const std::function<Status()>& visit, bool* holds) {
+  *holds = false;
+  std::vector<const PyValue*> stack = {v};
+  std::unordered_set<const PyValue*> seen;
+  while (!stack.empty()) {
+    const PyValue* x = stack.back();
+    stack.pop_back();
+    if (!x || !seen.insert(x).second) continue;
+    CKPTFS_RETURN_IF_ERROR(visit());
+    if (TensorMarker(x)) {
+      *holds = true;
+      return Status::OK();
+    }
+    for (const PyValue* item : x->items()) stack.push_back(item);
+    for (const auto& [k, val] : x->entries()) {
+      stack.push_back(k);
+      stack.push_back(val);
+    }
+    if (x->kind() == Kind::kObject) {
+      stack.push_back(x->args());
+      stack.push_back(x->kwargs());
+      stack.push_back(x->state());
+    }
+  }
+  return Status::OK();
+}
+
+// The Python attributes a served tensor carries beside its data: the `state` of
+// _rebuild_parameter_with_state and of _rebuild_from_type_v2, at any level of the call.
+// They are not served; tensors there are refused.
+void TensorStates(const PyValue* v, int depth, std::vector<const PyValue*>* out) {
+  if (v->kind() != Kind::kObject || depth > 16) return;
+  const PyValue* c = v->callable();
+  if (IsGlobal(c, "torch._utils._rebuild_parameter") || IsGlobal(c, "torch._utils._rebuild_parameter_with_state")) {
+    if (IsGlobal(c, "torch._utils._rebuild_parameter_with_state") && Arg(v, 3)) out->push_back(Arg(v, 3));
+    if (Arg(v, 0)) TensorStates(Arg(v, 0), depth + 1, out);
+  } else if (IsGlobal(c, "torch._tensor._rebuild_from_type_v2")) {
+    if (Arg(v, 3)) out->push_back(Arg(v, 3));
+  }
+}
+
+// A plain Python object whose attributes are its data: made by calling its class with no
+// arguments (NEWOBJ or REDUCE of `cls()`, protocol 0-1's copyreg._reconstructor(cls,
+// object, None), INST), then given a dict by BUILD (or nothing). argparse.Namespace,
+// dataclasses, a whole nn.Module (torch.save(model)) and TorchScript's modules are of
+// this form. torch.distributed's classes (DTensor's specs, device meshes, ShardedTensor's
+// shards) are not: their tensors have a layout of their own, which only a recogniser of
+// that class may serve.
+bool IsAttributeObject(const PyValue* v) {
+  if (v->kind() != Kind::kObject || v->kwargs()) return false;
+  const PyValue* cls = v->callable();
+  const PyValue* args = v->args();
+  if (!cls || cls->kind() != Kind::kGlobal || !args || args->kind() != Kind::kTuple) return false;
+  if (IsGlobal(cls, "copyreg._reconstructor")) {
+    if (args->items().size() != 3 || !IsGlobal(args->items()[1], "builtins.object") ||
+        args->items()[2]->kind() != Kind::kNone)
+      return false;
+    cls = args->items()[0];
+    if (cls->kind() != Kind::kGlobal) return false;
+  } else if (!args->items().empty()) {
+    return false;
+  }
+  if (cls->s() == "torch.distributed" || cls->s().starts_with("torch.distributed.") || cls->s() == "torch._utils" ||
+      cls->s() == "torch._tensor")
+    return false;
+  return !v->state() || v->state()->kind() == Kind::kDict;
+}
+
+// A tensor met where the walk serves none: a dict key, an attribute object's set or appended
+// items (a dict or list subclass).
+constexpr std::string_view kTensorServedNowhere = "a tensor where ckptfs serves none (a dict key, or an item of an object)";
+
+// How a refusal names a path: the flattened key, or the saved object itself.
+std::string Where(const std::vector<PathElement>& path) {
+  return path.empty() ? std::string("the saved object") : "'" + FlattenKey(path) + "'";
+}
+
+// What the refusal of object `v` says it is.
+std::string Describe(const PyValue* v) {
+  const PyValue* c = v->callable();
+  if (IsGlobal(c, "torch._tensor._rebuild_from_type_v2")) {
+    const PyValue* func = Arg(v, 0);
+    const PyValue* type = Arg(v, 1);
+    return "a tensor of class " + (type && type->kind() == Kind::kGlobal ? QualifiedName(type) : std::string("?")) +
+           " rebuilt by " + (func && func->kind() == Kind::kGlobal ? QualifiedName(func) : std::string("?"));
+  }
+  if (const char* marker = TensorMarker(v)) {
+    (void)marker;
+    return "a tensor rebuilt by " + QualifiedName(c);
+  }
+  const std::string cls = v->CallableName();
+  if (IsGlobal(c, "copyreg._reconstructor") && Arg(v, 0) && Arg(v, 0)->kind() == Kind::kGlobal)
+    return "an object of class " + QualifiedName(Arg(v, 0)) + " holding tensors";
+  return cls.empty() ? std::string("an object holding tensors") : "an object of class " + cls + " holding tensors";
+}
 
 // Streams the parse of a torch.save archive's data.pkl: each tensor rebuild call becomes a
 // catalog entry as soon as the parse makes it (key and path still empty), in parse order,
@@ -93,6 +217,14 @@ Status TensorStream::OnCall(const PyValue* call, bool* take, uint64_t* index) {
   if (!callable || callable->kind() != Kind::kGlobal || (callable->s() != "torch._utils" && callable->s() != "torch._tensor"))
     return Status::OK();
   if (!RebuildInputsFixed(call, 0)) return Status::OK();
+  // A tensor whose Python attributes hold tensors is left to the walk, which refuses it.
+  std::vector<const PyValue*> states;
+  TensorStates(call, 0, &states);
+  for (const PyValue* state : states) {
+    bool holds = false;
+    CKPTFS_RETURN_IF_ERROR(HoldsTensors(state, [] { return Status::OK(); }, &holds));
+    if (holds) return Status::OK();
+  }
   // A parameter around a tensor already taken is that tensor.
   if ((IsGlobal(callable, "torch._utils._rebuild_parameter") ||
        IsGlobal(callable, "torch._utils._rebuild_parameter_with_state")) &&
@@ -141,6 +273,18 @@ class TorchZipReader {
  private:
   Status Walk(const PyValue* v, std::vector<PathElement>* path, int depth, json* out, bool* keep);
   Status WalkOpaque(const PyValue* v, std::vector<PathElement>* path, int depth, json* out);
+  // The rule of the torch readers (doc/FORMATS.md, "Objects that hold tensors"): object `v`,
+  // which is neither a served tensor nor a mapping nor a plain attribute object, is refused
+  // at `path` when it holds tensors. Walk's one point of refusal; recognisers of objects with
+  // a tensor layout of their own are tried before it.
+  Status RefuseIfHoldsTensors(const PyValue* v, const std::vector<PathElement>& path);
+  // Refusal of what the walker met at `path` and cannot serve.
+  Status NotUnderstood(const std::vector<PathElement>& path, const std::string& what) const {
+    return Status::NotSupported(path_, Where(path) + ": " + what + "; ckptfs does not know how to serve it");
+  }
+  Status Holds(const PyValue* v, bool* holds) {
+    return HoldsTensors(v, [this] { return Visit(); }, holds);
+  }
   // A DTensor or ShardedTensor at `path` (*found): its local shards served under
   // <key>.local_shards.<i> and described in *out, or handed to the sink.
   Status WalkDistributed(const PyValue* v, std::vector<PathElement>* path, json* out, bool* found);
@@ -171,6 +315,9 @@ class TorchZipReader {
   // which streamed entries the walk has named.
   std::vector<uint32_t> walk_order_;
   std::vector<bool> named_;
+  // Above 0 while the walk is inside an object found to hold no tensor: nothing below it
+  // needs looking at again.
+  int tensor_free_ = 0;
 };
 
 }  // namespace
@@ -297,12 +444,33 @@ Status TorchZipReader::Walk(const PyValue* v, std::vector<PathElement>* path, in
   bool is_tensor = false;
   CKPTFS_RETURN_IF_ERROR(RebuildTensor(v, storages_, &t, &is_tensor));
   if (is_tensor) {
+    std::vector<const PyValue*> states;
+    TensorStates(v, 0, &states);
+    for (const PyValue* state : states) {
+      bool holds = false;
+      CKPTFS_RETURN_IF_ERROR(Holds(state, &holds));
+      if (holds) return NotUnderstood(*path, "tensors among the Python attributes of a tensor");
+    }
     *keep = false;
     return AddTensor(std::move(t), *path);
   }
 
-  // Mappings: dict, OrderedDict(...) with items, and BUILD-wrapped dicts.
+  // Mappings: dict, OrderedDict(...) and defaultdict(...) with items, and BUILD-wrapped dicts.
   if (const PyValue* mapping = AsMapping(v)) {
+    if (v->kind() == Kind::kObject) {
+      // Only the entries are served: tensors in the object's other parts (attributes set by
+      // BUILD, arguments other than a defaultdict's factory, appended items) are refused.
+      const bool factory = IsCall(v, "collections.defaultdict") && v->args() && v->args()->items().size() <= 1 &&
+                           (v->args()->items().empty() || !TensorMarker(v->args()->items()[0]));
+      const PyValue items = PyValue::ListOf(v->items());
+      const PyValue* parts[] = {factory || v->args() == mapping ? nullptr : v->args(), v->kwargs(), v->state(),
+                                v->items().empty() ? nullptr : &items};
+      for (const PyValue* part : parts) {
+        bool holds = false;
+        if (part) CKPTFS_RETURN_IF_ERROR(Holds(part, &holds));
+        if (holds) return NotUnderstood(*path, "tensors in a mapping's attributes or arguments, not among its items");
+      }
+    }
     *out = json::object();
     bool dropped = false;
     for (const auto& [k, val] : mapping->entries()) {
@@ -348,7 +516,22 @@ Status TorchZipReader::Walk(const PyValue* v, std::vector<PathElement>* path, in
     *keep = any_kept;
     return Status::OK();
   }
+  if (v->kind() == Kind::kObject && !IsAttributeObject(v)) {
+    // Recognisers of objects that hold tensors in a layout of their own go here.
+    if (tensor_free_ == 0) CKPTFS_RETURN_IF_ERROR(RefuseIfHoldsTensors(v, *path));
+    // Found to hold none: nothing below needs looking at again.
+    ++tensor_free_;
+    Status s = WalkOpaque(v, path, depth, out);
+    --tensor_free_;
+    return s;
+  }
   return WalkOpaque(v, path, depth, out);
+}
+
+Status TorchZipReader::RefuseIfHoldsTensors(const PyValue* v, const std::vector<PathElement>& path) {
+  bool holds = false;
+  CKPTFS_RETURN_IF_ERROR(Holds(v, &holds));
+  return holds ? NotUnderstood(path, Describe(v)) : Status::OK();
 }
 
 Status TorchZipReader::WalkDistributed(const PyValue* v, std::vector<PathElement>* path, json* out, bool* found) {
@@ -380,7 +563,8 @@ Status TorchZipReader::WalkDistributed(const PyValue* v, std::vector<PathElement
 }
 
 // Values that are not containers: scalars become JSON, unknown objects become an inspectable
-// {"$class", "args", "state"} node. Tensors inside an opaque call's arguments are not served.
+// {"$class", "args", "state"} node. Tensor data met here (a tensor as a dict key, inside an
+// attribute object's appended or set items) cannot be served: it is refused.
 Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* path, int depth, json* out) {
   CKPTFS_RETURN_IF_ERROR(Visit());
   if (depth > kMaxDepth) return Bad("objects nested deeper than " + std::to_string(kMaxDepth) + " levels (a cycle?)");
@@ -397,6 +581,7 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
     case Kind::kBytes: *out = json{{"$bytes", v->s().size()}}; return Status::OK();
     case Kind::kGlobal: *out = json{{"$global", QualifiedName(v)}}; return Status::OK();
     case Kind::kPersistent: {
+      if (TensorMarker(v)) return NotUnderstood(*path, "a storage outside any tensor");
       json pid;
       std::vector<PathElement> none;
       CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->args(), &none, depth + 1, &pid));
@@ -421,12 +606,7 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
       }
       return Status::OK();
     }
-    case Kind::kTaken: {
-      const TensorEntry* t = storages_.Taken(v->taken());
-      if (!t) return Bad("internal: a streamed tensor out of range");
-      *out = json{{"$tensor_not_served", {{"dtype", Info(t->dtype).torch_name}, {"shape", t->shape}}}};
-      return Status::OK();
-    }
+    case Kind::kTaken: return NotUnderstood(*path, std::string(kTensorServedNowhere));
     case Kind::kObject: break;
   }
   const std::string cls = v->CallableName();
@@ -438,21 +618,26 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
     *out = Arg(v, 0)->s();
     return Status::OK();
   }
-  TensorEntry t;
-  bool is_tensor = false;
-  CKPTFS_RETURN_IF_ERROR(RebuildTensor(v, storages_, &t, &is_tensor));
-  if (is_tensor) {
-    *out = json{{"$tensor_not_served", {{"dtype", Info(t.dtype).torch_name}, {"shape", t.shape}}}};
-    return Status::OK();
+  if (TensorMarker(v)) {
+    TensorEntry t;
+    bool is_tensor = false;
+    CKPTFS_RETURN_IF_ERROR(RebuildTensor(v, storages_, &t, &is_tensor));
+    return NotUnderstood(*path, is_tensor ? std::string(kTensorServedNowhere) : Describe(v));
   }
   *out = json::object();
-  if (!cls.empty()) (*out)["$class"] = cls;
+  // Protocols 0-1 make a plain object as copyreg._reconstructor(cls, object, None): its class
+  // is cls, and those arguments say nothing more.
+  const bool reconstructed = IsGlobal(v->callable(), "copyreg._reconstructor") && Arg(v, 0) &&
+                             Arg(v, 0)->kind() == Kind::kGlobal && Arg(v, 1) && IsGlobal(Arg(v, 1), "builtins.object") &&
+                             Arg(v, 2) && Arg(v, 2)->kind() == Kind::kNone && v->args()->items().size() == 3;
+  if (reconstructed) (*out)["$class"] = QualifiedName(Arg(v, 0));
+  else if (!cls.empty()) (*out)["$class"] = cls;
   else if (v->callable()) {
     json callable;
     CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->callable(), path, depth + 1, &callable));
     (*out)["$call"] = std::move(callable);
   }
-  if (v->args()) CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->args(), path, depth + 1, &(*out)["args"]));
+  if (v->args() && !reconstructed) CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->args(), path, depth + 1, &(*out)["args"]));
   if (v->kwargs()) CKPTFS_RETURN_IF_ERROR(WalkOpaque(v->kwargs(), path, depth + 1, &(*out)["kwargs"]));
   if (v->state()) {
     // Attributes (argparse.Namespace, dataclasses) are walked like a dict: tensors
@@ -474,6 +659,13 @@ Status TorchZipReader::WalkOpaque(const PyValue* v, std::vector<PathElement>* pa
     CKPTFS_RETURN_IF_ERROR(WalkOpaque(&rest, path, depth + 1, &(*out)["appended"]));
   }
   return Status::OK();
+}
+
+Status NoTensorsFromTensorData(size_t served, size_t stored, const std::string& path, std::string_view what) {
+  if (served > 0 || stored == 0) return Status::OK();
+  return Status::NotSupported(path, "holds " + std::to_string(stored) + " " + std::string(what) +
+                                        " but no tensor ckptfs can serve: the object that holds them is not one it "
+                                        "understands");
 }
 
 Status FlattenTorchObject(const PyValue* root, size_t value_count, const StorageResolver& storages,
@@ -502,14 +694,22 @@ Status ReadTorchZipIn(const FileWindow& window, Catalog* catalog, json* metadata
     // keys are checked, which adds its own scratch.
     streamed = reader.Read(archive.root(), archive.value_count(), metadata, [&archive] { archive.ReleasePickle(); });
   }
-  if (streamed.ok() || !archive.streamed()) return streamed;
-  catalog->tensors.erase(catalog->tensors.begin() + static_cast<std::ptrdiff_t>(stream.first()), catalog->tensors.end());
-  CKPTFS_RETURN_IF_ERROR(archive.ParseAgain());
-  // About one tensor per stored record: reserved, the catalog is not copied as it grows
-  // (a million tensors' vector held its old and new copies, ~260 MB, at the parse's peak).
-  catalog->tensors.reserve(catalog->tensors.size() +
-                           std::min<size_t>(archive.zip().entries().size(), limits.tensors));
-  return FlattenTorchObject(archive.root(), archive.value_count(), archive, catalog, limits, metadata, sink);
+  if (!streamed.ok() && archive.streamed()) {
+    catalog->tensors.erase(catalog->tensors.begin() + static_cast<std::ptrdiff_t>(stream.first()),
+                           catalog->tensors.end());
+    CKPTFS_RETURN_IF_ERROR(archive.ParseAgain());
+    // About one tensor per stored record: reserved, the catalog is not copied as it grows
+    // (a million tensors' vector held its old and new copies, ~260 MB, at the parse's peak).
+    catalog->tensors.reserve(catalog->tensors.size() +
+                             std::min<size_t>(archive.zip().entries().size(), limits.tensors));
+    streamed = FlattenTorchObject(archive.root(), archive.value_count(), archive, catalog, limits, metadata, sink);
+  }
+  CKPTFS_RETURN_IF_ERROR(streamed);
+  // A sink takes the distributed tensors, whose storages the catalog then does not serve:
+  // the set of rank files checks what it consolidates.
+  if (sink) return Status::OK();
+  return NoTensorsFromTensorData(catalog->tensors.size() - stream.first(), archive.storage_records(), archive.path(),
+                                 "storage records");
 }
 
 }  // namespace

@@ -62,7 +62,9 @@ bool AsUintTuple(const PyValue* v, BoxDims* out) { return AsUints(v, out); }
 const PyValue* AsMapping(const PyValue* v) {
   if (!v) return nullptr;
   if (v->kind() == Kind::kDict) return v;
-  if (IsCall(v, "collections.OrderedDict") || IsCall(v, "__builtin__.dict") || IsCall(v, "builtins.dict")) return v;
+  if (IsCall(v, "collections.OrderedDict") || IsCall(v, "collections.defaultdict") || IsCall(v, "__builtin__.dict") ||
+      IsCall(v, "builtins.dict"))
+    return v;
   // State set on a plain dict by BUILD (state_dict()._metadata): the dict is the argument.
   if (v->kind() == Kind::kObject && v->callable() && v->callable()->kind() == Kind::kNone && v->args() &&
       v->args()->kind() == Kind::kDict)
@@ -125,6 +127,10 @@ Status TorchArchive::Open(const SourceFiles& files, FileWindow window, const Rea
   if (!records.torchscript && zip_.Find(prefix_ + "constants.pkl"))
     return Status::NotSupported(path_, "TorchScript archive (torch.jit.save) read as a torch.save checkpoint");
   storage_dir_ = records.storage_dir;
+  storage_records_ = 0;
+  const std::string storage_prefix = prefix_ + storage_dir_;
+  for (const ZipEntry& e : zip_.entries())
+    if (e.name.size() > storage_prefix.size() && std::string_view(e.name).starts_with(storage_prefix)) ++storage_records_;
   const ZipEntry* pkl = nullptr;
   if (!records.pickle.empty()) {
     pkl = zip_.Find(prefix_ + records.pickle);

@@ -101,6 +101,11 @@ Status FlattenTorchObject(const PyValue* root, size_t value_count, const Storage
                           Catalog* catalog, const ReadLimits& limits, nlohmann::json* metadata,
                           DistributedTensorSink* sink = nullptr);
 
+// The second half of the torch readers' rule (doc/FORMATS.md, "Objects that hold tensors"):
+// a file that holds tensor data (`stored` storages, described as `what`) and serves none of
+// it (`served` tensors) was not understood, and is refused.
+Status NoTensorsFromTensorData(size_t served, size_t stored, const std::string& path, std::string_view what);
+
 // Which records of a torch zip archive to read as its object pickle and storages.
 struct ArchiveRecords {
   std::string pickle = "data.pkl";
@@ -147,6 +152,9 @@ class TorchArchive : public StorageResolver {
   const PyValue* root() const { return pickle_ ? pickle_->root : nullptr; }
   // Values in the parsed pickle (walkers bound their work by it).
   size_t value_count() const { return pickle_ ? pickle_->value_count() : 0; }
+  // Storage records (`<archive>/data/...`, or the folder the records name) the archive holds:
+  // tensor data, which a reader serving no tensor has failed to understand.
+  size_t storage_records() const { return storage_records_; }
 
   // When `v` is a tensor rebuild call (_rebuild_tensor[_v2|_v3], _rebuild_parameter,
   // _rebuild_from_type_v2), sets *is_tensor and fills dtype, shape, extents or strided
@@ -176,6 +184,7 @@ class TorchArchive : public StorageResolver {
   ReadLimits limits_;
   bool streamed_ = false;
   bool released_ = false;
+  size_t storage_records_ = 0;
   uint64_t max_entries_ = 0;
   // Which storage records a lookup has checked (compression, size), by the index of their
   // zip entry: a bit each where a memo of data offsets would take 8 bytes (8 MB at the peak

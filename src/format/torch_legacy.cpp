@@ -258,7 +258,9 @@ Status LegacyReader::Read(json* metadata) {
   CKPTFS_RETURN_IF_ERROR(ReadPickleAt(offset, "storage key list pickle", &keys, &offset));
   head_ = std::string();  // the pickles are parsed (each keeps its own copy)
   CKPTFS_RETURN_IF_ERROR(LocateStorages(keys.root, offset));
-  return FlattenTorchObject(object_.root, object_.value_count(), *this, catalog_, limits_, metadata);
+  const size_t before = catalog_->tensors.size();
+  CKPTFS_RETURN_IF_ERROR(FlattenTorchObject(object_.root, object_.value_count(), *this, catalog_, limits_, metadata));
+  return NoTensorsFromTensorData(catalog_->tensors.size() - before, storages_.size(), path_, "storages");
 }
 
 // torch <= 0.3 wrote a tar archive with members sys_info, pickle, storages and tensors.

@@ -30,6 +30,8 @@ Status ReadTorchScript(const std::string& path, Catalog* catalog, json* metadata
   const size_t first_tensor = catalog->tensors.size();
   json module;
   CKPTFS_RETURN_IF_ERROR(FlattenTorchObject(data.root(), data.value_count(), data, catalog, limits, &module));
+  CKPTFS_RETURN_IF_ERROR(
+      NoTensorsFromTensorData(catalog->tensors.size() - first_tensor, data.storage_records(), data.path(), "storage records"));
 
   // constants.pkl: a tuple, the i-th item being CONSTANTS.c<i> in the code.
   records.pickle = "constants.pkl";

@@ -47,7 +47,12 @@ class ViewBuilder {
   const ViewOptions& options_;
   View* view_;
   std::set<std::string> hidden_siblings_;
+  std::map<std::string, std::string> renamed_siblings_;  // source name -> served name
 };
+
+// A source's own metadata.json (a Megatron step folder's: its backends and versions) is
+// served under this name, since ckptfs's metadata.json has the name in every tree.
+constexpr const char* kSourceMetadataName = "metadata.source.json";
 
 View::NodeId ViewBuilder::AddEntry(View::NodeId parent, std::string name, bool is_dir) {
   View::NodeId id = static_cast<View::NodeId>(view_->entries_.size());
@@ -294,6 +299,7 @@ Status ViewBuilder::BuildManifest(View::NodeId id) {
   for (const auto& [name, value] : served_.manifest_fields().items()) m[name] = value;
   if (options_.shard_size) m["shard_size"] = options_.shard_size;
   if (!hidden_siblings_.empty()) m["hidden_sibling_files"] = hidden_siblings_;
+  if (!renamed_siblings_.empty()) m["renamed_sibling_files"] = renamed_siblings_;
   // The per-tensor entries are written as text: a json tree of 100,000 entries would take
   // most of a mount's start-up time and double its peak memory.
   std::string head = m.dump(1, ' ', false, json::error_handler_t::replace);
@@ -368,9 +374,19 @@ Status ViewBuilder::Build() {
 
   std::set<std::string> ours = {"tensors", "metadata.json", "manifest.json"};
   for (View::NodeId c : view_->entries_[root].children) ours.insert(view_->entries_[c].name);
-  for (uint32_t f : catalog_.sibling_files) {
+  auto base_name = [&](uint32_t f) {
     const std::string& path = catalog_.files->path(f);
-    std::string name = path.substr(path.rfind('/') + 1);
+    return path.substr(path.rfind('/') + 1);
+  };
+  std::set<std::string> sibling_names;
+  for (uint32_t f : catalog_.sibling_files) sibling_names.insert(base_name(f));
+  for (uint32_t f : catalog_.sibling_files) {
+    std::string name = base_name(f);
+    // A sibling that has the new name itself keeps it; the renamed one is then hidden.
+    if (name == "metadata.json" && !sibling_names.count(kSourceMetadataName) && !ours.count(kSourceMetadataName)) {
+      renamed_siblings_[name] = kSourceMetadataName;
+      name = kSourceMetadataName;
+    }
     if (ours.count(name)) {
       hidden_siblings_.insert(name);  // the generated file of that name wins
       continue;

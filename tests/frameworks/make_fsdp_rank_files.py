@@ -17,6 +17,8 @@ assembles (DTensor.full_tensor(), FSDP1's FULL_STATE_DICT) into reference files:
     OUT/<case>/optim.reference.safetensors
     OUT/<case>/local/rank<R>.safetensors      each rank's local shards, keyed
                                               <key>.local_shards.<i> (model and optim)
+    OUT/fsdp1_*/local_state_dict/<group>.pt   FSDP1 LOCAL_STATE_DICT of rank R, and
+    OUT/fsdp1_*/local/rank<R>.flat.safetensors  its local shard of the flat parameter
     OUT/cases.json                            {case: {world_size, kind, placements}}
 
 Cases: fsdp2_ws{2,3} (fully_shard: Shard(0)), fsdp1_ws{2,3} (FSDP1 SHARDED_STATE_DICT
@@ -196,6 +198,14 @@ def case_fsdp1(out: Path, name: str, rank: int, world: int):
         FullOptimStateDictConfig(rank0_only=False),
     )
     full_model = _flatten(model.state_dict())
+    # LOCAL_STATE_DICT: the flat parameter as a 1-D ShardedTensor, each original parameter a
+    # plain view of its storage.
+    FSDP.set_state_dict_type(model, StateDictType.LOCAL_STATE_DICT)
+    local_sd = model.state_dict()
+    for sub in ("local_state_dict", "local"):
+        (out / name / sub).mkdir(parents=True, exist_ok=True)
+    torch.save(local_sd, out / name / "local_state_dict" / MODEL_GROUP.format(world=world, rank=rank))
+    _save_tensors(_local_shards(_flatten(local_sd)), out / name / "local" / f"rank{rank}.flat.safetensors")
     # The optimizer's full tensors as ShardedTensor.gather() assembles them (FSDP1's
     # FULL_STATE_DICT optimizer state on the CPU gives exp_avg the values of exp_avg_sq).
     full_optim = {k: _gathered(v, rank) for k, v in _flatten(optim_sd).items()}

@@ -189,3 +189,16 @@ def test_overlapping_shards(root, run_ckptfs, tmp_path):
 def test_placements_that_are_not_blocks_are_refused(case, placement, root, run_ckptfs):
     line = refused(run_ckptfs, root / case / "model")
     assert "'odd'" in line and placement in line and "not assembled" in line, line
+
+
+def test_fsdp1_local_state_dict(root, run_ckptfs, tmp_path):
+    """LOCAL_STATE_DICT: a rank file serves its shard of the flat parameter; the set is refused,
+    since the per-parameter tensors are views of that shard whose place is not recorded."""
+    folder = root / "fsdp1_ws2" / "local_state_dict"
+    for rank in range(2):
+        want = load_file(root / "fsdp1_ws2" / "local" / f"rank{rank}.flat.safetensors")
+        assert list(want) == ["_flat_param.local_shards.0"], list(want)
+        got = exported(run_ckptfs, folder / gen.MODEL_GROUP.format(world=2, rank=rank), tmp_path / str(rank))
+        assert_bitwise_equal(got["_flat_param.local_shards.0"], want["_flat_param.local_shards.0"], f"rank {rank}")
+    line = refused(run_ckptfs, folder)
+    assert "views the local shard of '_flat_param'" in line, line

@@ -11,6 +11,8 @@ but not byte-identical files, since torch.save archives carry random record name
                   shared storages, pickle protocols 2..5, legacy-style _use_new_zipfile_serialization
     zip/          the torch files, plus zipfile archives (stored, zip64, comments, empty)
     pickle/       the data.pkl records of the torch files, plus plain pickles (protocols 0..5)
+    (and in torch/, torch_legacy/, pickle/: Python 2's pickle forms, and objects holding tensors
+    in forms the readers refuse, from tests/frameworks and tests/corpus)
     safetensors/  safetensors.torch.save_file files (dtypes, empty tensors, __metadata__)
     view/         64 control bytes (view options and read pattern) + a torch or safetensors file
     zero/         1 selector byte (which rank file) + that file's data.pkl, from data/zero/
@@ -219,6 +221,24 @@ def make_torch_family_zips():
         torch.export.save(torch.export.export(model, (torch.randn(1, 3),)), str(out / "export.pt2"))
 
 
+def make_python2_and_refused():
+    """torch/, torch_legacy/, pickle/: Python 2's pickle forms (byte strings, escapes, LONG,
+    copy_reg objects, OrderedDict from pairs; tests/frameworks/test_legacy_python2.py builds
+    them, checked there against torch.load), and objects that hold tensors in forms the readers
+    refuse (tests/corpus/cases/obj-*)."""
+    sys.path.insert(0, str(HERE.parent))
+    sys.path.insert(0, str(HERE.parent / "frameworks"))
+    import test_legacy_python2 as py2
+
+    for target in ("torch", "torch_legacy", "pickle"):
+        (SEEDS / target).mkdir(parents=True, exist_ok=True)
+    (SEEDS / "torch" / "python2-zip.pt").write_bytes(py2.zip_archive())
+    (SEEDS / "torch_legacy" / "python2.pt").write_bytes(py2.legacy_stream())
+    (SEEDS / "pickle" / "python2-object.pkl").write_bytes(py2.python2_object(True))
+    for case in sorted((HERE.parent / "corpus" / "cases").glob("obj-*.pt")):
+        shutil.copyfile(case, SEEDS / "torch" / case.name)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--zero-template", action="store_true", help="regenerate data/zero/ with DeepSpeed")
@@ -231,6 +251,7 @@ def main():
     make_safetensors(rng)
     make_torch_legacy()
     make_torch_family_zips()
+    make_python2_and_refused()
     if args.zero_template or not ZERO_TEMPLATE.exists():
         make_zero_template()
     make_zero()

@@ -7,9 +7,12 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <map>
 
 #include "ckptfs/catalog.hpp"
 #include "format/dcp_metadata.hpp"
+#include "format/megatron_fragments.hpp"
 #include "test_util.hpp"
 
 using ckptfs::Catalog;
@@ -237,4 +240,149 @@ BOOST_AUTO_TEST_CASE(metadata_parser_alone) {
   BOOST_TEST(meta.items[0].sizes(1)[1] == meta.items[0].shape[1]);
   s = ckptfs::ParseDcpMetadata("", "x", &meta);
   BOOST_TEST(!s.ok());
+}
+
+// Megatron's reformulation, by its definition, on small shapes: every way of cutting each chunk
+// of every grid of a few real shapes into fragments, each fragment stored contiguously at its
+// own place in one file. Every element of the real tensor must be covered by exactly one box,
+// at the byte where its fragment stores it.
+namespace {
+
+struct Case {
+  std::vector<uint64_t> real, grid;
+  bool row_major;
+};
+
+uint64_t Product(const std::vector<uint64_t>& v) {
+  uint64_t p = 1;
+  for (uint64_t x : v) p *= x;
+  return p;
+}
+
+// Row-major index of `index` in `dims`.
+uint64_t Flat(const std::vector<uint64_t>& index, const std::vector<uint64_t>& dims) {
+  uint64_t f = 0;
+  for (size_t d = 0; d < dims.size(); ++d) f = f * dims[d] + index[d];
+  return f;
+}
+
+std::vector<uint64_t> Unflat(uint64_t f, const std::vector<uint64_t>& dims) {
+  std::vector<uint64_t> index(dims.size());
+  for (size_t d = dims.size(); d-- > 0;) index[d] = f % dims[d], f /= dims[d];
+  return index;
+}
+
+// Places fragments of chunk length n cut at `cuts` (sorted, inside (0, n)) for every chunk;
+// checks the boxes against where each element is stored.
+void CheckCuts(const Case& c, const std::vector<uint64_t>& cuts) {
+  ckptfs::MegatronReformulation plan;
+  std::string why;
+  std::vector<uint64_t> reformulated = c.grid;
+  std::vector<uint64_t> chunk(c.real.size());
+  for (size_t d = 0; d < chunk.size(); ++d) chunk[d] = c.real[d] / c.grid[d];
+  const uint64_t n = Product(chunk);
+  reformulated.push_back(n);
+  BOOST_REQUIRE_MESSAGE(ckptfs::PlanMegatronReformulation(c.real, reformulated, &plan, &why), why);
+  BOOST_TEST(plan.row_major == c.row_major);
+  const uint64_t itemsize = 4, base = 1000;
+  // Where chunk-flat element k of chunk g is stored: fragments laid out chunk after chunk,
+  // with a gap of one element between fragments.
+  std::map<std::pair<uint64_t, uint64_t>, uint64_t> stored;
+  ckptfs::BoxList boxes;
+  uint64_t at = base;
+  std::vector<uint64_t> bounds = {0};
+  bounds.insert(bounds.end(), cuts.begin(), cuts.end());
+  bounds.push_back(n);
+  for (uint64_t g = 0; g < Product(c.grid); ++g) {
+    std::vector<uint64_t> offsets = Unflat(g, c.grid);
+    offsets.push_back(0);
+    std::vector<uint64_t> sizes(c.grid.size(), 1);
+    sizes.push_back(0);
+    for (size_t f = 0; f + 1 < bounds.size(); ++f) {
+      offsets.back() = bounds[f];
+      sizes.back() = bounds[f + 1] - bounds[f];
+      for (uint64_t k = bounds[f]; k < bounds[f + 1]; ++k) stored[{g, k}] = at + (k - bounds[f]) * itemsize;
+      BOOST_REQUIRE_MESSAGE(ckptfs::PlaceMegatronFragment(plan, offsets, sizes, 7, at, itemsize, &boxes, &why), why);
+      at += (sizes.back() + 1) * itemsize;
+    }
+  }
+  // Each real element: where the boxes say it is.
+  std::map<uint64_t, uint64_t> placed;
+  for (const ckptfs::Box& box : boxes) {
+    BOOST_REQUIRE(box.file == 7u);
+    const size_t rank = box.rank();
+    BOOST_REQUIRE(rank == (c.row_major ? 1 : c.real.size()));
+    std::vector<uint64_t> extent(box.extent.begin(), box.extent.end());
+    for (uint64_t e = 0; e < Product(extent); ++e) {
+      std::vector<uint64_t> i = Unflat(e, extent);
+      uint64_t element = 0, pos = box.base_offset;
+      std::vector<uint64_t> real_index(rank);
+      for (size_t d = 0; d < rank; ++d) {
+        real_index[d] = box.offset[d] + i[d];
+        pos += i[d] * box.strides[d] * itemsize;
+      }
+      element = rank == 1 ? real_index[0] : Flat(real_index, c.real);
+      BOOST_REQUIRE_MESSAGE(placed.emplace(element, pos).second, "element placed twice");
+    }
+  }
+  BOOST_REQUIRE_EQUAL(placed.size(), Product(c.real));
+  for (const auto& [element, pos] : placed) {
+    const std::vector<uint64_t> r = Unflat(element, c.real);
+    std::vector<uint64_t> g(r.size()), i(r.size());
+    for (size_t d = 0; d < r.size(); ++d) g[d] = r[d] / chunk[d], i[d] = r[d] % chunk[d];
+    BOOST_REQUIRE_EQUAL(pos, (stored[{Flat(g, c.grid), Flat(i, chunk)}]));
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(megatron_fragments_placed_in_the_real_shape) {
+  const std::vector<Case> cases = {
+      {{7}, {1}, true},                 // a 1-D parameter, unsplit
+      {{6}, {2}, true},                 // split 1-D
+      {{4, 5}, {1, 1}, true},           // the whole parameter one chunk: a reshape
+      {{4, 6}, {2, 1}, true},           // column-parallel (dim 0)
+      {{4, 6}, {1, 2}, false},          // row-parallel (dim 1): chunks apart in the full tensor
+      {{4, 6}, {2, 3}, false},          // both
+      {{3, 4, 6}, {3, 2, 1}, true},     // stacked layers (a prepended axis) + dim-0 split
+      {{3, 4, 6}, {3, 1, 2}, false},    // stacked layers + dim-1 split
+      {{1, 4, 6}, {1, 1, 3}, false},
+      {{3, 1, 6}, {3, 1, 2}, true},     // a dimension of size 1 between splits
+      {{2, 3, 2, 2}, {1, 3, 1, 1}, false},
+  };
+  for (const Case& c : cases) {
+    uint64_t n = 1;
+    for (size_t d = 0; d < c.real.size(); ++d) n *= c.real[d] / c.grid[d];
+    // Every set of cut points of a chunk of up to 12 elements; a sample of the larger ones.
+    const uint64_t subsets = n <= 12 ? (uint64_t{1} << (n - 1)) : 600;
+    for (uint64_t mask = 0; mask < subsets; ++mask) {
+      const uint64_t bits = n <= 12 ? mask : mask * 2654435761u;
+      std::vector<uint64_t> cuts;
+      for (uint64_t k = 1; k < n; ++k)
+        if ((bits >> ((k - 1) % 63)) & 1 && (n <= 12 || (k * 7 + mask) % 5 == 0)) cuts.push_back(k);
+      CheckCuts(c, cuts);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(megatron_reformulation_that_does_not_fit_is_refused) {
+  ckptfs::MegatronReformulation plan;
+  std::string why;
+  using V = std::vector<uint64_t>;
+  BOOST_TEST(!ckptfs::PlanMegatronReformulation(V{16, 16}, V{1, 1, 255}, &plan, &why));
+  BOOST_TEST(why.find("holds 256 elements") != std::string::npos, why);
+  BOOST_TEST(!ckptfs::PlanMegatronReformulation(V{16, 17}, V{1, 2, 136}, &plan, &why));
+  BOOST_TEST(why.find("not split into 2 equal chunks") != std::string::npos, why);
+  BOOST_TEST(!ckptfs::PlanMegatronReformulation(V{16, 16}, V{1, 256}, &plan, &why));
+  BOOST_TEST(!ckptfs::PlanMegatronReformulation(V{}, V{1}, &plan, &why));
+  BOOST_TEST(!ckptfs::PlanMegatronReformulation(V{16, 16}, V{0, 1, 256}, &plan, &why));
+  BOOST_TEST(!ckptfs::PlanMegatronReformulation(V{uint64_t{1} << 40, uint64_t{1} << 40}, V{1, 1, 0}, &plan, &why));
+  BOOST_REQUIRE(ckptfs::PlanMegatronReformulation(V{4, 6}, V{1, 2, 12}, &plan, &why));
+  ckptfs::BoxList boxes;
+  // Spanning two chunks, or past the chunk's end, or off the grid.
+  BOOST_TEST(!ckptfs::PlaceMegatronFragment(plan, V{0, 0, 0}, V{1, 2, 12}, 0, 0, 4, &boxes, &why));
+  BOOST_TEST(!ckptfs::PlaceMegatronFragment(plan, V{0, 1, 6}, V{1, 1, 7}, 0, 0, 4, &boxes, &why));
+  BOOST_TEST(!ckptfs::PlaceMegatronFragment(plan, V{0, 2, 0}, V{1, 1, 1}, 0, 0, 4, &boxes, &why));
+  BOOST_TEST(!ckptfs::PlaceMegatronFragment(plan, V{0, 0, 0}, V{1, 1, 1}, 0, ~uint64_t{0}, 4, &boxes, &why));
+  BOOST_TEST(boxes.empty());
 }

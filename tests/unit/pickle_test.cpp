@@ -242,7 +242,8 @@ BOOST_AUTO_TEST_CASE(protocol0_text_opcodes) {
       "S'long'\nL7L\ns"
       "S'flag'\nI01\ns"
       "S'x'\nF0.25\ns"
-      "S'u'\nVh\xc3\xa9llo\ns"
+      "S'u'\nVh\xe9llo\ns"  // raw-unicode-escape, as Python writes u'h\xe9llo'
+      "S'u2'\nV\\u20ac\\\\u\xc3\ns"  // \u20ac; an even run of backslashes is no escape; latin1 byte
       "S'again'\ng1\ns"
       "S'set'\nc__builtin__\nset\n((lp3\nI5\natRs"
       "S'ns'\n(I1\nI2\niargparse\nNamespace\ns"
@@ -250,7 +251,7 @@ BOOST_AUTO_TEST_CASE(protocol0_text_opcodes) {
   Pickle pk = MustParse(bytes);
   const PyValue* d = pk.root;
   BOOST_REQUIRE(d->kind() == K::kDict);
-  BOOST_REQUIRE_EQUAL(d->entries().size(), 10u);
+  BOOST_REQUIRE_EQUAL(d->entries().size(), 11u);
   BOOST_TEST(Get(d, "name")->s() == "demo");
   BOOST_TEST(Get(d, "n")->i() == -42);
   BOOST_TEST((Get(d, "big")->kind() == K::kBigInt));
@@ -260,9 +261,11 @@ BOOST_AUTO_TEST_CASE(protocol0_text_opcodes) {
   BOOST_TEST(Get(d, "flag")->b() == true);
   BOOST_TEST(Get(d, "x")->f() == 0.25);
   BOOST_TEST(Get(d, "u")->s() == "h\xc3\xa9llo");
+  BOOST_TEST(Get(d, "u2")->s() == "\xe2\x82\xac\\\\u\xc3\x83");
   BOOST_TEST(Get(d, "again") == d->entries()[0].first);  // GET of memo 1: the 'name' key
   const PyValue* set = Get(d, "set");
-  BOOST_TEST(set->CallableName() == "__builtin__.set");
+  // Python 2's module names, as Python 3 maps them below protocol 3 (fix_imports).
+  BOOST_TEST(set->CallableName() == "builtins.set");
   BOOST_REQUIRE_EQUAL(set->args()->items().size(), 1u);
   BOOST_REQUIRE_EQUAL(set->args()->items()[0]->items().size(), 1u);
   BOOST_TEST(set->args()->items()[0]->items()[0]->i() == 5);
@@ -270,6 +273,86 @@ BOOST_AUTO_TEST_CASE(protocol0_text_opcodes) {
   BOOST_TEST(ns->CallableName() == "argparse.Namespace");
   BOOST_REQUIRE_EQUAL(ns->args()->items().size(), 2u);
   BOOST_TEST(ns->args()->items()[1]->i() == 2);
+}
+
+// ---- Python 2 forms, read as torch.load(encoding="latin1") reads them -----------------------
+
+BOOST_AUTO_TEST_CASE(python2_byte_strings_are_latin1_text) {
+  PickleBuilder p;
+  p.Proto(2).Mark();
+  p.Op('U').Op(2).Raw("ab");                                   // SHORT_BINSTRING, ASCII
+  p.Op('U').Op(3).Raw("\xe9t\xe9");                             // SHORT_BINSTRING, latin1 bytes
+  p.Op('T').Raw(std::string("\x02\x00\x00\x00", 4)).Raw("\xff!");  // BINSTRING
+  p.Op('S').Raw("'a\\x41\\101\\n\\'q\\\\\\z'\n");               // STRING: \x41 \101 \n \' \\ \z
+  p.Op('S').Raw("\"\xe9\"\n");                                  // STRING, double quotes, latin1
+  p.Tuple().Stop();
+  Pickle pk = MustParse(p.bytes());
+  const auto& items = pk.root->items();
+  BOOST_REQUIRE_EQUAL(items.size(), 5u);
+  for (const PyValue* item : items) BOOST_TEST((item->kind() == K::kStr));
+  BOOST_TEST(items[0]->s() == "ab");
+  BOOST_TEST(items[1]->s() == "\xc3\xa9t\xc3\xa9");
+  BOOST_TEST(items[2]->s() == "\xc3\xbf!");
+  BOOST_TEST(items[3]->s() == "aAA\n'q\\\\z");
+  BOOST_TEST(items[4]->s() == "\xc3\xa9");
+  // What Python refuses: an unquoted STRING, a short \x escape, a trailing backslash, a
+  // \u escape with too few digits.
+  CheckFails("S abc\n.", Status::Code::kCorruption, "STRING operand is not quoted");
+  CheckFails("S'\\x4'\n.", Status::Code::kCorruption, "STRING operand with a malformed escape");
+  CheckFails("S'ab\\'\n.", Status::Code::kCorruption, "STRING operand with a malformed escape");
+  CheckFails("V\\u12\n.", Status::Code::kCorruption, "UNICODE operand with a malformed");
+}
+
+BOOST_AUTO_TEST_CASE(python2_names_are_mapped_below_protocol_3) {
+  PickleBuilder p;
+  p.Proto(2).Mark().Global("__builtin__", "long").Global("copy_reg", "_reconstructor").Global("__builtin__", "set");
+  p.Tuple().Stop();
+  Pickle pk = MustParse(p.bytes());
+  BOOST_TEST(pk.root->items()[0]->IsGlobal("builtins", "int"));
+  BOOST_TEST(pk.root->items()[1]->IsGlobal("copyreg", "_reconstructor"));
+  BOOST_TEST(pk.root->items()[2]->IsGlobal("builtins", "set"));
+  // Protocol 3 and above are Python 3's: names stay as written.
+  PickleBuilder q;
+  q.Proto(3).Global("__builtin__", "set").Stop();
+  BOOST_TEST(MustParse(q.bytes()).root->IsGlobal("__builtin__", "set"));
+  // A Python 2 name that maps to a code-running one is refused under the name written.
+  PickleBuilder r;
+  r.Proto(2).Global("__builtin__", "intern").Mark().BinUnicode("x").Tuple().Reduce().Stop();
+  Status s = ParseStatus(r.bytes());
+  BOOST_TEST(static_cast<int>(s.code()) == static_cast<int>(Status::Code::kRefused));
+  BOOST_TEST(Contains(s.message(), "__builtin__.intern"), s.message());
+}
+
+BOOST_AUTO_TEST_CASE(ordered_dict_called_with_a_list_of_pairs_holds_them_as_entries) {
+  // Python 2's OrderedDict.__reduce__: OrderedDict([[k, v], ...]), then BUILD of its
+  // attributes; here with a tuple pair too, and the list appended to after the call, which
+  // Python's OrderedDict never sees.
+  PickleBuilder p;
+  p.Proto(2).Global("collections", "OrderedDict").EmptyList().BinPut(0).Mark();
+  p.EmptyList().Mark().Op('U').Op(1).Raw("a").BinInt1(1).Op('e');
+  p.Op('U').Op(1).Raw("b").BinInt1(2).Tuple2();
+  p.Op('e').Op(0x85).Reduce();
+  p.EmptyDict().Op('U').Op(9).Raw("_metadata").EmptyDict().SetItem().Op('b');
+  p.BinGet(0).EmptyList().Mark().Op('U').Op(1).Raw("c").BinInt1(3).Op('e').Op('a').Op('0');
+  p.Stop();
+  Pickle pk = MustParse(p.bytes());
+  const PyValue* od = pk.root;
+  BOOST_REQUIRE((od->kind() == K::kObject));
+  BOOST_TEST(od->CallableName() == "collections.OrderedDict");
+  BOOST_TEST(od->args()->items().empty());
+  BOOST_REQUIRE_EQUAL(od->entries().size(), 2u);
+  BOOST_TEST(od->entries()[0].first->s() == "a");
+  BOOST_TEST(od->entries()[0].second->i() == 1);
+  BOOST_TEST(od->entries()[1].first->s() == "b");
+  BOOST_TEST(od->entries()[1].second->i() == 2);
+  BOOST_TEST(Get(od->state(), "_metadata") != nullptr);
+  // An argument of another shape (a triple) is left as it is.
+  PickleBuilder q;
+  q.Proto(2).Global("collections", "OrderedDict").EmptyList().Mark();
+  q.BinInt1(1).BinInt1(2).BinInt1(3).Op(0x87).Op('e').Op(0x85).Reduce().Stop();
+  Pickle odd = MustParse(q.bytes());
+  BOOST_TEST(odd.root->entries().empty());
+  BOOST_TEST(odd.root->args()->items().size() == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(unknown_benign_global_becomes_an_object) {

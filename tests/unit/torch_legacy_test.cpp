@@ -159,3 +159,51 @@ BOOST_AUTO_TEST_CASE(a_large_object_pickle_is_read_past_the_first_window) {
   BOOST_TEST(ckptfs::ExtentsOf(b.catalog->tensors[0])[0].offset == head.size() + 8);
   BOOST_TEST(b.catalog->metadata["note"].get<std::string>().size() == 100000u);
 }
+
+BOOST_AUTO_TEST_CASE(a_python2_stream_is_read_as_torch_load_with_latin1) {
+  // As Python 2 wrote it (the pretrained weights of the lpips package): str as
+  // SHORT_BINSTRING, numel as LONG1, a CUDA location, and the state dict as
+  // OrderedDict([[key, tensor], ...]).
+  auto Str = [](PickleBuilder* p, std::string_view s) { p->Op('U').Op(static_cast<uint8_t>(s.size())).Raw(s); };
+  PickleBuilder obj;
+  obj.Proto(2).Global("collections", "OrderedDict").EmptyList().Mark();
+  for (const char* key : {"lin0.weight", "lin\xe9.weight"}) {
+    obj.EmptyList().Mark();
+    Str(&obj, key);
+    obj.Global("torch._utils", "_rebuild_tensor_v2").Mark().Mark();
+    Str(&obj, "storage");
+    obj.Global("torch", "FloatStorage");
+    Str(&obj, key[3] == '0' ? "140" : "141");
+    Str(&obj, "cuda:0");
+    obj.Long1(std::string("\x04", 1)).None().Tuple().BinPersId();
+    obj.BinInt1(0).Mark().BinInt1(1).BinInt1(4).Tuple().Mark().BinInt1(4).BinInt1(1).Tuple().NewFalse().None();
+    obj.Tuple().Reduce().Op('e');
+  }
+  obj.Op('e').Op(0x85).Reduce().Stop();
+  PickleBuilder keys;
+  keys.Proto(2).EmptyList().Mark();
+  Str(&keys, "140");
+  Str(&keys, "141");
+  keys.Op('e').Stop();
+  const std::string head = Header() + obj.bytes() + keys.bytes();
+  Built b(head + Storage(4, PatternBytes(16, 1)) + Storage(4, PatternBytes(16, 2)));
+  BOOST_REQUIRE_MESSAGE(b.status.ok(), b.status.message());
+  BOOST_REQUIRE_EQUAL(b.catalog->tensors.size(), 2u);
+  BOOST_TEST(b.catalog->tensors[0].key == "lin0.weight");
+  BOOST_TEST(b.catalog->tensors[1].key == "lin\xc3\xa9.weight");  // latin1 é
+  BOOST_TEST(b.catalog->tensors[1].shape == std::vector<uint64_t>({1, 4}), boost::test_tools::per_element());
+  BOOST_TEST(ckptfs::ExtentsOf(b.catalog->tensors[1]).at(0).offset == head.size() + 8 + 16 + 8);
+}
+
+BOOST_AUTO_TEST_CASE(a_storage_inside_an_object_ckptfs_does_not_understand_is_refused) {
+  PickleBuilder obj;
+  obj.Proto(2).EmptyDict().Mark().BinUnicode("epoch").BinInt1(1).SetItems().Stop();
+  Built b(Header() + obj.bytes() + KeyList({}));
+  BOOST_REQUIRE_MESSAGE(b.status.ok(), b.status.message());  // no storage: nothing to serve
+  PickleBuilder q;
+  q.Proto(2).EmptyDict().BinUnicode("w").Global("mod", "Opaque").EmptyTuple().Reduce().Mark();
+  Pid(&q, "FloatStorage", "0", 2);
+  q.Tuple().Op('b').SetItem().Stop();  // BUILD with a tuple state holding the storage
+  Built c(Header() + q.bytes() + KeyList({"0"}) + Storage(2, PatternBytes(8, 1)));
+  CheckError(c.status, c.path, Status::Code::kNotSupported, "'w': an object of class mod.Opaque holding tensors");
+}

@@ -5,10 +5,12 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cstring>
+#include <functional>
 #include <random>
 #include <set>
 
 #include "ckptfs/catalog.hpp"
+#include "format/rank_shards.hpp"
 #include "format/readers.hpp"
 #include "test_util.hpp"
 
@@ -609,4 +611,369 @@ BOOST_AUTO_TEST_CASE(errors_found_while_streaming_are_those_of_a_plain_read) {
   BOOST_REQUIRE_MESSAGE(b.status.ok(), b.status.message());
   BOOST_REQUIRE_EQUAL(b.catalog->tensors.size(), 1u);
   BOOST_TEST(b.catalog->tensors[0].key == "a");
+}
+
+// ---- objects that hold tensors: served as a documented form, or refused ------------------
+
+namespace {
+
+// {"w": <what `body` pickles>} with record 0 (12 float32) in the archive.
+Built WithObject(const std::function<void(PickleBuilder*)>& body) {
+  PickleBuilder p;
+  p.Proto(2).EmptyDict().BinUnicode("w");
+  body(&p);
+  p.SetItem().Stop();
+  return Built(TorchZip(p.bytes(), {{"0", PatternBytes(48, 3)}}));
+}
+void Tensor12(PickleBuilder* p) { PickleTensor(p, "FloatStorage", "0", 12, 0, {12}, {1}); }
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(tensor_subclasses_without_a_plain_storage_are_refused) {
+  // DTensor's form: _rebuild_from_type_v2(_rebuild_wrapper_subclass, DTensor, (...), state
+  // holding the local tensor).
+  Built dtensor = WithObject([](PickleBuilder* p) {
+    p->Global("torch._tensor", "_rebuild_from_type_v2").Mark().Global("torch._utils", "_rebuild_wrapper_subclass");
+    p->Global("torch.distributed.tensor", "DTensor").Mark().Global("torch", "float32").Tuple();
+    p->EmptyDict().BinUnicode("_local_tensor");
+    Tensor12(p);
+    p->SetItem().Tuple().Reduce();
+  });
+  CheckError(dtensor.status, dtensor.path, Status::Code::kNotSupported,
+             "'w': a tensor of class torch.distributed.tensor.DTensor rebuilt by "
+             "torch._utils._rebuild_wrapper_subclass; ckptfs does not know how to serve it");
+  // A tensor kind ckptfs does not rebuild, even one without storage (meta).
+  Built meta = WithObject([](PickleBuilder* p) {
+    p->Global("torch._utils", "_rebuild_meta_tensor_no_storage").Mark().Global("torch", "float32");
+    p->Mark().BinInt1(3).Tuple().Mark().BinInt1(1).Tuple().NewFalse().Tuple().Reduce();
+  });
+  CheckError(meta.status, meta.path, Status::Code::kNotSupported,
+             "'w': a tensor rebuilt by torch._utils._rebuild_meta_tensor_no_storage");
+}
+
+BOOST_AUTO_TEST_CASE(a_subclass_over_a_plain_storage_is_served_unless_its_attributes_hold_tensors) {
+  // as_subclass: _rebuild_from_type_v2(_rebuild_tensor_v2, MyT, (...), state).
+  auto Subclass = [](bool tensor_in_state) {
+    return WithObject([tensor_in_state](PickleBuilder* p) {
+      p->Global("torch._tensor", "_rebuild_from_type_v2").Mark().Global("torch._utils", "_rebuild_tensor_v2");
+      p->Global("mod", "MyT").Mark();
+      p->Mark().BinUnicode("storage").Global("torch", "FloatStorage").BinUnicode("0").BinUnicode("cpu").BinInt(12);
+      p->Tuple().BinPersId().BinInt(0).Mark().BinInt(12).Tuple().Mark().BinInt(1).Tuple().NewFalse();
+      p->Global("collections", "OrderedDict").EmptyTuple().Reduce().Tuple();
+      p->EmptyDict();
+      if (tensor_in_state) {
+        p->BinUnicode("scale");
+        Tensor12(p);
+        p->SetItem();
+      }
+      p->Tuple().Reduce();
+    });
+  };
+  Built plain = Subclass(false);
+  BOOST_REQUIRE_MESSAGE(plain.status.ok(), plain.status.message());
+  BOOST_REQUIRE_EQUAL(plain.catalog->tensors.size(), 1u);
+  BOOST_TEST(plain.catalog->tensors[0].key == "w");
+  Built with_tensor = Subclass(true);
+  CheckError(with_tensor.status, with_tensor.path, Status::Code::kNotSupported,
+             "'w': tensors among the Python attributes of a tensor");
+}
+
+BOOST_AUTO_TEST_CASE(objects_holding_tensors_are_served_only_as_attribute_objects) {
+  // A plain object (cls() + BUILD of a dict): its attributes are served.
+  Built attrs = WithObject([](PickleBuilder* p) {
+    p->Global("argparse", "Namespace").EmptyTuple().Op(0x81).EmptyDict().BinUnicode("scale");
+    Tensor12(p);
+    p->SetItem().Op('b');
+  });
+  BOOST_REQUIRE_MESSAGE(attrs.status.ok(), attrs.status.message());
+  BOOST_REQUIRE_EQUAL(attrs.catalog->tensors.size(), 1u);
+  BOOST_TEST(attrs.catalog->tensors[0].key == "w.scale");
+  // Protocol 0-1's form of the same: copy_reg._reconstructor(cls, object, None).
+  Built reconstructed = WithObject([](PickleBuilder* p) {
+    p->Global("copy_reg", "_reconstructor").Mark().Global("mod", "State").Global("__builtin__", "object").None();
+    p->Tuple().Reduce().EmptyDict().BinUnicode("scale");
+    Tensor12(p);
+    p->SetItem().Op('b');
+  });
+  BOOST_REQUIRE_MESSAGE(reconstructed.status.ok(), reconstructed.status.message());
+  BOOST_TEST(reconstructed.catalog->tensors.at(0).key == "w.scale");
+  // A class called with a tensor among its arguments (a namedtuple, a custom reduce).
+  Built args = WithObject([](PickleBuilder* p) {
+    p->Global("mod", "Pair").Mark();
+    Tensor12(p);
+    p->BinInt1(1).Tuple().Reduce();
+  });
+  CheckError(args.status, args.path, Status::Code::kNotSupported,
+             "'w': an object of class mod.Pair holding tensors; ckptfs does not know how to serve it");
+  // A torch.distributed class is never an attribute object.
+  Built mesh = WithObject([](PickleBuilder* p) {
+    p->Global("torch.distributed.device_mesh", "DeviceMesh").EmptyTuple().Op(0x81).EmptyDict().BinUnicode("_rank_map");
+    Tensor12(p);
+    p->SetItem().Op('b');
+  });
+  CheckError(mesh.status, mesh.path, Status::Code::kNotSupported,
+             "an object of class torch.distributed.device_mesh.DeviceMesh holding tensors");
+  // Tensors set as items of an attribute object (a dict subclass) are not its attributes.
+  Built items = WithObject([](PickleBuilder* p) {
+    p->Global("mod", "MyDict").EmptyTuple().Op(0x81).BinUnicode("k");
+    Tensor12(p);
+    p->SetItem();
+  });
+  CheckError(items.status, items.path, Status::Code::kNotSupported, "'w': a tensor where ckptfs serves none");
+  // An object that holds no tensor stays metadata.
+  PickleBuilder p;
+  p.Proto(2).EmptyDict().BinUnicode("w").Global("mod", "Pair").Mark().BinInt1(1).Tuple().Reduce().SetItem();
+  p.BinUnicode("t");
+  Tensor12(&p);
+  p.SetItem().Stop();
+  Built none(TorchZip(p.bytes(), {{"0", PatternBytes(48, 3)}}));
+  BOOST_REQUIRE_MESSAGE(none.status.ok(), none.status.message());
+  BOOST_TEST(none.catalog->metadata["w"]["$class"] == "mod.Pair");
+}
+
+BOOST_AUTO_TEST_CASE(mappings_serve_their_items_and_refuse_tensors_elsewhere) {
+  // defaultdict(list) with SETITEMS: its items.
+  Built dd = WithObject([](PickleBuilder* p) {
+    p->Global("collections", "defaultdict").Mark().Global("__builtin__", "list").Tuple().Reduce().BinUnicode("k");
+    Tensor12(p);
+    p->SetItem();
+  });
+  BOOST_REQUIRE_MESSAGE(dd.status.ok(), dd.status.message());
+  BOOST_TEST(dd.catalog->tensors.at(0).key == "w.k");
+  // Python 2's OrderedDict: the pairs it was called with.
+  Built od = WithObject([](PickleBuilder* p) {
+    p->Global("collections", "OrderedDict").EmptyList().Mark().EmptyList().Mark().Op('U').Op(1).Raw("k");
+    Tensor12(p);
+    p->Op('e').Op('e').Op(0x85).Reduce();
+  });
+  BOOST_REQUIRE_MESSAGE(od.status.ok(), od.status.message());
+  BOOST_TEST(od.catalog->tensors.at(0).key == "w.k");
+  // A tensor among a dict's attributes (BUILD on it) would be dropped: refused.
+  Built attr = WithObject([](PickleBuilder* p) {
+    p->Global("collections", "OrderedDict").EmptyTuple().Reduce().EmptyDict().BinUnicode("_extra");
+    Tensor12(p);
+    p->SetItem().Op('b');
+  });
+  CheckError(attr.status, attr.path, Status::Code::kNotSupported,
+             "'w': tensors in a mapping's attributes or arguments, not among its items");
+  // A tensor as a dict key.
+  Built key = WithObject([](PickleBuilder* p) {
+    p->EmptyDict();
+    Tensor12(p);
+    p->BinInt1(1).SetItem();
+  });
+  CheckError(key.status, key.path, Status::Code::kNotSupported, "'w': a tensor where ckptfs serves none (a dict key");
+  // A storage on its own (torch.save of tensor.untyped_storage()).
+  Built storage = WithObject([](PickleBuilder* p) {
+    p->Mark().BinUnicode("storage").Global("torch", "FloatStorage").BinUnicode("0").BinUnicode("cpu").BinInt(12);
+    p->Tuple().BinPersId();
+  });
+  CheckError(storage.status, storage.path, Status::Code::kNotSupported, "'w': a storage outside any tensor");
+}
+
+BOOST_AUTO_TEST_CASE(an_archive_with_storage_records_that_serves_no_tensor_is_refused) {
+  PickleBuilder p;
+  p.Proto(2).EmptyDict().BinUnicode("epoch").BinInt1(3).SetItem().Stop();
+  Built b(TorchZip(p.bytes(), {{"0", PatternBytes(48, 3)}}));
+  CheckError(b.status, b.path, Status::Code::kNotSupported,
+             "holds 1 storage records but no tensor ckptfs can serve");
+  // Without records, a checkpoint of no tensor is served as what it is.
+  Built empty(TorchZip(p.bytes(), {}));
+  BOOST_REQUIRE_MESSAGE(empty.status.ok(), empty.status.message());
+  BOOST_TEST(empty.catalog->tensors.empty());
+}
+
+// ---- DTensor / ShardedTensor (format/torch_distributed.hpp, format/rank_shards.hpp) ----
+
+namespace {
+
+void Tuple(PickleBuilder* p, const std::vector<uint32_t>& v) {
+  p->Mark();
+  for (uint32_t x : v) p->BinInt(static_cast<int32_t>(x));
+  p->Tuple();
+}
+
+// cls() then BUILD with {name: <value written by each field>}.
+void Object(PickleBuilder* p, std::string_view module, std::string_view name,
+            const std::vector<std::pair<std::string, std::function<void()>>>& fields) {
+  p->Global(module, name).EmptyTuple().Op(0x81).EmptyDict();
+  if (!fields.empty()) {
+    p->Mark();
+    for (const auto& [key, write] : fields) {
+      p->BinUnicode(key);
+      write();
+    }
+    p->SetItems();
+  }
+  p->Op('b');
+}
+
+// A DTensor as torch.save pickles it: global `shape`, `placements` ("S0", "S1", "R", "P")
+// on `mesh` at `coordinate`, its local tensor the float storage `key` of `local` shape.
+void PickleDTensor(PickleBuilder* p, std::string_view key, const std::vector<uint32_t>& shape,
+                   const std::vector<uint32_t>& local, const std::vector<std::string>& placements,
+                   const std::vector<uint32_t>& mesh, const std::vector<uint32_t>& coordinate, uint32_t rank) {
+  uint32_t numel = 1;
+  for (uint32_t d : local) numel *= d;
+  std::vector<uint32_t> stride(local.size(), 1);
+  for (size_t d = local.size(); d-- > 1;) stride[d - 1] = stride[d] * local[d];
+  p->Global("torch._tensor", "_rebuild_from_type_v2").Mark();
+  p->Global("torch._utils", "_rebuild_wrapper_subclass").Global("torch.distributed.tensor", "DTensor");
+  p->Mark().Global("torch.distributed.tensor", "DTensor").Global("torch", "float32");
+  Tuple(p, shape);
+  Tuple(p, std::vector<uint32_t>(shape.size(), 1));
+  p->BinInt1(0).None().None().NewFalse().Tuple();
+  p->None().EmptyDict().Mark().BinUnicode("_local_tensor");
+  PickleTensor(p, "FloatStorage", key, numel, 0, local, stride);
+  p->BinUnicode("_spec");
+  Object(p, "torch.distributed.tensor._dtensor_spec", "DTensorSpec",
+         {{"mesh",
+           [&] {
+             Object(p, "torch.distributed.device_mesh", "DeviceMesh",
+                    {{"_layout",
+                      [&] {
+                        Object(p, "torch.distributed._mesh_layout", "_MeshLayout",
+                               {{"axes", [&] {
+                                   p->Mark();
+                                   for (uint32_t n : mesh)
+                                     Object(p, "torch.distributed._mesh_layout", "_FlatLayout",
+                                            {{"shape", [&] { Tuple(p, {n}); }}, {"stride", [&] { Tuple(p, {1}); }}});
+                                   p->Tuple();
+                                 }}});
+                      }},
+                     {"_coordinate_on_dim", [&] { Tuple(p, coordinate); }},
+                     {"_rank", [&] { p->BinInt(static_cast<int32_t>(rank)); }}});
+           }},
+          {"placements", [&] {
+             p->Mark();
+             for (const std::string& pl : placements) {
+               const char* mod = "torch.distributed.tensor.placement_types";
+               if (pl[0] == 'S') Object(p, mod, "Shard", {{"dim", [&] { p->BinInt1(static_cast<uint8_t>(pl[1] - '0')); }}});
+               else if (pl == "R") Object(p, mod, "Replicate", {});
+               else if (pl == "P") Object(p, mod, "Partial", {{"reduce_op", [&] { p->BinUnicode("sum"); }}});
+               else Object(p, mod, "Mystery", {});
+             }
+             p->Tuple();
+           }}});
+  p->SetItems().Tuple2().Tuple().Reduce();
+}
+
+std::string DTensorFile(const std::vector<uint32_t>& shape, const std::vector<uint32_t>& local,
+                        const std::vector<std::string>& placements, const std::vector<uint32_t>& mesh,
+                        const std::vector<uint32_t>& coordinate, uint32_t rank, uint32_t seed = 1) {
+  PickleBuilder p;
+  p.Proto(2).EmptyDict().Mark().BinUnicode("w");
+  PickleDTensor(&p, "0", shape, local, placements, mesh, coordinate, rank);
+  p.BinUnicode("step").BinInt1(3).SetItems().Stop();
+  uint32_t numel = 1;
+  for (uint32_t d : local) numel *= d;
+  return TorchZip(p.bytes(), {{"0", PatternBytes(4 * numel, seed)}});
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(dtensor_rank_file_serves_its_local_shard_under_its_own_name) {
+  // Rows of 5 over 2 ranks (torch.chunk: 3 and 2): rank 1 holds rows 3-4.
+  Built b(DTensorFile({5, 3}, {2, 3}, {"S0"}, {2}, {1}, 1));
+  BOOST_REQUIRE_MESSAGE(b.status.ok(), b.status.message());
+  BOOST_REQUIRE_EQUAL(b.catalog->tensors.size(), 1u);
+  const auto& t = b.catalog->tensors[0];
+  BOOST_TEST(t.key == "w.local_shards.0");
+  BOOST_TEST(t.shape == std::vector<uint64_t>({2, 3}), boost::test_tools::per_element());
+  const nlohmann::json& d = b.catalog->metadata["w"]["$distributed_tensor"];
+  BOOST_TEST(d["class"] == "DTensor");
+  BOOST_TEST(d["shape"] == nlohmann::json({5, 3}));
+  BOOST_TEST(d["placements"] == nlohmann::json({"Shard(0)"}));
+  BOOST_TEST(d["local_shards"][0]["offsets"] == nlohmann::json({3, 0}));
+  BOOST_TEST(d["local_shards"][0]["key"] == "w.local_shards.0");
+  BOOST_TEST(b.catalog->metadata["step"] == 3);
+}
+
+BOOST_AUTO_TEST_CASE(dtensor_whose_local_shape_is_not_its_block_is_refused) {
+  Built b(DTensorFile({5, 3}, {3, 3}, {"S0"}, {2}, {1}, 1));
+  CheckError(b.status, b.path, Status::Code::kNotSupported, "key 'w': DTensor whose local tensor's shape [3, 3] is not the block [2, 3]");
+  Built c(DTensorFile({5, 3}, {2, 3}, {"Q"}, {2}, {1}, 1));
+  CheckError(c.status, c.path, Status::Code::kNotSupported, "placement of unknown class Mystery");
+  Built e(DTensorFile({5, 3}, {2, 3}, {"S0"}, {2}, {2}, 1));
+  CheckError(e.status, e.path, Status::Code::kNotSupported, "coordinate [2] is outside its mesh [2]");
+}
+
+namespace {
+
+// The rank files `files` written to a memory env and consolidated.
+struct Consolidated {
+  MemorySource source;
+  Catalog catalog;
+  nlohmann::json metadata;
+  Status status;
+  std::vector<std::string> paths;
+  explicit Consolidated(const std::vector<std::string>& files) {
+    source.Attach(&catalog);
+    ckptfs::RankFileSet set;
+    for (size_t r = 0; r < files.size(); ++r)
+      set.files.push_back(source.Write("/mem/rank" + std::to_string(r) + ".pt", files[r]));
+    paths = set.files;
+    status = ckptfs::ConsolidateRankFiles(set, ckptfs::ReadLimits{}, &catalog, &metadata);
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(dtensor_rank_set_is_one_tensor_of_boxes_in_the_rank_files) {
+  // Shard(1) of 5 columns over 3 ranks: 2, 2, 1.
+  Consolidated c({DTensorFile({4, 5}, {4, 2}, {"S1"}, {3}, {0}, 0, 1), DTensorFile({4, 5}, {4, 2}, {"S1"}, {3}, {1}, 1, 2),
+                  DTensorFile({4, 5}, {4, 1}, {"S1"}, {3}, {2}, 2, 3)});
+  BOOST_REQUIRE_MESSAGE(c.status.ok(), c.status.message());
+  BOOST_REQUIRE_EQUAL(c.catalog.tensors.size(), 1u);
+  const auto& t = c.catalog.tensors[0];
+  BOOST_TEST(t.key == "w");
+  BOOST_TEST(t.shape == std::vector<uint64_t>({4, 5}), boost::test_tools::per_element());
+  BOOST_REQUIRE_EQUAL(t.boxes.size(), 3u);
+  for (uint32_t r = 0; r < 3; ++r) {
+    BOOST_TEST(c.catalog.files->path(t.boxes[r].file) == c.paths[r]);
+    BOOST_TEST(t.boxes[r].offset == std::vector<uint64_t>({0, 2 * r}), boost::test_tools::per_element());
+  }
+  BOOST_TEST(ckptfs::ValidateLayout(t, *c.catalog.files, "x").ok());
+  BOOST_TEST(c.metadata["step"] == 3);
+}
+
+BOOST_AUTO_TEST_CASE(dtensor_replicate_is_served_from_one_rank_and_empty_shards_add_nothing) {
+  // (Replicate, Shard(0)) on a (2, 1) mesh: both ranks hold the whole tensor.
+  Consolidated c({DTensorFile({2, 3}, {2, 3}, {"R", "S0"}, {2, 1}, {0, 0}, 0), DTensorFile({2, 3}, {2, 3}, {"R", "S0"}, {2, 1}, {1, 0}, 1)});
+  BOOST_REQUIRE_MESSAGE(c.status.ok(), c.status.message());
+  BOOST_REQUIRE_EQUAL(c.catalog.tensors[0].boxes.size(), 1u);
+  BOOST_TEST(c.catalog.files->path(c.catalog.tensors[0].boxes[0].file) == c.paths[0]);
+  BOOST_TEST(ckptfs::StoredAsExtents(c.catalog.tensors[0]));
+  // 2 rows over 3 ranks: 1, 1, 0.
+  Consolidated e({DTensorFile({2}, {1}, {"S0"}, {3}, {0}, 0), DTensorFile({2}, {1}, {"S0"}, {3}, {1}, 1),
+                  DTensorFile({2}, {0}, {"S0"}, {3}, {2}, 2)});
+  BOOST_REQUIRE_MESSAGE(e.status.ok(), e.status.message());
+  BOOST_TEST(e.catalog.tensors[0].boxes.size() == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(dtensor_rank_set_refusals_name_the_file) {
+  Consolidated missing({DTensorFile({5, 3}, {3, 3}, {"S0"}, {2}, {0}, 0)});
+  CheckError(missing.status, "/mem/rank0.pt", Status::Code::kNotSupported, "the files of ranks 1..1 are missing");
+  Consolidated swapped({DTensorFile({5, 3}, {3, 3}, {"S0"}, {2}, {0}, 0), DTensorFile({5, 3}, {3, 3}, {"S0"}, {2}, {0}, 0)});
+  CheckError(swapped.status, "/mem/rank1.pt", Status::Code::kNotSupported, "saved by rank 0");
+  Consolidated partial({DTensorFile({2, 3}, {2, 3}, {"P"}, {2}, {0}, 0), DTensorFile({2, 3}, {2, 3}, {"P"}, {2}, {1}, 1)});
+  CheckError(partial.status, "/mem/rank0.pt", Status::Code::kNotSupported, "Partial(sum)");
+  Consolidated layouts({DTensorFile({4, 4}, {2, 4}, {"S0"}, {2}, {0}, 0), DTensorFile({4, 4}, {4, 2}, {"S1"}, {2}, {1}, 1)});
+  CheckError(layouts.status, "/mem/rank1.pt", Status::Code::kNotSupported, "placements (Shard(1))");
+}
+
+BOOST_AUTO_TEST_CASE(rank_file_names) {
+  ckptfs::RankFileName n;
+  BOOST_REQUIRE(ckptfs::ParseRankFileName("model_world_size_4_rank_3.pt", &n));
+  BOOST_TEST(n.rank == 3u);
+  BOOST_TEST(n.group == "model_world_size_4_rank_{rank}.pt");
+  BOOST_TEST(n.world_size.value_or(0) == 4u);
+  BOOST_REQUIRE(ckptfs::ParseRankFileName("rank12.pt", &n));
+  BOOST_TEST(n.rank == 12u);
+  BOOST_TEST(!n.world_size.has_value());
+  BOOST_REQUIRE(ckptfs::ParseRankFileName("shard-rank-1_of_8.bin", &n));
+  BOOST_TEST(n.world_size.value_or(0) == 8u);
+  BOOST_TEST(!ckptfs::ParseRankFileName("pytorch_model.bin", &n));
+  BOOST_TEST(!ckptfs::ParseRankFileName("rank1_rank2.pt", &n));
+  BOOST_TEST(!ckptfs::ParseRankFileName("rank99999999999999999999.pt", &n));
 }
