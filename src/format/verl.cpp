@@ -58,12 +58,22 @@ bool IsRankFileOf(std::string_view name, std::string_view kind) {
   return ParseVerlRankName(name, kind, &w, &r);
 }
 
+// A folder of model rank files with something only veRL's manager writes beside them: its
+// fsdp_config.json, huggingface/ folder, or optim/extra_state rank files. Model rank files
+// alone are a plain set of rank files (the torch-ranks reader serves the same tensors).
 bool IsActorFolder(Env& env, const std::string& dir) {
   std::vector<FolderEntry> entries;
   if (!env.ListFolder(dir, &entries).ok()) return false;
-  for (const FolderEntry& e : entries)
-    if (e.type == PathType::kFile && IsRankFileOf(e.name, kModel)) return true;
-  return false;
+  bool model = false, veRL = false;
+  for (const FolderEntry& e : entries) {
+    if (e.type == PathType::kFile) {
+      model = model || IsRankFileOf(e.name, kModel);
+      veRL = veRL || e.name == kFsdpConfig || IsRankFileOf(e.name, kOptim) || IsRankFileOf(e.name, kExtra);
+    } else if (e.type == PathType::kFolder && e.name == kHfFolder) {
+      veRL = true;
+    }
+  }
+  return model && veRL;
 }
 
 // The role folders of a step folder that are actor folders, in kRoles order.

@@ -327,7 +327,7 @@ BOOST_AUTO_TEST_CASE(entry_of_another_reader_is_replaced) {
   BOOST_REQUIRE_EQUAL(c.fresh->format, "safetensors");
   const std::string stamp = ckptfs::ReaderStamp("safetensors");
   const std::string number = "; safetensors " + std::to_string(ckptfs::kSafetensorsFormat);
-  BOOST_REQUIRE_EQUAL(stamp, std::string("ckptfs ") + CKPTFS_VERSION + "; detection 2" + number);
+  BOOST_REQUIRE_EQUAL(stamp, std::string("ckptfs ") + CKPTFS_VERSION + "; detection 3" + number);
   const std::string written = ReadFile(c.entry);
   std::string note;
   BOOST_REQUIRE(Load(c.source, c.options, &note));  // intact, it is a hit

@@ -27,10 +27,14 @@ bool Says(const Status& s, const std::string& text) {
   return found;
 }
 
-void Ranks(MemorySource* source, const std::string& dir, int world, std::initializer_list<int> ranks) {
-  for (int r : ranks)
-    source->Write(dir + "/model_world_size_" + std::to_string(world) + "_rank_" + std::to_string(r) + ".pt",
-                  "not a torch file");
+// Model rank files, and the extra_state file veRL writes beside each.
+void Ranks(MemorySource* source, const std::string& dir, int world, std::initializer_list<int> ranks,
+           bool extra_state = true) {
+  for (int r : ranks) {
+    const std::string suffix = "_world_size_" + std::to_string(world) + "_rank_" + std::to_string(r) + ".pt";
+    source->Write(dir + "/model" + suffix, "not a torch file");
+    if (extra_state) source->Write(dir + "/extra_state" + suffix, "not a torch file");
+  }
 }
 
 }  // namespace
@@ -104,6 +108,19 @@ BOOST_AUTO_TEST_CASE(step_folder_serves_actor_then_critic) {
   BOOST_TEST(Says(Open(source, "/step"), "/step/critic/model_world_size_2_rank_1.pt"));
   Ranks(&source, "/step/actor", 3, {0});
   BOOST_TEST(Says(Open(source, "/step"), "/step/actor/model_world_size_3_rank_1.pt"));
+}
+
+BOOST_AUTO_TEST_CASE(model_rank_files_alone_are_a_plain_rank_set) {
+  MemorySource source;
+  Ranks(&source, "/m", 3, {0, 2}, /*extra_state=*/false);
+  BOOST_TEST(!Says(Open(source, "/m"), "the save has 3 ranks"));
+  // Any of veRL's own files beside them makes the folder veRL's.
+  for (const char* marker : {"/m/fsdp_config.json", "/m/huggingface/config.json", "/m/optim_world_size_3_rank_0.pt"}) {
+    MemorySource with;
+    Ranks(&with, "/m", 3, {0, 2}, /*extra_state=*/false);
+    with.Write(marker, "{}");
+    BOOST_TEST(Says(Open(with, "/m"), "the save has 3 ranks"), marker);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(names_that_only_resemble_rank_files_are_not_veRL) {
