@@ -339,6 +339,7 @@ Status VerlReader::AddOptimizer(const std::vector<std::string>& names, uint64_t 
   optim.prefix = {std::string("optimizer")};
   optim.select = [&](std::vector<PathElement>* path) {
     if (path->size() >= 3 && std::get_if<std::string>(&(*path)[1]) && std::get<std::string>((*path)[1]) == "state") {
+      // torch numbers the parameters; a state keyed otherwise (by name) is not what this maps.
       const int64_t* id = std::get_if<int64_t>(&(*path)[2]);
       if (!id || *id < 0 || static_cast<uint64_t>(*id) >= n) {
         if (bad_path.empty()) bad_path = FlattenKey(*path);
@@ -359,15 +360,17 @@ Status VerlReader::AddOptimizer(const std::vector<std::string>& names, uint64_t 
   for (size_t i = first; i < catalog_->tensors.size(); ++i) {
     const TensorEntry& t = catalog_->tensors[i];
     std::vector<PathElement> path(t.path.begin(), t.path.end());
-    if (path.size() < 4 || std::get_if<std::string>(&path[1]) == nullptr ||
+    if (path.size() < 3 || std::get_if<std::string>(&path[1]) == nullptr ||
         std::get<std::string>(path[1]) != "state")
       continue;
     // A parameter's state tensor is the parameter's shape (exp_avg) or a scalar (step).
     const std::string* name = std::get_if<std::string>(&path[2]);
-    const size_t p = name ? param_index.at(*name) : 0;
-    if (!t.shape.empty() && t.shape != params.shapes[p])
+    auto p = name ? param_index.find(*name) : param_index.end();
+    if (p == param_index.end())
+      return Status::NotSupported(optim.files[0], "key '" + t.key + "': a state entry for no parameter of the model");
+    if (!t.shape.empty() && t.shape != params.shapes[p->second])
       return Status::NotSupported(optim.files[0], "key '" + t.key + "': a state tensor whose shape is not its parameter's (" +
-                                                      params.names[p] + "): not a per-parameter state");
+                                                      params.names[p->second] + "): not a per-parameter state");
   }
   if (values.is_object()) {
     values.erase("state");

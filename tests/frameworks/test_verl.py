@@ -179,6 +179,22 @@ def test_optimizer_option_refuses_fsdp1_flat_parameter_state(case, root, run_ckp
     one_line_error(res, f"optim_world_size_{gen.CASES[case][0]}_rank_0.pt", "FSDP1", "flat parameter")
 
 
+def test_optimizer_numbering_that_is_not_the_models_is_refused(root, run_ckptfs, tmp_path):
+    # Every rank's optimizer saved by torch without its last parameter: state ids no longer
+    # say which parameter they belong to, and ckptfs does not guess.
+    folder = copy_tree_of_links(actor(root, "fsdp2_ws2"), tmp_path / "actor")
+    for rank in range(2):
+        name = f"optim_world_size_2_rank_{rank}.pt"
+        state = torch.load(folder / name, weights_only=False)
+        last = state["param_groups"][0]["params"].pop()
+        del state["state"][last]
+        (folder / name).unlink()
+        torch.save(state, folder / name)
+    run_ckptfs("ls", folder)
+    one_line_error(run_ckptfs("ls", "--optimizer", folder, check=False), "optim_world_size_2_rank_0.pt",
+                   "numbers 26 parameters but the model file has 27")
+
+
 def test_missing_rank_file_is_refused(root, run_ckptfs, tmp_path):
     folder = copy_tree_of_links(actor(root, "fsdp2_ws3"), tmp_path / "actor")
     (folder / "model_world_size_3_rank_1.pt").unlink()
