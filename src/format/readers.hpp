@@ -119,6 +119,11 @@ bool IsDcpFolder(Env& env, const std::string& dir);
 Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);
 inline constexpr uint32_t kDcpFormat = 2;
 
+// A veRL FSDP checkpoint: an actor or critic folder (model_world_size_W_rank_R.pt, ...), the
+// global_step_N/ folder holding it or the run folder naming the step
+// (latest_checkpointed_iteration.txt); the model rank files consolidated (format/verl.cpp).
+inline constexpr uint32_t kVerlFormat = 1;
+
 // A folder of torch.save rank files (one group of rank-numbered names) holding DTensors or
 // ShardedTensors: consolidated into full tensors (format/rank_shards.hpp).
 inline constexpr uint32_t kTorchRanksFormat = 1;

@@ -327,7 +327,7 @@ BOOST_AUTO_TEST_CASE(entry_of_another_reader_is_replaced) {
   BOOST_REQUIRE_EQUAL(c.fresh->format, "safetensors");
   const std::string stamp = ckptfs::ReaderStamp("safetensors");
   const std::string number = "; safetensors " + std::to_string(ckptfs::kSafetensorsFormat);
-  BOOST_REQUIRE_EQUAL(stamp, std::string("ckptfs ") + CKPTFS_VERSION + "; detection 3" + number);
+  BOOST_REQUIRE_EQUAL(stamp, std::string("ckptfs ") + CKPTFS_VERSION + "; detection 4" + number);
   const std::string written = ReadFile(c.entry);
   std::string note;
   BOOST_REQUIRE(Load(c.source, c.options, &note));  // intact, it is a hit
@@ -340,7 +340,7 @@ BOOST_AUTO_TEST_CASE(entry_of_another_reader_is_replaced) {
     digit = digit == '0' ? '1' : digit - 1;
     return other;
   };
-  const std::string others[] = {changed(number), changed(CKPTFS_VERSION), changed("detection 3")};
+  const std::string others[] = {changed(number), changed(CKPTFS_VERSION), changed("detection 4")};
   for (const std::string& other : others) {
     BOOST_TEST_CONTEXT("written by '" << other << "'") {
       std::string bytes = written;
