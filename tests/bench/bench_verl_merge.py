@@ -38,16 +38,14 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import benchlib
-from bench_zero_consolidate import Method, Run, check_targets, dir_bytes, print_table
-from benchlib import GNU_TIME, Cache, mounted, unmount, wait4_timeout
+from bench_zero_consolidate import Method, Run, check_targets, dir_bytes, print_table, run_mount_cp
+from benchlib import GNU_TIME, Cache, unmount
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RSS_TARGET = 1 / 20
@@ -205,42 +203,6 @@ save_file(full, out)
 """
 
 
-def mount_cp(ckptfs: Path, source: Path, mnt: Path, out_file: Path, timeout: float, log: Path, options) -> Run:
-    """ckptfs -f SOURCE MNT OPTIONS (under GNU time for its peak RSS), cp, unmount."""
-    mnt.mkdir(parents=True, exist_ok=True)
-    if mounted(mnt):
-        raise RuntimeError(f"{mnt} is already a mount point")
-    with tempfile.NamedTemporaryFile(suffix=".rss") as rss_file, open(log, "wb") as logf:
-        argv = [str(ckptfs), "-f", str(source), str(mnt), *options]
-        full = [GNU_TIME, "-f", "%M", "-o", rss_file.name, "--", *argv] if GNU_TIME else argv
-        t0 = time.perf_counter()
-        daemon = subprocess.Popen(full, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-        daemon_usage = None
-        try:
-            deadline = time.monotonic() + min(timeout, 120)
-            while not mounted(mnt):
-                if daemon.poll() is not None:
-                    raise RuntimeError(f"ckptfs mount exited {daemon.returncode}: {log.read_text(errors='replace')[-2000:]}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{mnt}: not mounted after {min(timeout, 120)}s")
-                time.sleep(0.002)
-            t_ready = time.perf_counter()
-            cp_wall, cp_rss, _, _ = benchlib.run_measured(["cp", str(mnt / "model.safetensors"), str(out_file)],
-                                                          timeout, stdout=subprocess.DEVNULL)
-            t_end = time.perf_counter()
-        finally:
-            unmount(mnt)
-            try:
-                _, _, daemon_usage = wait4_timeout(daemon, 60)
-            except subprocess.TimeoutExpired:
-                os.killpg(daemon.pid, signal.SIGKILL)
-                daemon.wait()
-        daemon_rss = int(Path(rss_file.name).read_text().split()[-1]) if GNU_TIME else daemon_usage.ru_maxrss
-    return Run(t_end - t0, daemon_rss + cp_rss,
-               f"mount ready {t_ready - t0:.2f}s + cp {cp_wall:.2f}s; daemon {daemon_rss / 1024:.1f} MiB + "
-               f"cp {cp_rss / 1024:.1f} MiB")
-
-
 def compare(merged: Path, candidate: Path, cast_bf16: bool) -> tuple[bool, str]:
     """CANDIDATE's tensors (cast to bf16 first when CAST_BF16) against the merger's output."""
     import torch
@@ -335,7 +297,7 @@ def main() -> int:
                     run = Run(wall, rss)
                 else:
                     options = ["-o", "dtype=bf16"] if key == "bf16" else []
-                    run = mount_cp(ckptfs, actor, mnt, out / "model.safetensors", args.timeout,
+                    run = run_mount_cp(ckptfs, actor, mnt, out / "model.safetensors", args.timeout,
                                    workdir / "mount.log", options)
                 m.runs.append(run)
                 print(f"  run {rep + 1}  {m.name:28s} {run.wall_s:7.2f} s  {run.rss_kib / 1024:9.1f} MiB"
