@@ -30,6 +30,8 @@ TESTS_DIR = Path(__file__).resolve().parent
 ZERO_CHECKPOINTS = TESTS_DIR / "zero" / "make_zero_checkpoints.py"
 PARALLEL_CHECKPOINTS = TESTS_DIR / "zero" / "make_parallel_checkpoints.py"
 DCP_CHECKPOINTS = TESTS_DIR / "dcp" / "make_dcp_checkpoints.py"
+# Converts cached ZERO_CHECKPOINTS saves (its key includes that generator: inputs=).
+UNIVERSAL_CHECKPOINTS = TESTS_DIR / "zero" / "make_universal_checkpoints.py"
 # Both run DeepSpeed on the CPU: about 45 s and 10 s on two cores.
 GENERATE_TIMEOUT_S = 300
 # The packages whose versions change what the generators write (by default; a generator that
@@ -45,9 +47,12 @@ def cache_root() -> Path:
     return Path(os.environ.get("CKPTFS_CACHE") or Path.home() / ".cache" / "ckptfs") / "fixtures"
 
 
-def entry_name(generator: Path, packages=KEYED_PACKAGES, overlay: str | None = None) -> str:
+def entry_name(generator: Path, packages=KEYED_PACKAGES, overlay: str | None = None, inputs=()) -> str:
     """<generator name>-<16 hex digits of the key>."""
     key = hashlib.sha256(Path(generator).read_bytes())
+    for path in inputs:
+        # Scripts whose code or output the generator uses (another generator's fixtures).
+        key.update(b"\0" + Path(path).read_bytes())
     for package in packages:
         key.update(f"\0{package}=={importlib.metadata.version(package)}".encode())
     if overlay:
@@ -70,13 +75,14 @@ def overlay_python(overlay: str) -> str:
 
 
 def cached_fixtures(generator: Path, timeout_s: float = GENERATE_TIMEOUT_S, packages=KEYED_PACKAGES,
-                    overlay: str | None = None) -> Path:
+                    overlay: str | None = None, inputs=()) -> Path:
     """The folder `python GENERATOR OUT` filled, from the cache; generated first if absent,
     keyed by GENERATOR's content and the versions of PACKAGES (and the pins of OVERLAY, the
-    environment of scripts/setup-venv.sh OVERLAY that runs it when given). Raises
+    environment of scripts/setup-venv.sh OVERLAY that runs it when given, and the content of
+    the files INPUTS, scripts whose code or fixtures the generator uses). Raises
     FixtureGenerationError (naming the generator's log) if it fails or runs past TIMEOUT_S."""
     root = cache_root()
-    name = entry_name(generator, packages, overlay)
+    name = entry_name(generator, packages, overlay, inputs)
     entry = root / name
     if entry.is_dir():
         return entry

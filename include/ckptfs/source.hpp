@@ -26,6 +26,9 @@ struct SourceOptions {
   // DeepSpeed ZeRO: also serve each trainable parameter's Adam moments, as
   // "exp_avg.<name>" and "exp_avg_sq.<name>" after the weights.
   bool zero_moments = false;
+  // veRL: also serve the optimizer state consolidated from the optim rank files, as
+  // "optimizer.state.<parameter name>.<entry>" after the weights.
+  bool optimizer_state = false;
   ReadLimits limits;
   // Where the source lives; null means the Env the open layer picks for the SOURCE string
   // (EnvForSource: a remote Env for http(s):// and s3:// URLs, else the local file system).

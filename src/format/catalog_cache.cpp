@@ -104,6 +104,7 @@ class Reader {
 // What, besides the source's bytes, decides the catalog a reader builds.
 void WriteOptions(Writer* w, const SourceOptions& options) {
   w->U8(options.zero_moments ? 1 : 0);
+  w->U8(options.optimizer_state ? 1 : 0);
   w->U64(options.limits.pickle_bytes);
   w->U64(options.limits.pickle_memory);
   w->U64(options.limits.header_bytes);

@@ -97,6 +97,17 @@ bool IsDeepSpeedFolder(Env& env, const std::string& dir);
 Status ReadDeepSpeedCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);
 inline constexpr uint32_t kDeepSpeedFormat = 1;
 
+// True when `dir` is a DeepSpeed universal checkpoint: a step folder of ds_to_universal
+// (model-states files beside a zero/ folder, no optimizer rank files), or a folder holding
+// `latest_universal` and no `latest` (a save folder with both is the ZeRO reader's).
+bool IsDeepSpeedUniversalFolder(Env& env, const std::string& dir);
+
+// Such a folder (the step `latest_universal` names, or the step folder itself), reached through
+// the Env of catalog->files: the fp32 weights of zero/<param>/fp32.pt with the names, order and
+// model-states tensors of the ZeRO reader; the Adam moments too with options.zero_moments.
+Status ReadDeepSpeedUniversal(const std::string& dir, const SourceOptions& options, Catalog* catalog);
+inline constexpr uint32_t kDeepSpeedUniversalFormat = 1;
+
 // True when `dir` holds a torch.distributed.checkpoint `.metadata` file, or is a parent
 // whose step folders (step-N/, iter_NNNNNNN/, ...) hold one.
 bool IsDcpFolder(Env& env, const std::string& dir);
@@ -107,6 +118,11 @@ bool IsDcpFolder(Env& env, const std::string& dir);
 // entries are decoded into the catalog's metadata; metadata["dcp"] says what was served.
 Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);
 inline constexpr uint32_t kDcpFormat = 4;
+
+// A veRL FSDP checkpoint: an actor or critic folder (model_world_size_W_rank_R.pt, ...), the
+// global_step_N/ folder holding it or the run folder naming the step
+// (latest_checkpointed_iteration.txt); the model rank files consolidated (format/verl.cpp).
+inline constexpr uint32_t kVerlFormat = 1;
 
 // A folder of torch.save rank files (one group of rank-numbered names) holding DTensors or
 // ShardedTensors: consolidated into full tensors (format/rank_shards.hpp).

@@ -7,24 +7,27 @@
 
 namespace ckptfs {
 
-// Folders first (a folder is tried as DeepSpeed, then DCP, then DCP Hugging Face shards, then
-// torch.save rank files, then a model folder, which takes any folder), then files: a weight index (the model folder
-// reader), the zip-based torch formats (TorchScript and torch.export before the plain zip
-// they also are), safetensors, the legacy torch stream.
-extern const ReaderEntry kDeepSpeedReader, kDcpReader, kDcpHfShardsReader, kTorchRanksReader, kCheckpointFolderReader,
-    kTorchScriptReader, kTorchExportReader, kTorchZipReader, kSafetensorsReader, kTorchLegacyReader;
+// Folders first (a folder is tried as a DeepSpeed universal checkpoint, then DeepSpeed, then
+// DCP, then DCP Hugging Face shards, then veRL, then torch.save rank files, then a model
+// folder, which takes any folder), then files: a weight index (the model folder reader), the
+// zip-based torch formats (TorchScript and torch.export before the plain zip they also are),
+// safetensors, the legacy torch stream.
+extern const ReaderEntry kDeepSpeedUniversalReader, kDeepSpeedReader, kDcpReader, kDcpHfShardsReader, kVerlReader,
+    kTorchRanksReader, kCheckpointFolderReader, kTorchScriptReader, kTorchExportReader, kTorchZipReader,
+    kSafetensorsReader, kTorchLegacyReader;
 
 namespace {
 
 constexpr const ReaderEntry* kReaders[] = {
-    &kDeepSpeedReader,   &kDcpReader,      &kDcpHfShardsReader, &kTorchRanksReader,  &kCheckpointFolderReader,
-    &kTorchScriptReader, &kTorchExportReader, &kTorchZipReader,  &kSafetensorsReader, &kTorchLegacyReader,
+    &kDeepSpeedUniversalReader, &kDeepSpeedReader,   &kDcpReader,         &kDcpHfShardsReader,
+    &kVerlReader,               &kTorchRanksReader,  &kCheckpointFolderReader,
+    &kTorchScriptReader,        &kTorchExportReader, &kTorchZipReader,    &kSafetensorsReader, &kTorchLegacyReader,
 };
 
 // The number of the detection order: bump it whenever which reader a source goes to changes
 // (a format told apart differently, a reader added), so that no catalog cached from a reader a
 // source no longer goes to is served.
-constexpr uint32_t kDetectionFormat = 3;
+constexpr uint32_t kDetectionFormat = 5;
 
 const ReaderEntry* FindReader(std::string_view name) {
   for (const ReaderEntry* r : kReaders)

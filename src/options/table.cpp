@@ -233,6 +233,9 @@ const OptionSpec kTable[] = {
     // Source options.
     {"moments", kSwitch, kSourceGroup, "", "DeepSpeed ZeRO: also serve the Adam moments (exp_avg.*, exp_avg_sq.*)",
      nullptr, [](OptionValues* o, bool on) { o->source.zero_moments = on; }},
+    {"optimizer", kSwitch, kSourceGroup, "",
+     "veRL: also serve the consolidated optimizer state (optimizer.state.<name>.exp_avg, ...)", nullptr,
+     [](OptionValues* o, bool on) { o->source.optimizer_state = on; }},
     {"max_pickle", kValue, kSourceGroup, "SIZE", "limit on one pickle record of untrusted metadata (default 1GiB)",
      ParseSizeInto<&OptionValues::source, &SourceOptions::limits, &ReadLimits::pickle_bytes>},
     {"max_pickle_memory", kValue, kSourceGroup, "SIZE", "limit on the memory parsing one pickle takes (default 4GiB)",

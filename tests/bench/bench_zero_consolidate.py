@@ -253,13 +253,15 @@ def run_measured(argv: list[str], timeout: float, stdout=None, env=None) -> tupl
     return wall, rss, stderr
 
 
-def run_mount_cp(ckptfs: Path, save_dir: Path, mnt: Path, out_file: Path, timeout: float, log: Path) -> Run:
-    """ckptfs -f (foreground, under GNU time for its peak RSS), cp, unmount."""
+def run_mount_cp(ckptfs: Path, save_dir: Path, mnt: Path, out_file: Path, timeout: float, log: Path,
+                 options=()) -> Run:
+    """ckptfs -f SAVE_DIR MNT OPTIONS (foreground, under GNU time for its peak RSS), cp of its
+    model.safetensors to OUT_FILE, unmount."""
     mnt.mkdir(parents=True, exist_ok=True)
     if mounted(mnt):
         raise RuntimeError(f"{mnt} is already a mount point")
     with tempfile.NamedTemporaryFile(suffix=".rss") as rss_file, open(log, "wb") as logf:
-        argv = [str(ckptfs), "-f", str(save_dir), str(mnt)]
+        argv = [str(ckptfs), "-f", str(save_dir), str(mnt), *options]
         full = [GNU_TIME, "-f", "%M", "-o", rss_file.name, "--", *argv] if GNU_TIME else argv
         t0 = time.perf_counter()
         daemon = subprocess.Popen(full, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)

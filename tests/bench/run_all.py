@@ -19,6 +19,7 @@ Benchmarks (ids for --only):
   bf16      bench_bf16_load.py         fp32 .pt loaded as bf16 vs torch.load (its own checks)
   zero      bench_zero_consolidate.py  ZeRO-3 to safetensors vs zero_to_fp32 (its own checks)
   dcp       bench_dcp_consolidate.py   FSDP2 DCP save to one file vs dcp_to_torch_save (its own checks)
+  verl      bench_verl_merge.py        veRL FSDP2 actor to one file vs veRL's model merger (its own checks)
   scale     bench_metadata_scale.py    `ckptfs ls` of a 1,000,000-chunk DCP folder (writes ~1.7 GB)
   diff      bench_diff.py              `ckptfs diff` of two 2.15 GB .pt vs a torch.load(mmap=True) script
 
@@ -27,7 +28,7 @@ replaces its earlier lines, so `--only d` after a full run refreshes just that p
 table always shows the latest figure of every benchmark (`--table` prints it without
 running anything). Every row records its time, the commit (`-dirty` when tracked files
 had uncommitted changes), the machine and the load average; the table's header sums them
-up. The four benches with checks of their own (ls, bf16, zero, dcp) report pass/fail plus
+up. The five benches with checks of their own (ls, bf16, zero, dcp, verl) report pass/fail plus
 the tail of their output (in the JSON detail). Each benchmark runs under a deadline;
 generated data live under --workdir (default /tmp/ckptfs-bench) and are deleted afterwards
 unless --keep. Needs root (page-cache control, bdi read-ahead) and /dev/fuse.
@@ -71,10 +72,15 @@ BENCHES = {
     # generate; quick: a few MB.
     "dcp": ("bench_dcp_consolidate.py", "dcp", [],
             ["--vocab", "1000", "--hidden", "256", "--ffn", "512", "--layers", "1"], 1800, 300),
+    # Full: a 2.15 GB veRL FSDP2 world-4 actor saved by veRL itself (the verl overlay env), ~40 s to
+    # generate; quick: a few MB.
+    "verl": ("bench_verl_merge.py", "verl", [],
+             ["--vocab", "1000", "--hidden", "256", "--ffn", "512", "--layers", "1", "--heads", "4",
+              "--kv-heads", "2"], 1800, 600),
     # Two 2.15 GB .pt (16 x 128 MiB fp32), 3 repeats, cold cache; quick: 16 x 8 MiB.
     "diff": ("bench_diff.py", "diff", [], [], 900, 180),
 }
-LEGACY = {"ls", "bf16", "zero", "dcp"}  # report their own PASS/FAIL; no JSON of their own
+LEGACY = {"ls", "bf16", "zero", "dcp", "verl"}  # report their own PASS/FAIL; no JSON of their own
 WORD_IDS = LEGACY | {"scale", "diff"}  # ids that are words; the others are sets of one-letter ids
 
 
@@ -183,7 +189,7 @@ def main() -> int:
     ap.add_argument("--ckptfs", default=str(ROOT / "build" / "ckptfs"))
     ap.add_argument("--workdir", default="/tmp/ckptfs-bench")
     ap.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke test (~3 min)")
-    ap.add_argument("--only", default="", help="comma list: a,b,c,d,e,f,g,h,ls,bf16,zero,dcp,scale,ttm or bench names")
+    ap.add_argument("--only", default="", help="comma list: a,b,c,d,e,f,g,h,ls,bf16,zero,dcp,verl,scale,ttm or bench names")
     ap.add_argument("--repeats", type=int, default=0, help="override every bench's repeat count")
     ap.add_argument("--keep", action="store_true", help="keep generated checkpoints for the next run")
     ap.add_argument("--table", action="store_true", help="print the table of WORKDIR/results.jsonl and stop")

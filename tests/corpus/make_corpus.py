@@ -13,6 +13,9 @@ Every case starts from a real file and is then damaged on purpose:
   stage-2 and a stage-3 run of 2 ranks, from the machine's fixture cache,
   tests/ckptfs_fixture_cache.py), whose pickles are loaded with torch.load and saved again,
   changed, with torch.save;
+- DeepSpeed universal cases from DeepSpeed's own ds_to_universal conversions of those saves
+  (tests/zero/make_universal_checkpoints.py, from the same cache), a parameter file
+  rewritten with torch.save;
 - DCP cases from real torch.distributed.checkpoint saves made by
   tests/dcp/make_dcp_checkpoints.py (FSDP2 at world size 2, in torch_save and safetensors
   form, from the same cache), whose .metadata is loaded with pickle, changed through torch's
@@ -43,7 +46,7 @@ CASES_DIR = HERE / "cases"
 EXPECTED = HERE / "expected.json"
 ZERO_SUITE = HERE.parent / "zero"
 sys.path.insert(0, str(HERE.parent))
-from ckptfs_fixture_cache import DCP_CHECKPOINTS, ZERO_CHECKPOINTS, cached_fixtures  # noqa: E402
+from ckptfs_fixture_cache import DCP_CHECKPOINTS, UNIVERSAL_CHECKPOINTS, ZERO_CHECKPOINTS, cached_fixtures  # noqa: E402
 
 CASES = []  # (name, fault, error regex, builder(path))
 
@@ -1351,6 +1354,69 @@ def _(p):
 
 
 # =============================================================================================
+# DeepSpeed universal checkpoints: parameter files that disagree with the model states
+# =============================================================================================
+
+UNIVERSAL_DIR = None  # the fixture cache's entry of make_universal_checkpoints.py
+UNIVERSAL_STEP = "global_step2_universal"
+
+
+def universal_copy(case_name: str, dest: Path) -> Path:
+    """DEST/latest_universal + DEST/<step>/ of a real ds_to_universal output: the model-states
+    files, zero/optimizer_state.pt and every zero/<name>/fp32.pt (the moment and step files
+    left out: only -o moments reads them)."""
+    src = UNIVERSAL_DIR / case_name / UNIVERSAL_STEP
+    dest.mkdir(parents=True)
+    (dest / "latest_universal").write_text(UNIVERSAL_STEP)
+    step = dest / UNIVERSAL_STEP
+    (step / "zero").mkdir(parents=True)
+    for f in sorted(src.glob("*.pt")):
+        shutil.copyfile(f, step / f.name)
+    shutil.copyfile(src / "zero" / "optimizer_state.pt", step / "zero" / "optimizer_state.pt")
+    for f in sorted(src.glob("zero/*/fp32.pt")):
+        (step / "zero" / f.parent.name).mkdir()
+        shutil.copyfile(f, step / "zero" / f.parent.name / f.name)
+    return step
+
+
+@case("universal-s2-shape-differs/", "stage 2: zero/fc1.weight/fp32.pt holds a [10, 13] tensor, param_shapes says [13, 10]",
+      r"zero/fc1\.weight/fp32\.pt: key 'param': shape \[10, 13\] disagrees with \[13, 10\]")
+def _(p):
+    import torch
+
+    step = universal_copy("w2-s2-bf16", p)
+    f = step / "zero" / "fc1.weight" / "fp32.pt"
+    torch.save({"cat_dim": 0, "param": torch.load(f)["param"].reshape(10, 13).clone()}, f)
+
+
+@case("universal-s3-flat-size-differs/", "stage 3: zero/fc2.weight/fp32.pt holds 129 elements, param_shapes says [10, 13]",
+      r"zero/fc2\.weight/fp32\.pt: the saved object: shape \[129\] disagrees with \[10, 13\]")
+def _(p):
+    import torch
+
+    step = universal_copy("w2-s3-bf16-sg8", p)
+    f = step / "zero" / "fc2.weight" / "fp32.pt"
+    torch.save(torch.load(f)[:129].clone(), f)
+
+
+@case("universal-s2-key-not-understood/", "stage 2: zero/gate/fp32.pt's dict has a key ds_to_universal never writes",
+      r"zero/gate/fp32\.pt: key 'scale_factor' is not understood")
+def _(p):
+    import torch
+
+    step = universal_copy("w2-s2-bf16", p)
+    f = step / "zero" / "gate" / "fp32.pt"
+    torch.save({**torch.load(f), "scale_factor": 2}, f)
+
+
+@case("universal-s2-folder-of-no-parameter/", "stage 2: zero/gate2/ names no tensor of the model states",
+      r"zero/gate2: names no parameter of .*mp_rank_00_model_states\.pt")
+def _(p):
+    step = universal_copy("w2-s2-bf16", p)
+    shutil.copytree(step / "zero" / "gate", step / "zero" / "gate2")
+
+
+# =============================================================================================
 # the rest of the torch family: legacy torch.save streams, TorchScript archives, .pt2 packages
 # =============================================================================================
 
@@ -1814,7 +1880,7 @@ def _(p):
 
 
 def main(argv=None) -> int:
-    global TORCH, ST, ZERO_DIR, DCP_DIR
+    global TORCH, ST, ZERO_DIR, DCP_DIR, UNIVERSAL_DIR
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", metavar="PREFIX", action="append",
                     help="(re)generate only the cases whose names start with PREFIX (repeatable), keeping the "
@@ -1845,6 +1911,7 @@ def main(argv=None) -> int:
         print(f"{len(cases)} cases written, {len(expected)} in {EXPECTED.name}")
         return 0
     ZERO_DIR = cached_fixtures(ZERO_CHECKPOINTS)
+    UNIVERSAL_DIR = cached_fixtures(UNIVERSAL_CHECKPOINTS, inputs=(ZERO_CHECKPOINTS,))
     DCP_DIR = cached_fixtures(DCP_CHECKPOINTS, packages=("torch", "transformers"))
     if CASES_DIR.exists():
         shutil.rmtree(CASES_DIR)

@@ -169,6 +169,12 @@ def case_fsdp2(out: Path, name: str, rank: int, world: int, mesh_shape=None):
         fully_shard(model, mesh=init_device_mesh("cpu", mesh_shape, mesh_dim_names=("replicate", "shard")))
     else:
         fully_shard(model)
+    _train_and_write_dtensors(out, name, rank, world, model)
+
+
+def _train_and_write_dtensors(out: Path, name: str, rank: int, world: int, model):
+    """Trains MODEL (whose parameters are DTensors), then writes its model and optimizer state
+    dicts and their full tensors (full_tensor())."""
     optimizer = _train(model, rank)
     model_sd = model.state_dict()
     optim_sd = optimizer.state_dict()
@@ -220,12 +226,7 @@ def case_tp(out: Path, name: str, rank: int, world: int):
     torch.manual_seed(7)
     mesh = init_device_mesh("cpu", (world,))
     model = parallelize_module(_net(), mesh, {"proj": ColwiseParallel(use_local_output=False), "head": RowwiseParallel()})
-    optimizer = _train(model, rank)
-    model_sd = model.state_dict()
-    optim_sd = optimizer.state_dict()
-    full_model = {k: _full(v) for k, v in _flatten(model_sd).items()}
-    full_optim = {k: _full(v) for k, v in _flatten(optim_sd).items()}
-    _write(out, name, rank, world, model_sd, optim_sd, full_model, full_optim)
+    _train_and_write_dtensors(out, name, rank, world, model)
 
 
 def case_placement(out: Path, name: str, rank: int, world: int):

@@ -327,7 +327,7 @@ BOOST_AUTO_TEST_CASE(entry_of_another_reader_is_replaced) {
   BOOST_REQUIRE_EQUAL(c.fresh->format, "safetensors");
   const std::string stamp = ckptfs::ReaderStamp("safetensors");
   const std::string number = "; safetensors " + std::to_string(ckptfs::kSafetensorsFormat);
-  BOOST_REQUIRE_EQUAL(stamp, std::string("ckptfs ") + CKPTFS_VERSION + "; detection 3" + number);
+  BOOST_REQUIRE_EQUAL(stamp, std::string("ckptfs ") + CKPTFS_VERSION + "; detection 5" + number);
   const std::string written = ReadFile(c.entry);
   std::string note;
   BOOST_REQUIRE(Load(c.source, c.options, &note));  // intact, it is a hit
@@ -340,7 +340,7 @@ BOOST_AUTO_TEST_CASE(entry_of_another_reader_is_replaced) {
     digit = digit == '0' ? '1' : digit - 1;
     return other;
   };
-  const std::string others[] = {changed(number), changed(CKPTFS_VERSION), changed("detection 3")};
+  const std::string others[] = {changed(number), changed(CKPTFS_VERSION), changed("detection 5")};
   for (const std::string& other : others) {
     BOOST_TEST_CONTEXT("written by '" << other << "'") {
       std::string bytes = written;
@@ -362,8 +362,8 @@ BOOST_AUTO_TEST_CASE(entry_of_another_reader_is_replaced) {
 // theirs; a catalog of a format no reader builds is not stored.
 BOOST_AUTO_TEST_CASE(reader_stamps) {
   for (const char* format : {"torch-zip", "torch-legacy", "torchscript", "torch-export", "safetensors",
-                             "safetensors-folder", "torch-zip-folder", "deepspeed-zero", "deepspeed-pipeline", "dcp",
-                             "dcp-hf-shards"})
+                             "safetensors-folder", "torch-zip-folder", "deepspeed-zero", "deepspeed-pipeline",
+                             "deepspeed-universal", "dcp", "dcp-hf-shards"})
     BOOST_TEST(StartsWith(ckptfs::ReaderStamp(format), std::string("ckptfs ") + CKPTFS_VERSION + "; "), format);
   BOOST_TEST(Contains(ckptfs::ReaderStamp("safetensors-folder"), "; safetensors "));
   BOOST_TEST(Contains(ckptfs::ReaderStamp("dcp"), "; torch-zip "));

@@ -39,6 +39,7 @@ VALUES = {
     "root": ("model", ""),
     "shard_size": ("1MB", "10XB"),
     "moments": None,
+    "optimizer": None,
     "checksums": None,
     "write": ("model,tensors", "weights"),
     "max_pickle": ("512MiB", "abc"),

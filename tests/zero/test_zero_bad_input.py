@@ -31,33 +31,6 @@ def damaged_copy(zero_checkpoint, tmp_path):
     return copy
 
 
-@pytest.fixture
-def assert_refused(run_ckptfs, tmp_path):
-    """assert_refused(source, *names): `ckptfs ls` and `ckptfs export` both exit 1 with one
-    stderr line `ckptfs: ...` that contains one of NAMES; export creates nothing."""
-
-    def check(source: Path, *names) -> str:
-        out = tmp_path / "export-out"
-        lines = []
-        for argv in (["ls", source], ["export", source, out]):
-            result = run_ckptfs(*argv, check=False)
-            stderr = result.stderr.decode(errors="replace")
-            command = f"ckptfs {argv[0]}"
-            assert result.returncode == 1, (
-                f"{command}: exit status {result.returncode} (negative: killed by a signal); stderr:\n{stderr}"
-            )
-            assert result.stdout == b"", f"{command} wrote to stdout for a refused source"
-            assert len(stderr.splitlines()) == 1, f"{command}: expected one stderr line, got:\n{stderr}"
-            line = stderr.splitlines()[0]
-            assert line.startswith("ckptfs: "), line
-            assert any(str(name) in line for name in names), f"{command}: {line!r} names none of {names}"
-            lines.append(line)
-        assert not out.exists(), "a refused export left output behind"
-        return lines[0]
-
-    return check
-
-
 @pytest.mark.parametrize("rank", [1, 3], ids=["middle-rank", "last-rank"])
 def test_missing_rank_optimizer_file(damaged_copy, assert_refused, rank):
     save_dir, tag_dir = damaged_copy("w4-s2-bf16")
