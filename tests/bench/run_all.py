@@ -22,6 +22,8 @@ Benchmarks (ids for --only):
   verl      bench_verl_merge.py        veRL FSDP2 actor to one file vs veRL's model merger (its own checks)
   scale     bench_metadata_scale.py    `ckptfs ls` of a 1,000,000-chunk DCP folder (writes ~1.7 GB)
   diff      bench_diff.py              `ckptfs diff` of two 2.15 GB .pt vs a torch.load(mmap=True) script
+  keymap    bench_keymap.py            mount + ls of 100k Megatron tensors with and without -o map=llama;
+                                       read rates of mapped (unstacked, QKV row-group) tensors
 
 Every benchmark appends JSON lines to WORKDIR/results.jsonl; a rerun of one benchmark
 replaces its earlier lines, so `--only d` after a full run refreshes just that part, and the
@@ -79,9 +81,11 @@ BENCHES = {
               "--kv-heads", "2"], 1800, 600),
     # Two 2.15 GB .pt (16 x 128 MiB fp32), 3 repeats, cold cache; quick: 16 x 8 MiB.
     "diff": ("bench_diff.py", "diff", [], [], 900, 180),
+    # Full: 100,005 per-layer tensors and a ~0.7 GB stacked save, ~40 s to generate; quick: a tenth.
+    "keymap": ("bench_keymap.py", "keymap", [], [], 900, 300),
 }
 LEGACY = {"ls", "bf16", "zero", "dcp", "verl"}  # report their own PASS/FAIL; no JSON of their own
-WORD_IDS = LEGACY | {"scale", "diff"}  # ids that are words; the others are sets of one-letter ids
+WORD_IDS = LEGACY | {"scale", "diff", "keymap"}  # ids that are words; the others are sets of one-letter ids
 
 
 def selected(only: str) -> list[str]:
