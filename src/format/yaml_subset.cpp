@@ -51,25 +51,33 @@ std::string_view StripComment(std::string_view s) {
 
 bool IsSequenceEntry(std::string_view c) { return c == "-" || (c.size() >= 2 && c[0] == '-' && c[1] == ' '); }
 
+// Where the quoted scalar `c` starts with (at c[0], ' or ") closes: the index of its closing
+// quote, past "\x" escapes of a double-quoted one and '' pairs of a single-quoted one; npos
+// when it does not close on this text.
+size_t ClosingQuote(std::string_view c) {
+  const char q = c[0];
+  for (size_t k = 1; k < c.size(); ++k) {
+    if (q == '"' && c[k] == '\\') {
+      ++k;
+    } else if (c[k] == q) {
+      if (q == '\'' && k + 1 < c.size() && c[k + 1] == '\'') {
+        ++k;
+        continue;
+      }
+      return k;
+    }
+  }
+  return std::string_view::npos;
+}
+
 // Where the ':' that ends a plain mapping key is (followed by a space or the end), outside
 // quotes and before any flow collection; npos when `c` is no `key: value` line.
 size_t KeyColon(std::string_view c) {
   if (c.empty() || c[0] == '[' || c[0] == '{' || c[0] == '-' || c[0] == '#') return std::string_view::npos;
   size_t k = 0;
   if (c[0] == '"' || c[0] == '\'') {
-    const char q = c[0];
-    for (k = 1; k < c.size(); ++k) {
-      if (q == '"' && c[k] == '\\') {
-        ++k;
-      } else if (c[k] == q) {
-        if (q == '\'' && k + 1 < c.size() && c[k + 1] == '\'') {
-          ++k;
-          continue;
-        }
-        break;
-      }
-    }
-    if (k >= c.size()) return std::string_view::npos;
+    k = ClosingQuote(c);
+    if (k == std::string_view::npos) return std::string_view::npos;
     ++k;
     return k < c.size() && c[k] == ':' && (k + 1 == c.size() || c[k + 1] == ' ') ? k : std::string_view::npos;
   }
@@ -362,21 +370,7 @@ class YamlParser {
   }
 
   // Whether the quoted scalar `raw` starts with is closed.
-  static bool Closes(std::string_view raw) {
-    const char q = raw[0];
-    for (size_t k = 1; k < raw.size(); ++k) {
-      if (q == '"' && raw[k] == '\\') {
-        ++k;
-      } else if (raw[k] == q) {
-        if (q == '\'' && k + 1 < raw.size() && raw[k + 1] == '\'') {
-          ++k;
-          continue;
-        }
-        return true;
-      }
-    }
-    return false;
-  }
+  static bool Closes(std::string_view raw) { return ClosingQuote(raw) != std::string_view::npos; }
 
   Status Quoted(std::string_view text, const Line& l, std::string* out) {
     size_t end = 0;

@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <charconv>
+#include <initializer_list>
 #include <vector>
 
 namespace ckptfs {
@@ -70,33 +71,23 @@ class Parser {
     *out = std::move(n);
     return Status::OK();
   }
-  Status Coalesce(std::unique_ptr<ExprNode>* out, int depth) {
-    CKPTFS_RETURN_IF_ERROR(Or(out, depth));
-    while (Eat("??")) {
+  // Operands of the next tighter level joined by any of `ops`, left to right.
+  using Level = Status (Parser::*)(std::unique_ptr<ExprNode>*, int);
+  Status Chain(std::initializer_list<const char*> ops, Level next, std::unique_ptr<ExprNode>* out, int depth) {
+    CKPTFS_RETURN_IF_ERROR((this->*next)(out, depth));
+    for (;;) {
+      const char* op = nullptr;
+      for (const char* o : ops)
+        if (!op && Eat(o)) op = o;
+      if (!op) return Status::OK();
       std::unique_ptr<ExprNode> rhs;
-      CKPTFS_RETURN_IF_ERROR(Or(&rhs, depth));
-      *out = Binary("??", std::move(*out), std::move(rhs));
+      CKPTFS_RETURN_IF_ERROR((this->*next)(&rhs, depth));
+      *out = Binary(op, std::move(*out), std::move(rhs));
     }
-    return Status::OK();
   }
-  Status Or(std::unique_ptr<ExprNode>* out, int depth) {
-    CKPTFS_RETURN_IF_ERROR(And(out, depth));
-    while (Eat("||")) {
-      std::unique_ptr<ExprNode> rhs;
-      CKPTFS_RETURN_IF_ERROR(And(&rhs, depth));
-      *out = Binary("||", std::move(*out), std::move(rhs));
-    }
-    return Status::OK();
-  }
-  Status And(std::unique_ptr<ExprNode>* out, int depth) {
-    CKPTFS_RETURN_IF_ERROR(Compare(out, depth));
-    while (Eat("&&")) {
-      std::unique_ptr<ExprNode> rhs;
-      CKPTFS_RETURN_IF_ERROR(Compare(&rhs, depth));
-      *out = Binary("&&", std::move(*out), std::move(rhs));
-    }
-    return Status::OK();
-  }
+  Status Coalesce(std::unique_ptr<ExprNode>* out, int depth) { return Chain({"??"}, &Parser::Or, out, depth); }
+  Status Or(std::unique_ptr<ExprNode>* out, int depth) { return Chain({"||"}, &Parser::And, out, depth); }
+  Status And(std::unique_ptr<ExprNode>* out, int depth) { return Chain({"&&"}, &Parser::Compare, out, depth); }
   Status Compare(std::unique_ptr<ExprNode>* out, int depth) {
     CKPTFS_RETURN_IF_ERROR(Sum(out, depth));
     for (const char* op : {"==", "!=", "<=", ">=", "<", ">"}) {
@@ -108,26 +99,8 @@ class Parser {
     }
     return Status::OK();
   }
-  Status Sum(std::unique_ptr<ExprNode>* out, int depth) {
-    CKPTFS_RETURN_IF_ERROR(Product(out, depth));
-    for (;;) {
-      std::string op = Eat("+") ? "+" : Eat("-") ? "-" : "";
-      if (op.empty()) return Status::OK();
-      std::unique_ptr<ExprNode> rhs;
-      CKPTFS_RETURN_IF_ERROR(Product(&rhs, depth));
-      *out = Binary(op, std::move(*out), std::move(rhs));
-    }
-  }
-  Status Product(std::unique_ptr<ExprNode>* out, int depth) {
-    CKPTFS_RETURN_IF_ERROR(Unary(out, depth));
-    for (;;) {
-      std::string op = Eat("*") ? "*" : Eat("/") ? "/" : "";
-      if (op.empty()) return Status::OK();
-      std::unique_ptr<ExprNode> rhs;
-      CKPTFS_RETURN_IF_ERROR(Unary(&rhs, depth));
-      *out = Binary(op, std::move(*out), std::move(rhs));
-    }
-  }
+  Status Sum(std::unique_ptr<ExprNode>* out, int depth) { return Chain({"+", "-"}, &Parser::Product, out, depth); }
+  Status Product(std::unique_ptr<ExprNode>* out, int depth) { return Chain({"*", "/"}, &Parser::Unary, out, depth); }
   Status Unary(std::unique_ptr<ExprNode>* out, int depth) {
     if (depth > kMaxDepth) return Bad("nested too deep");
     Skip();
