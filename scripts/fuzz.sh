@@ -6,7 +6,7 @@
 #
 #   --seconds N   fuzzing time per target (default 10)
 #   --no-build    use the binaries already in build-fuzz/ (no apt, no cmake)
-#   target        zip pickle torch torch_legacy safetensors zero view dcp (default: all)
+#   target        zip pickle torch torch_legacy safetensors zero view dcp keymap (default: all)
 #   -- flags      extra libFuzzer flags, e.g. -- -jobs=1 -workers=1 for the long runs
 #
 # Before fuzzing, each target replays tests/fuzz/regressions/<target>/ (inputs that once
@@ -16,7 +16,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build="$root/build-fuzz"
 fuzzdir="$root/tests/fuzz"
-all_targets=(zip pickle torch torch_legacy safetensors zero view dcp)
+all_targets=(zip pickle torch torch_legacy safetensors zero view dcp keymap)
 
 seconds=10
 do_build=1

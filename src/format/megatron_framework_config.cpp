@@ -115,7 +115,7 @@ json NormaliseMegatronConfig(const json& section, bool nemo) {
       // NeMo builds the model with a config's vocab_size as it is (the tokenizer's size padded
       // only when it is null); which rows are tokens is then the tokenizer's to say.
       c["padded_vocab_size"] = vocab;
-    } else if (c.value("should_pad_vocab", false)) {
+    } else if (c.value("should_pad_vocab", json()) == true) {
       const json divisor = c.value("make_vocab_size_divisible_by", json());
       const json tp = c.value("tensor_model_parallel_size", json(1));
       uint64_t multiple = 0, padded = 0;

@@ -239,12 +239,59 @@ def make_python2_and_refused():
         shutil.copyfile(case, SEEDS / "torch" / case.name)
 
 
+def make_keymap():
+    """Key-map seeds: 16 control bytes (fuzz_keymap.cpp: the map, layout flags, small dims: 2
+    layers, 2 query groups of 2 heads, head dim 2, hidden 8, ffn 4, 12 padded vocab rows, the
+    experts) then a Megatron-Bridge run_config.yaml whose model: section agrees with them."""
+    maps = ["auto", "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"]
+    provider = "megatron.bridge.models"
+
+    def yaml(target, qkv_bias=False, qk_norm=False, tied=False, experts=0):
+        fields = [("_target_", target), ("num_layers", 2), ("hidden_size", 8), ("ffn_hidden_size", 4),
+                  ("num_attention_heads", 4), ("num_query_groups", 2), ("kv_channels", 2),
+                  ("activation_func", None), ("normalization", "RMSNorm"), ("layernorm_epsilon", "1.0e-05"),
+                  ("gated_linear_unit", "true"), ("add_bias_linear", "false"),
+                  ("add_qkv_bias", str(qkv_bias).lower()), ("qk_layernorm", str(qk_norm).lower()),
+                  ("share_embeddings_and_output_weights", str(tied).lower()), ("position_embedding_type", "rope"),
+                  ("rotary_base", 10000), ("rotary_percent", "1.0"), ("seq_length", 64), ("vocab_size", 10),
+                  ("should_pad_vocab", "true"), ("make_vocab_size_divisible_by", 4),
+                  ("tensor_model_parallel_size", 1)]
+        if experts:
+            fields += [("num_moe_experts", experts), ("moe_router_topk", 1), ("moe_ffn_hidden_size", 4),
+                       ("moe_router_pre_softmax", "false"), ("moe_router_score_function", "softmax")]
+        lines = ["_target_: megatron.bridge.training.config.ConfigContainer", "model:"]
+        for k, v in fields:
+            lines.append(f"  {k}:\n    _call_: false\n    _target_: torch.nn.functional.silu" if v is None
+                         else f"  {k}: {v}")
+        return ("\n".join(lines) + "\n").encode()
+
+    def control(map_name, flags, experts=0):
+        return bytes([maps.index(map_name), flags, 1, 1, 1, 1, 7, 3, 11, experts, 0, 0, 0, 0, 0, 0])
+
+    llama = f"{provider}.llama.llama_provider.LlamaModelProvider"
+    # flags: 1 per-layer keys, 2 tied, 4 QKV biases, 8 q/k norms, 16 "module." keys, 32 bf16
+    seeds = {
+        "llama-stacked": control("auto", 0) + yaml(llama),
+        "llama-per-layer-nemo": control("llama", 1 | 16) + yaml(llama),
+        "llama-tied": control("llama", 2) + yaml(llama, tied=True),
+        "llama-bf16": control("llama", 32) + yaml(llama),
+        "mistral": control("mistral", 0) + yaml(f"{provider}.mistral.mistral_provider.MistralModelProvider"),
+        "qwen2-bias": control("auto", 4) + yaml(f"{provider}.qwen.qwen_provider.Qwen2ModelProvider", qkv_bias=True),
+        "qwen3-norms": control("qwen3", 8 | 1) + yaml(f"{provider}.qwen.qwen_provider.Qwen3ModelProvider", qk_norm=True),
+        "mixtral": control("mixtral", 0, 2) + yaml(f"{provider}.mixtral.mixtral_provider.MixtralModelProvider", experts=2),
+        "qwen3-moe": control("auto", 8, 2) + yaml(f"{provider}.qwen.qwen_provider.Qwen3MoEModelProvider", qk_norm=True,
+                                                  experts=2),
+    }
+    for name, data in seeds.items():
+        write("keymap", name, data)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--zero-template", action="store_true", help="regenerate data/zero/ with DeepSpeed")
     args = parser.parse_args()
     rng = random.Random(0)
-    for target in ("torch", "zip", "pickle", "safetensors", "view", "zero", "torch_legacy"):
+    for target in ("torch", "zip", "pickle", "safetensors", "view", "zero", "torch_legacy", "keymap"):
         if (SEEDS / target).exists():
             shutil.rmtree(SEEDS / target)
     make_torch_zip_pickle_view(rng)
@@ -252,6 +299,7 @@ def main():
     make_torch_legacy()
     make_torch_family_zips()
     make_python2_and_refused()
+    make_keymap()
     if args.zero_template or not ZERO_TEMPLATE.exists():
         make_zero_template()
     make_zero()
