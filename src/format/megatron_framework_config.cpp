@@ -2,6 +2,8 @@
 // Layout facts: doc/FORMATS.md, "Megatron model configs".
 #include "format/megatron_framework_config.hpp"
 
+#include <algorithm>
+
 #include <cctype>
 
 #include "format/yaml_subset.hpp"
@@ -74,8 +76,15 @@ std::string ModelFamilyOfClass(std::string_view target) {
 json NormaliseMegatronConfig(const json& section, bool nemo) {
   json c = json::object();
   // Every scalar field under its own name: TransformerConfig's names are mostly Megatron-LM's.
+  // Short lists of scalars too (NeMo's window_size [4096, 0]), as Megatron-LM's args are kept: a
+  // field a map checks must not vanish because of its type.
+  auto scalars = [](const json& v) {
+    return std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_primitive(); });
+  };
   for (auto it = section.begin(); it != section.end(); ++it)
-    if (it.value().is_primitive() && it.key() != "_target_") c[it.key()] = it.value();
+    if (it.key() != "_target_" && (it.value().is_primitive() || (it.value().is_array() && it.value().size() <= 8 &&
+                                                                  scalars(it.value()))))
+      c[it.key()] = it.value();
   // Dtypes and functions are rendered as {_target_: ...}: kept by name.
   for (const char* name : {"params_dtype", "pipeline_dtype", "autocast_dtype"}) {
     const std::string t = Target(section.value(name, json()));
@@ -93,6 +102,12 @@ json NormaliseMegatronConfig(const json& section, bool nemo) {
   if (c.contains("share_embeddings_and_output_weights") && c["share_embeddings_and_output_weights"].is_boolean())
     c["untie_embeddings_and_output_weights"] = !c["share_embeddings_and_output_weights"].get<bool>();
   if (c.contains("rope_scaling") && c["rope_scaling"].is_boolean()) c["use_rope_scaling"] = c["rope_scaling"];
+  // NeMo's Llama 3.1 / 3.2 configs scale RoPE (llama3 rules) from scale_factor, low_freq_factor,
+  // high_freq_factor and old_context_len, with no switch of their own.
+  if (c.contains("scale_factor") && c["scale_factor"].is_number() && !c.contains("use_rope_scaling")) {
+    c["use_rope_scaling"] = true;
+    c["rope_scaling_factor"] = c["scale_factor"];
+  }
   if (c.contains("gated_linear_unit") && c["gated_linear_unit"].is_boolean())
     c["swiglu"] = c["gated_linear_unit"].get<bool>() && activation == "torch.nn.functional.silu";
   const json heads = c.value("num_attention_heads", json());

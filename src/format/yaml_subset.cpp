@@ -4,6 +4,7 @@
 // its content, so that one mapping parser serves both forms.
 #include "format/yaml_subset.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -53,21 +54,31 @@ bool IsSequenceEntry(std::string_view c) { return c == "-" || (c.size() >= 2 && 
 
 // Where the quoted scalar `c` starts with (at c[0], ' or ") closes: the index of its closing
 // quote, past "\x" escapes of a double-quoted one and '' pairs of a single-quoted one; npos
-// when it does not close on this text.
-size_t ClosingQuote(std::string_view c) {
+// when it does not close on this text. The scan starts at *from (at least 1) and leaves there
+// where it stopped: text appended to `c` continues the scan instead of repeating it (a quoted
+// scalar folded over many lines is read in linear time).
+size_t ClosingQuoteFrom(std::string_view c, size_t* from) {
   const char q = c[0];
-  for (size_t k = 1; k < c.size(); ++k) {
+  size_t k = std::max<size_t>(*from, 1);
+  for (; k < c.size(); ++k) {
     if (q == '"' && c[k] == '\\') {
-      ++k;
+      ++k;  // past the end when the text ends in a backslash: the next line's break is escaped
     } else if (c[k] == q) {
       if (q == '\'' && k + 1 < c.size() && c[k + 1] == '\'') {
         ++k;
         continue;
       }
+      *from = k;
       return k;
     }
   }
+  *from = k;
   return std::string_view::npos;
+}
+
+size_t ClosingQuote(std::string_view c) {
+  size_t from = 1;
+  return ClosingQuoteFrom(c, &from);
 }
 
 // Where the ':' that ends a plain mapping key is (followed by a space or the end), outside
@@ -343,7 +354,8 @@ class YamlParser {
       // The raw text from the quote, continued over deeper-indented lines until it closes.
       // `text` views l.text, so the quote's offset in the line is where the raw text starts.
       std::string raw = l.text.substr(static_cast<size_t>(text.data() - l.text.data()));
-      while (!Closes(raw)) {
+      size_t scanned = 1;
+      while (ClosingQuoteFrom(raw, &scanned) == std::string_view::npos) {
         if (*i >= lines_.size() || lines_[*i].indent <= indent) return Error(l, "a quoted scalar that does not end");
         raw += '\n';
         raw += lines_[*i].text;
@@ -369,8 +381,6 @@ class YamlParser {
     return Status::OK();
   }
 
-  // Whether the quoted scalar `raw` starts with is closed.
-  static bool Closes(std::string_view raw) { return ClosingQuote(raw) != std::string_view::npos; }
 
   Status Quoted(std::string_view text, const Line& l, std::string* out) {
     size_t end = 0;

@@ -8,21 +8,6 @@
 namespace ckptfs {
 namespace {
 
-// Removes entry `d` of a box's dims.
-void Erase(BoxDims* dims, size_t d) {
-  BoxDims out;
-  for (size_t k = 0; k < dims->size(); ++k)
-    if (k != d) out.push_back((*dims)[k]);
-  *dims = std::move(out);
-}
-
-void Erase(Shape* dims, size_t d) {
-  Shape out;
-  for (size_t k = 0; k < dims->size(); ++k)
-    if (k != d) out.push_back((*dims)[k]);
-  *dims = std::move(out);
-}
-
 bool DimFits(const BoxedTensor& t, size_t dim, const char* op, std::string* why) {
   if (dim < t.shape.size()) return true;
   *why = std::string(op) + ": the tensor of shape " + ShapeText(t.shape) + " has no dimension " + std::to_string(dim);
@@ -98,7 +83,22 @@ Status ToBoxedTensor(const TensorEntry& t, size_t max_boxes, BoxedTensor* out) {
   return Status::OK();
 }
 
-bool SelectIndexOf(const BoxedTensor& t, size_t dim, uint64_t index, BoxedTensor* out, std::string* why) {
+BoxOrder OrderAlong(const BoxedTensor& t, size_t dim) {
+  BoxOrder order;
+  order.dim = dim;
+  if (dim >= t.shape.size()) return order;
+  order.by_start.resize(t.boxes.size());
+  for (size_t k = 0; k < t.boxes.size(); ++k) {
+    order.by_start[k] = static_cast<uint32_t>(k);
+    order.longest = std::max(order.longest, t.boxes[k].extent[dim]);
+  }
+  std::stable_sort(order.by_start.begin(), order.by_start.end(),
+                   [&](uint32_t a, uint32_t b) { return t.boxes[a].offset[dim] < t.boxes[b].offset[dim]; });
+  return order;
+}
+
+bool SelectIndexOf(const BoxedTensor& t, size_t dim, uint64_t index, BoxedTensor* out, std::string* why,
+                   const BoxOrder* order) {
   if (!DimFits(t, dim, "select", why)) return false;
   if (index >= t.shape[dim]) {
     *why = "select: index " + std::to_string(index) + " of dimension " + std::to_string(dim) + " of shape " +
@@ -111,9 +111,10 @@ bool SelectIndexOf(const BoxedTensor& t, size_t dim, uint64_t index, BoxedTensor
     if (d != dim) out->shape.push_back(t.shape[d]);
   out->boxes.clear();
   // Only the boxes that hold the index are copied (a stacked tensor has one or more per
-  // layer, and every layer is selected in turn).
-  for (const Box& box : t.boxes) {
-    if (index < box.offset[dim] || index - box.offset[dim] >= box.extent[dim]) continue;
+  // layer, and every layer is selected in turn): with an order, those starting in
+  // (index - longest, index].
+  auto copy = [&](const Box& box) {
+    if (index < box.offset[dim] || index - box.offset[dim] >= box.extent[dim]) return;
     Box& piece = out->boxes.emplace_back();
     piece.file = box.file;
     piece.base_offset = box.base_offset + (index - box.offset[dim]) * box.strides[dim] * t.itemsize;
@@ -123,6 +124,16 @@ bool SelectIndexOf(const BoxedTensor& t, size_t dim, uint64_t index, BoxedTensor
       piece.extent.push_back(box.extent[d]);
       piece.strides.push_back(box.strides[d]);
     }
+  };
+  if (order && order->dim == dim && order->by_start.size() == t.boxes.size()) {
+    const uint64_t from = index >= order->longest ? index - order->longest + 1 : 0;
+    auto start = [&](uint32_t k) { return t.boxes[k].offset[dim]; };
+    auto first = std::lower_bound(order->by_start.begin(), order->by_start.end(), from,
+                                  [&](uint32_t k, uint64_t v) { return start(k) < v; });
+    auto last = std::upper_bound(first, order->by_start.end(), index, [&](uint64_t v, uint32_t k) { return v < start(k); });
+    for (auto it = first; it != last; ++it) copy(t.boxes[*it]);
+  } else {
+    for (const Box& box : t.boxes) copy(box);
   }
   return true;
 }
@@ -183,6 +194,11 @@ bool RowGroups(BoxedTensor* t, size_t dim, uint64_t groups, uint64_t size, uint6
     for (uint64_t g = first_group; g <= last_group && g < groups; ++g) {
       Box piece;
       if (Clip(box, dim, g * size + start, g * size + stop, g * width, t->itemsize, &piece)) kept.push_back(std::move(piece));
+      if (kept.size() > kMaxRowGroupPieces) {
+        *why = "row_groups: " + std::to_string(groups) + " groups cut the tensor's boxes into more than " +
+               std::to_string(kMaxRowGroupPieces) + " pieces";
+        return false;
+      }
     }
   }
   t->boxes = std::move(kept);

@@ -30,12 +30,24 @@ Status ToBoxedTensor(const TensorEntry& t, size_t max_boxes, BoxedTensor* out);
 // Each returns false with *why set when the operation does not fit the tensor's shape.
 // Index `index` of dimension `dim`, that dimension removed.
 bool SelectIndex(BoxedTensor* t, size_t dim, uint64_t index, std::string* why);
-// The same into *out, `t` unchanged: only the boxes holding the index are copied.
-bool SelectIndexOf(const BoxedTensor& t, size_t dim, uint64_t index, BoxedTensor* out, std::string* why);
+// The boxes of a tensor ordered by where they start along one dimension, and the longest of
+// them there: the boxes holding an index are then found by binary search (a stacked tensor of
+// many chunks, one layer selected at a time).
+struct BoxOrder {
+  size_t dim = 0;
+  std::vector<uint32_t> by_start;
+  uint64_t longest = 0;
+};
+BoxOrder OrderAlong(const BoxedTensor& t, size_t dim);
+// The same into *out, `t` unchanged: only the boxes holding the index are copied (found through
+// `order` when given, made by OrderAlong(t, dim)).
+bool SelectIndexOf(const BoxedTensor& t, size_t dim, uint64_t index, BoxedTensor* out, std::string* why,
+                   const BoxOrder* order = nullptr);
 // Elements [start, stop) of dimension `dim`.
 bool SliceDim(BoxedTensor* t, size_t dim, uint64_t start, uint64_t stop, std::string* why);
 // Dimension `dim` is `groups` groups of `size`; keeps [g*size + start, g*size + stop) of each
-// group g, in order.
+// group g, in order. Refused when that cuts the boxes into more than kMaxRowGroupPieces.
+inline constexpr size_t kMaxRowGroupPieces = size_t{1} << 20;
 bool RowGroups(BoxedTensor* t, size_t dim, uint64_t groups, uint64_t size, uint64_t start, uint64_t stop,
                std::string* why);
 // Dimensions `a` and `b` swapped (each box's strides with them: still a box of the bytes).

@@ -15,6 +15,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "io/checked_math.hpp"
 #include "view/key_map_ops.hpp"
 #include "view/map_expr.hpp"
 #include "view/map_spec.hpp"
@@ -31,6 +32,11 @@ using json = nlohmann::json;
 // framework writes comes near it.
 constexpr size_t kMaxBlocksPerTensor = size_t{1} << 20;
 constexpr uint64_t kMaxMapFileBytes = uint64_t{1} << 20;
+// Tensors one rule may serve: far above any model (128 layers of 256 experts are 32,768), far
+// below what a lying shape could ask for.
+constexpr uint64_t kMaxTensorsPerRule = uint64_t{1} << 22;
+// Parameters defined through parameters, at most this deep (each level a stack frame or more).
+constexpr size_t kMaxParameterDepth = 64;
 
 std::string Lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -181,6 +187,9 @@ class Mapping {
     }
     for (const auto& [n, e] : map_.parameters) {
       if (n != name) continue;
+      if (evaluating_.size() >= kMaxParameterDepth)
+        return Status::InvalidArgument(where_, "parameter '" + key + "' is defined through more than " +
+                                                   std::to_string(kMaxParameterDepth) + " other parameters");
       if (!evaluating_.insert(key).second)
         return Status::InvalidArgument(where_, "parameter '" + key + "' is defined through itself");
       const Binding* saved = binding_;
@@ -384,15 +393,18 @@ class Mapping {
     const TensorEntry& t = served_[i].stored;
     *selected = false;
     const BoxedTensor* whole = nullptr;
+    const BoxOrder* order = nullptr;
     if (t.boxes.size() > 8) {
       auto it = boxed_.find(i);
       if (it == boxed_.end()) {
-        BoxedTensor made;
-        Status s = ToBoxedTensor(t, kMaxBlocksPerTensor, &made);
+        Kept made;
+        Status s = ToBoxedTensor(t, kMaxBlocksPerTensor, &made.boxed);
         if (!s.ok()) return Status::NotSupported(where_, "'" + t.key + "': " + s.message());
+        made.order = OrderAlong(made.boxed, 0);
         it = boxed_.emplace(i, std::move(made)).first;
       }
-      whole = &it->second;
+      whole = &it->second.boxed;
+      order = &it->second.order;
     } else {
       Status s = ToBoxedTensor(t, kMaxBlocksPerTensor, &scratch_);
       if (!s.ok()) return Status::NotSupported(where_, "'" + t.key + "': " + s.message());
@@ -400,7 +412,7 @@ class Mapping {
     }
     if (index) {
       *selected = true;
-      if (!SelectIndexOf(*whole, 0, *index, out, why)) return Status::NotSupported(where_, "'" + t.key + "': " + *why);
+      if (!SelectIndexOf(*whole, 0, *index, out, why, order)) return Status::NotSupported(where_, "'" + t.key + "': " + *why);
     } else if (whole == &scratch_) {
       std::swap(*out, scratch_);
     } else {
@@ -410,7 +422,8 @@ class Mapping {
   }
 
   // Every binding rule part `part` gives: its first alternative that finds a tensor.
-  Status Enumerate(const MapPart& part, std::vector<Binding>* out, std::vector<uint32_t>* sources, size_t* alt_used) {
+  Status Enumerate(const MapRule& rule, std::vector<Binding>* out, std::vector<uint32_t>* sources, size_t* alt_used) {
+    const MapPart& part = rule.parts[0];
     out->clear();
     sources->clear();
     for (size_t a = 0; a < part.from.size(); ++a) {
@@ -422,6 +435,21 @@ class Mapping {
         if (shape.size() < alt.unstack.size())
           return Status::NotSupported(where_, "'" + served_[i].key() + "' of shape " + ShapeText(shape) + " has fewer than " +
                                                   std::to_string(alt.unstack.size()) + " dimensions to unstack");
+        // A dimension longer than its capture's count is refused before its indices are made
+        // (a lying shape of 10^11 layers needs no byte of storage when another dimension is 0).
+        uint64_t made = 1;
+        for (size_t d = 0; d < alt.unstack.size(); ++d) {
+          for (const auto& [name, count_expr] : map_.captures) {
+            if (name != alt.unstack[d]) continue;
+            uint64_t count = 0;
+            CKPTFS_RETURN_IF_ERROR(Count(count_expr, "captures." + name, &count));
+            if (shape[d] > count) return CaptureRefusal(rule, name, shape[d], 0, shape[d] - 1, count_expr, count);
+          }
+          if (!CheckedMul(made, shape[d], &made) || made > kMaxTensorsPerRule - std::min<uint64_t>(out->size(), kMaxTensorsPerRule))
+            return Status::NotSupported(where_, "'" + served_[i].key() + "' of shape " + ShapeText(shape) +
+                                                    ": unstacking it makes more than " + std::to_string(kMaxTensorsPerRule) +
+                                                    " tensors");
+        }
         if (alt.unstack.empty()) {
           out->push_back(b);
           sources->push_back(static_cast<uint32_t>(i));
@@ -515,6 +543,8 @@ class Mapping {
   }
 
   Status CheckCaptures(const MapRule& rule, const std::vector<Binding>& bindings);
+  Status CaptureRefusal(const MapRule& rule, const std::string& name, uint64_t values, uint64_t lowest, uint64_t highest,
+                        const Expr& count_expr, uint64_t count) const;
   // `where` + `field` name the entry in an error.
   Status Dims(const std::vector<Expr>& exprs, const std::string& where, const char* field, Shape* out) {
     out->clear();
@@ -551,16 +581,33 @@ class Mapping {
   };
   std::unordered_map<std::string, std::vector<Indexed>> by_shape_;
   std::vector<Number> numbers_;
-  std::unordered_map<size_t, BoxedTensor> boxed_;
+  // Source tensors of many boxes as boxes of their rank, with their order along the layer axis.
+  struct Kept {
+    BoxedTensor boxed;
+    BoxOrder order;
+  };
+  std::unordered_map<size_t, Kept> boxed_;
   BoxedTensor scratch_;
 };
 
+Status Mapping::CaptureRefusal(const MapRule& rule, const std::string& name, uint64_t values, uint64_t lowest,
+                               uint64_t highest, const Expr& count_expr, uint64_t count) const {
+  return Status::NotSupported(
+      where_, "'" + rule.to.text + "' from '" + prefix_ + rule.parts[0].from[0].key.text + "': " + name + " takes " +
+                  std::to_string(values) + " values" +
+                  (values == 0 ? "" : " in [" + std::to_string(lowest) + ", " + std::to_string(highest) + "]") +
+                  ", the map expects " + count_expr.text() + " = " + std::to_string(count) + " (0 to " +
+                  std::to_string(count ? count - 1 : 0) + ")");
+}
+
 Status Mapping::CheckCaptures(const MapRule& rule, const std::vector<Binding>& bindings) {
   // Each declared capture takes every value of [0, count) and no other; together they make
-  // every combination once.
+  // every combination once (a layer without one of its experts is refused, never served short).
   uint64_t combinations = 1;
+  size_t declared = 0;
   for (const auto& [name, count_expr] : map_.captures) {
     if (bindings.empty() || !Bound(bindings[0], name)) continue;
+    ++declared;
     uint64_t count = 0;
     CKPTFS_RETURN_IF_ERROR(Count(count_expr, "captures." + name, &count));
     // The distinct values, in order (a sorted vector: one per served tensor of the rule).
@@ -570,13 +617,19 @@ Status Mapping::CheckCaptures(const MapRule& rule, const std::vector<Binding>& b
     std::sort(seen.begin(), seen.end());
     seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
     if (seen.size() != count || (count > 0 && *seen.rbegin() != count - 1))
-      return Status::NotSupported(
-          where_, "'" + rule.to.text + "' from '" + prefix_ + rule.parts[0].from[0].key.text + "': " + name + " takes " +
-                      std::to_string(seen.size()) + " values" +
-                      (seen.empty() ? "" : " in [" + std::to_string(*seen.begin()) + ", " + std::to_string(*seen.rbegin()) + "]") +
-                      ", the map expects " + count_expr.text() + " = " + std::to_string(count) + " (0 to " +
-                      std::to_string(count ? count - 1 : 0) + ")");
-    combinations *= count;
+      return CaptureRefusal(rule, name, seen.size(), seen.empty() ? 0 : *seen.begin(), seen.empty() ? 0 : *seen.rbegin(),
+                            count_expr, count);
+    if (!CheckedMul(combinations, count, &combinations)) combinations = UINT64_MAX;
+  }
+  // Bindings are distinct (one per source key or unstacked index): with every bound name a
+  // declared capture, as many as the combinations means each combination is there.
+  if (!bindings.empty() && declared == bindings[0].count && bindings.size() != combinations) {
+    std::string names;
+    for (const auto& [n, v] : bindings[0]) names += (names.empty() ? "" : ", ") + std::string(n);
+    return Status::NotSupported(where_, "'" + rule.to.text + "' from '" + prefix_ + rule.parts[0].from[0].key.text +
+                                            "': the checkpoint has " + std::to_string(bindings.size()) + " of the " +
+                                            std::to_string(combinations) + " combinations of " + names +
+                                            " the map expects (a layer without one of its tensors)");
   }
   return Status::OK();
 }
@@ -598,7 +651,8 @@ Status Mapping::MakeFile(const json& templ, const std::string& entry, json* out,
     for (auto it = templ.begin(); it != templ.end(); ++it) {
       if (it.key() == "$when") {
         Expr e;
-        if (it.value().is_boolean()) e = Expr::Constant(it.value());
+        // The map's parser took a text, an integer or a boolean here (map_spec.cpp).
+        if (!it.value().is_string()) e = Expr::Constant(it.value());
         else CKPTFS_RETURN_IF_ERROR(Expr::Parse(it.value().get<std::string>(), &e));
         bool when = false;
         CKPTFS_RETURN_IF_ERROR(Bool(e, entry + ".$when", &when));
@@ -650,7 +704,7 @@ Status Mapping::Run(std::optional<DType> dtype) {
     }
     Found f;
     f.rule = r;
-    CKPTFS_RETURN_IF_ERROR(Enumerate(rule.parts[0], &f.bindings, &f.sources, &f.alt));
+    CKPTFS_RETURN_IF_ERROR(Enumerate(rule, &f.bindings, &f.sources, &f.alt));
     if (f.bindings.empty())
       return Status::NotSupported(where_, "'" + rule.to.text + "' needs '" + prefix_ + rule.parts[0].from[0].key.text +
                                               "', which the checkpoint does not have");
@@ -813,7 +867,13 @@ Status MapTransform::Apply(ServedTensors* served) const {
                                       metadata["model_config_source"].is_string()
                                   ? metadata["model_config_source"].get<std::string>()
                                   : "model_config";
-  if (!has_config) config_source = "no model_config";
+  // Why a config beside the weights could not be read (format/megatron_framework_config.hpp),
+  // for every refusal that needed it.
+  const std::string config_error = metadata.is_object() && metadata.contains("model_config_error") &&
+                                           metadata["model_config_error"].is_string()
+                                       ? metadata["model_config_error"].get<std::string>()
+                                       : "";
+  if (!has_config) config_source = config_error.empty() ? "no model_config" : "no model_config: " + config_error;
   for (const auto& [name, value] : settings_) config[name] = SettingValue(value);
   NormalizeModelConfig(&config);
   auto make = [&](const KeyMap& map) {
@@ -826,8 +886,9 @@ Status MapTransform::Apply(ServedTensors* served) const {
   std::string reason;
   if (spec_ == "auto") {
     if (!has_config)
-      return Status::NotSupported("map=auto", "the checkpoint has no model_config (" + served->source().format +
-                                                  " source): name a map with map=NAME (" + ShippedNames() +
+      return Status::NotSupported("map=auto", "the checkpoint has no model_config (" + served->source().format + " source" +
+                                                  (config_error.empty() ? "" : ": " + config_error) +
+                                                  "): name a map with map=NAME (" + ShippedNames() +
                                                   ") and give its parameters with map.NAME=VALUE");
     const std::string family = config.contains("model_family") && config["model_family"].is_string()
                                    ? config["model_family"].get<std::string>()
@@ -899,7 +960,12 @@ Status MapTransform::Apply(ServedTensors* served) const {
   }
 
   auto mapping = make(map);
-  CKPTFS_RETURN_IF_ERROR(mapping->CheckRequirements(config_source));
+  // Without a config, a map's refusal (a name it needs is unset) says why there is none.
+  auto with_config_error = [&](const Status& s) {
+    if (s.ok() || has_config || config_error.empty() || s.message().find(config_error) != std::string::npos) return s;
+    return Status::NotSupported("", s.message() + " (" + config_source + ")");
+  };
+  CKPTFS_RETURN_IF_ERROR(with_config_error(mapping->CheckRequirements(config_source)));
   bool found = false;
   for (const std::string& prefix : map.key_prefixes)
     if ((found = mapping->FindsUnder(prefix))) break;
@@ -910,7 +976,7 @@ Status MapTransform::Apply(ServedTensors* served) const {
                                                        map.rules[0].parts[0].from[0].key.text + "'; key prefixes tried: " +
                                                        prefixes + ")");
   }
-  CKPTFS_RETURN_IF_ERROR(mapping->Run(dtype_));
+  CKPTFS_RETURN_IF_ERROR(with_config_error(mapping->Run(dtype_)));
   json record = {{"name", map.name},
                  {"reason", reason},
                  {"map_file", map.origin},

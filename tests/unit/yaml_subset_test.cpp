@@ -138,6 +138,21 @@ BOOST_AUTO_TEST_CASE(long_scalars_folded_over_lines) {
   BOOST_CHECK_EQUAL(d["next"], 1);
 }
 
+BOOST_AUTO_TEST_CASE(quoted_scalar_over_many_lines) {
+  // The closing quote is looked for in each new line only; '' pairs stay one quote.
+  std::string text = "q: 'it''s";
+  std::string expect = "it's";
+  for (int i = 0; i < 5000; ++i) {
+    text += "\n  w" + std::to_string(i);
+    expect += " w" + std::to_string(i);
+  }
+  text += " ''end'''\nnext: 2\n";
+  expect += " 'end'";
+  const json d = Parse(text);
+  BOOST_CHECK_EQUAL(d["q"], expect);
+  BOOST_CHECK_EQUAL(d["next"], 2);
+}
+
 BOOST_AUTO_TEST_CASE(documents_and_empty) {
   BOOST_CHECK(Parse("").is_null());
   BOOST_CHECK(Parse("# only a comment\n").is_null());
@@ -214,6 +229,18 @@ BOOST_AUTO_TEST_CASE(model_config_normalised_to_megatron_lm_names) {
   BOOST_CHECK_EQUAL(n["num_query_groups"], 4);
   BOOST_CHECK_EQUAL(n["group_query_attention"], false);
   BOOST_CHECK_EQUAL(n["padded_vocab_size"], 200);
+  // A short list a map checks is kept (NeMo's sliding window); NeMo's Llama 3.1 RoPE scaling
+  // turns scaling on; a should_pad_vocab that is no boolean pads nothing.
+  json nemo = section;
+  nemo.erase("rope_scaling");
+  nemo["window_size"] = json::array({4096, 0});
+  nemo["scale_factor"] = 8.0;
+  nemo["should_pad_vocab"] = "yes";
+  const json w = ckptfs::NormaliseMegatronConfig(nemo, false);
+  BOOST_CHECK_EQUAL(w["window_size"], json::array({4096, 0}));
+  BOOST_CHECK_EQUAL(w["use_rope_scaling"], true);
+  BOOST_CHECK_EQUAL(w["rope_scaling_factor"], 8.0);
+  BOOST_CHECK_EQUAL(w["padded_vocab_size"], 200);
 }
 
 BOOST_AUTO_TEST_CASE(model_family_of_classes) {

@@ -318,6 +318,18 @@ def test_a_map_file(tmp_path, run_ckptfs, llama):
     path.write_text(json.dumps(m))
     err = run_ckptfs("ls", str(folder), "--map", str(path), check=False).stderr.decode()
     assert f"map {path}: tensors[0].form: not a field of a rule" in err
+    del m["tensors"][0]["form"]
+
+    # A config template's $when that is a number, and parameters defined through a chain of
+    # 100 others: each one line, no crash.
+    path.write_text(json.dumps({**m, "config": {"a": {"$when": 1, "b": 2}}}))
+    res = run_ckptfs("ls", str(folder), "--map", str(path), check=False)
+    assert res.returncode != 0 and "$when" in res.stderr.decode(), res.stderr.decode()
+    chain = {"p0": "1", **{f"p{i}": f"p{i - 1}" for i in range(1, 100)}}
+    path.write_text(json.dumps({**m, "parameters": chain, "config": {"x": "=p99"}}))
+    res = run_ckptfs("ls", str(folder), "--map", str(path), check=False)
+    err = res.stderr.decode()
+    assert res.returncode != 0 and "is defined through more than 64 other parameters" in err, err
 
 
 # Mixture of experts: Megatron's router [L, E, H] and experts stacked [L, E, ...] (fc1 of each
@@ -475,3 +487,101 @@ def test_moe_tensors_a_map_has_no_place_for_are_refused(tmp_path_factory, run_ck
     # The dense map refuses an MoE config before it looks at tensors.
     err = run_ckptfs("ls", str(folder), "--map", "llama", check=False).stderr.decode()
     assert "fails '(num_experts ?? 0) == 0'" in err, err
+
+
+def bridge_folder(folder, state, cfg, **fields):
+    """A Megatron-Bridge iteration folder: the DCP save and a run_config.yaml whose model:
+    section (the provider's fields, as Bridge renders them) says `fields` over the llama
+    config `cfg`; a field given as a string is written as the YAML text itself."""
+    model = dict(_target_="megatron.bridge.models.llama.llama_provider.LlamaModelProvider",
+                 num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size,
+                 ffn_hidden_size=cfg.intermediate_size, num_attention_heads=cfg.num_attention_heads,
+                 num_query_groups=cfg.num_key_value_heads, kv_channels=cfg.head_dim, normalization="RMSNorm",
+                 layernorm_epsilon="1.0e-06", gated_linear_unit="true",
+                 activation_func="\n    _call_: false\n    _target_: torch.nn.functional.silu",
+                 add_bias_linear="false", add_qkv_bias="false", qk_layernorm="false",
+                 share_embeddings_and_output_weights="false", position_embedding_type="rope", rotary_base=10000,
+                 rotary_percent="1.0", seq_length=64, vocab_size=VOCAB, should_pad_vocab="true",
+                 make_vocab_size_divisible_by=PADDED, tensor_model_parallel_size=1)
+    model.update(fields)
+    dcp.save(state, checkpoint_id=str(folder), no_dist=True)
+    lines = ["_target_: megatron.bridge.training.config.ConfigContainer", "model:"]
+    lines += [f"  {k}:{v}" if str(v).startswith("\n") else f"  {k}: {v}" for k, v in model.items()]
+    (folder / "run_config.yaml").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def llama_state():
+    import transformers
+
+    torch.manual_seed(5)
+    cfg = hf_config("llama", False)
+    sd = transformers.AutoModelForCausalLM.from_config(cfg).state_dict()
+    return cfg, sd, megatron_state(sd, cfg)
+
+
+def refusal(run_ckptfs, folder, *options):
+    res = run_ckptfs("ls", str(folder), *options, check=False)
+    err = res.stderr.decode()
+    assert res.returncode != 0 and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_bridge_config_fields_a_map_must_see(tmp_path, run_ckptfs, llama_state):
+    """Fields of a Bridge/NeMo config that change the model reach the map: a sliding window
+    given as a list refuses the map; NeMo's Llama 3.1 RoPE scaling (scale_factor and its
+    factors, no switch of its own) becomes config.json's rope_scaling."""
+    cfg, sd, state = llama_state
+    window = bridge_folder(tmp_path / "window", state, cfg, window_size="\n  - 4096\n  - 0")
+    err = refusal(run_ckptfs, window, "--map", "auto")
+    assert "fails '(window_size ?? null) == null'" in err, err
+    scaled = bridge_folder(tmp_path / "scaled", state, cfg, scale_factor="32.0", low_freq_factor="1.0",
+                           high_freq_factor="4.0", old_context_len=8192)
+    run_ckptfs("export", str(scaled), str(tmp_path / "scaled-hf"), "--map", "auto")
+    config = json.loads((tmp_path / "scaled-hf" / "config.json").read_text())
+    assert config["rope_scaling"] == {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def test_a_config_that_cannot_be_read_is_named_by_the_map(tmp_path, run_ckptfs, llama_state):
+    """A run_config.yaml the reader refuses leaves the tensors served as saved; a map that
+    needs the config says why there is none. A field of another type than Bridge writes is no
+    crash."""
+    cfg, sd, state = llama_state
+    folder = bridge_folder(tmp_path / "anchor", state, cfg, num_layers=f"&n {cfg.num_hidden_layers}")
+    assert run_ckptfs("ls", str(folder)).returncode == 0
+    err = refusal(run_ckptfs, folder, "--map", "auto")
+    assert "the checkpoint has no model_config" in err and "run_config.yaml" in err and "anchor" in err, err
+    err = refusal(run_ckptfs, folder, "--map", "llama")
+    assert "run_config.yaml" in err and "anchor" in err, err
+    odd = bridge_folder(tmp_path / "odd", state, cfg, should_pad_vocab="'yes'")
+    res = run_ckptfs("info", str(odd), check=False)
+    assert res.returncode == 0, res.stderr.decode()
+
+
+def test_a_lying_layer_axis_is_refused_before_it_is_unstacked(tmp_path, run_ckptfs, llama_state):
+    """A stacked tensor whose layer axis claims 10^11 layers (no storage needed: another
+    dimension is 0) is refused by its length, not enumerated."""
+    cfg, sd, state = llama_state
+    lying = dict(state)
+    lying["decoder.layers.self_attention.linear_qkv.layer_norm_weight"] = torch.empty(10**11, 0)
+    folder = bridge_folder(tmp_path / "lying", lying, cfg)
+    err = refusal(run_ckptfs, folder, "--map", "llama")
+    assert ("L takes 100000000000 values in [0, 99999999999], the map expects layers = 3 (0 to 2)") in err, err
+
+
+def test_moe_a_missing_expert_is_refused(tmp_path_factory, run_ckptfs, qwen3_moe):
+    """Per-expert keys with one expert's fc1 missing from one layer: refused, never served as a
+    model whose expert from_pretrained would fill with random weights."""
+    _, model, disk = qwen3_moe
+    state = moe_state(disk, model.config, "qwen3_moe", per_expert_keys=True)
+    missing = [k for k in state if ".1.mlp.experts.local_experts.1.linear_fc1." in k]
+    assert len(missing) == 1
+    del state[missing[0]]
+    folder = save_megatron(tmp_path_factory.mktemp("moe-missing"), state,
+                           megatron_args(model.config, "qwen3", num_layers=2, num_experts=4, moe_router_topk=2,
+                                         moe_ffn_hidden_size=40, moe_router_pre_softmax=True,
+                                         ffn_hidden_size=model.config.intermediate_size))
+    err = refusal(run_ckptfs, folder, "--map", "auto")
+    assert "the checkpoint has 7 of the 8 combinations of L, E the map expects" in err, err
