@@ -11,6 +11,7 @@
 #include <iterator>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -221,6 +222,9 @@ std::vector<Extent> ExtentsOf(const TensorEntry& tensor);
 // inside its file, all with overflow-checked arithmetic. The error names `source` and the
 // tensor's key.
 Status ValidateLayout(const TensorEntry& tensor, const SourceFiles& files, const std::string& source);
+
+// A shape (or any list of dimensions) as messages and listings write it: "[4, 64, 64]".
+std::string ShapeText(std::span<const uint64_t> dims);
 
 struct Catalog {
   std::string format;  // "torch-zip", "safetensors", ...

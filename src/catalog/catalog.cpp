@@ -271,4 +271,10 @@ std::optional<size_t> FindRepeatedKey(const std::vector<TensorEntry>& tensors, s
   return std::nullopt;
 }
 
+std::string ShapeText(std::span<const uint64_t> dims) {
+  std::string text = "[";
+  for (size_t d = 0; d < dims.size(); ++d) text += (d ? ", " : "") + std::to_string(dims[d]);
+  return text + "]";
+}
+
 }  // namespace ckptfs

@@ -45,15 +45,6 @@ const CommandLine& InfoCommand() {
 
 void WriteAll(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
 
-std::string ShapeText(const std::vector<uint64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
 // Whether `v` is a small record: at most 12 entries, each a scalar, a short array, or (up
 // to `depth` levels) a small record itself.
 bool IsSmallRecord(const json& v, int depth) {

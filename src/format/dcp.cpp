@@ -118,13 +118,6 @@ Status ResolveStepFolder(Env& env, const std::string& dir, std::string* step) {
                                       "give the one to serve");
 }
 
-// "[2, 20, 20]"
-std::string DimsText(std::span<const uint64_t> dims) {
-  std::string text = "[";
-  for (size_t d = 0; d < dims.size(); ++d) text += (d ? ", " : "") + std::to_string(dims[d]);
-  return text + "]";
-}
-
 // The same error with the entry it concerns named after it.
 Status Concerning(const Status& s, const std::string& fqn) {
   const std::string what = "while reading '" + fqn + "'";
@@ -415,7 +408,7 @@ Status DcpReader::AddTensor(const DcpItem& item) {
     std::string why;
     if (!PlanMegatronReformulation(item.megatron_shape, item.shape, &megatron, &why))
       return Status::NotSupported(metadata_path_, "'" + item.fqn + "': Megatron flattened fragments of real shape " +
-                                                      DimsText(item.megatron_shape) + " cannot be served: " + why);
+                                                      ShapeText(item.megatron_shape) + " cannot be served: " + why);
     entry.shape = item.megatron_shape;
   }
   // The whole tensor in one archive (every world-size-1 save): its boxes are the tensor's

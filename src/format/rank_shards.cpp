@@ -46,12 +46,6 @@ struct RankContents {
   std::unordered_map<std::string, size_t> plain_by_key, distributed_by_key;
 };
 
-std::string DimsText(std::span<const uint64_t> dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
-}
-
 std::string PlacementsText(const DistributedTensor& t) {
   std::string s = "(";
   for (size_t i = 0; i < t.placements.size(); ++i) s += (i ? ", " : "") + t.placements[i].Describe();
@@ -123,8 +117,8 @@ Status Consolidation::CheckSameKeys(size_t r) const {
       return Fail(r, t.key, "a tensor of rank 0's file " + set_.files[0] + " that this rank file lacks");
     const TensorEntry& mine = rank.plain[it->second];
     if (mine.dtype != t.dtype || mine.shape != t.shape)
-      return Fail(r, t.key, "a plain tensor of " + std::string(Info(mine.dtype).torch_name) + " " + DimsText(mine.shape) +
-                                " here but " + std::string(Info(t.dtype).torch_name) + " " + DimsText(t.shape) +
+      return Fail(r, t.key, "a plain tensor of " + std::string(Info(mine.dtype).torch_name) + " " + ShapeText(mine.shape) +
+                                " here but " + std::string(Info(t.dtype).torch_name) + " " + ShapeText(t.shape) +
                                 " in rank 0's file: not one value replicated on every rank");
   }
   for (const TensorEntry& t : rank.plain)
@@ -142,7 +136,7 @@ Status Consolidation::Assemble(const Collected& first, TensorEntry* full) {
                             ": not assembled into the full tensor (each rank file alone serves its local shard)");
   if (t0.world_size != world)
     return Fail(0, key, std::string(t0.class_name()) + " saved by " + std::to_string(t0.world_size) + " ranks (" +
-                            (t0.kind == DistributedTensor::Kind::kDTensor ? "mesh " + DimsText(t0.mesh_shape)
+                            (t0.kind == DistributedTensor::Kind::kDTensor ? "mesh " + ShapeText(t0.mesh_shape)
                                                                           : std::string("process group")) +
                             ") but the set has " + std::to_string(world) + " rank files" +
                             (t0.world_size > world ? ": the files of ranks " + std::to_string(world) + ".." +
@@ -159,8 +153,8 @@ Status Consolidation::Assemble(const Collected& first, TensorEntry* full) {
     if (t.kind != t0.kind)
       return Fail(r, key, std::string("a ") + t.class_name() + " here but a " + t0.class_name() + " in rank 0's file");
     if (t.dtype != t0.dtype || t.shape != t0.shape)
-      return Fail(r, key, std::string(Info(t.dtype).torch_name) + " " + DimsText(t.shape) + " here but " +
-                              std::string(Info(t0.dtype).torch_name) + " " + DimsText(t0.shape) + " in rank 0's file");
+      return Fail(r, key, std::string(Info(t.dtype).torch_name) + " " + ShapeText(t.shape) + " here but " +
+                              std::string(Info(t0.dtype).torch_name) + " " + ShapeText(t0.shape) + " in rank 0's file");
     if (t.rank >= 0 && static_cast<uint64_t>(t.rank) != r)
       return Fail(r, key, "saved by rank " + std::to_string(t.rank) + ", but the set has this file as rank " +
                               std::to_string(r));
@@ -171,10 +165,10 @@ Status Consolidation::Assemble(const Collected& first, TensorEntry* full) {
       return Fail(r, key, std::string(t.class_name()) + " with " + t.not_assembled + ": not assembled into the full tensor");
     if (t.kind == DistributedTensor::Kind::kDTensor) {
       if (PlacementsText(t) != PlacementsText(t0) || t.mesh_shape != t0.mesh_shape)
-        return Fail(r, key, "placements " + PlacementsText(t) + " on mesh " + DimsText(t.mesh_shape) + " here but " +
-                                PlacementsText(t0) + " on mesh " + DimsText(t0.mesh_shape) + " in rank 0's file");
+        return Fail(r, key, "placements " + PlacementsText(t) + " on mesh " + ShapeText(t.mesh_shape) + " here but " +
+                                PlacementsText(t0) + " on mesh " + ShapeText(t0.mesh_shape) + " in rank 0's file");
       if (!coordinates.insert(t.coordinate).second)
-        return Fail(r, key, "mesh coordinate " + DimsText(t.coordinate) + " held by another rank file too");
+        return Fail(r, key, "mesh coordinate " + ShapeText(t.coordinate) + " held by another rank file too");
       if (t.replica) continue;
     } else {
       if (t.shards.size() != t0.shards.size())
@@ -186,7 +180,7 @@ Status Consolidation::Assemble(const Collected& first, TensorEntry* full) {
           !held.emplace(std::vector<uint64_t>(s.offsets.begin(), s.offsets.end()),
                         std::vector<uint64_t>(s.tensor.shape.begin(), s.tensor.shape.end()))
                .second)
-        return Fail(r, key, "the shard at " + DimsText(s.offsets) + " is held by another rank file too");
+        return Fail(r, key, "the shard at " + ShapeText(s.offsets) + " is held by another rank file too");
       if (s.tensor.numel() == 0) continue;
       placed.push_back({r, &s});
     }
@@ -205,7 +199,7 @@ Status Consolidation::Assemble(const Collected& first, TensorEntry* full) {
       if (!held.count({std::vector<uint64_t>(m.offsets.begin(), m.offsets.end()),
                        std::vector<uint64_t>(m.shape.begin(), m.shape.end())}))
         return Fail(m.rank >= 0 && static_cast<size_t>(m.rank) < world ? static_cast<size_t>(m.rank) : 0, key,
-                    "the shard at " + DimsText(m.offsets) + " of size " + DimsText(m.shape) +
+                    "the shard at " + ShapeText(m.offsets) + " of size " + ShapeText(m.shape) +
                         " the metadata places on rank " + std::to_string(m.rank) + " is in no rank file");
   // No hole, no overlap, nothing outside the shape or a file (what DCP's chunk lists must meet).
   full->key = key;

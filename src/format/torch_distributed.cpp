@@ -53,12 +53,6 @@ bool AsInt(const PyValue* v, int64_t* out) {
   return true;
 }
 
-std::string DimsText(std::span<const uint64_t> dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
-}
-
 // torch.chunk's split of `size` elements into `chunks`: the block of chunk `index`
 // (Shard.local_shard_size_and_offset). Chunks past the end are empty, at offset `size`.
 void ChunkOf(uint64_t size, uint64_t chunks, uint64_t index, uint64_t* offset, uint64_t* length) {
@@ -150,7 +144,7 @@ Status Recognizer::MeshShape(const PyValue* mesh) {
   out_->world_size = 1;
   for (size_t i = 0; i < out_->mesh_shape.size(); ++i) {
     if (out_->mesh_shape[i] == 0 || out_->coordinate[i] >= out_->mesh_shape[i])
-      return Bad("whose mesh coordinate " + DimsText(out_->coordinate) + " is outside its mesh " + DimsText(out_->mesh_shape));
+      return Bad("whose mesh coordinate " + ShapeText(out_->coordinate) + " is outside its mesh " + ShapeText(out_->mesh_shape));
     if (!CheckedMul(out_->world_size, out_->mesh_shape[i], &out_->world_size)) return Bad("with a mesh too large");
   }
   return Status::OK();
@@ -224,7 +218,7 @@ Status Recognizer::DTensor(const PyValue* args, const PyValue* state) {
   if (const PyValue* meta = Field(spec, "tensor_meta"); meta && meta->kind() == Kind::kObject) {
     Shape meta_shape;
     if (AsUintTuple(Arg(meta, 0), &meta_shape) && meta_shape != out_->shape)
-      return Bad("whose spec's shape " + DimsText(meta_shape) + " is not its shape " + DimsText(out_->shape));
+      return Bad("whose spec's shape " + ShapeText(meta_shape) + " is not its shape " + ShapeText(out_->shape));
   }
   LocalShard shard;
   CKPTFS_RETURN_IF_ERROR(LocalTensor(Find(state, "_local_tensor"), &shard));
@@ -257,13 +251,13 @@ Status Recognizer::DTensor(const PyValue* args, const PyValue* state) {
       if (!entry || entry->kind() != Kind::kObject || !AsUintTuple(Arg(entry, 1), &mesh_dims))
         return Bad("with a malformed shard order");
       if (!std::is_sorted(mesh_dims.begin(), mesh_dims.end()))
-        out_->not_assembled = "a shard order " + DimsText(mesh_dims) + " other than the mesh's";
+        out_->not_assembled = "a shard order " + ShapeText(mesh_dims) + " other than the mesh's";
     }
   }
   if (out_->not_assembled.empty() && !std::equal(block.begin(), block.end(), shard.tensor.shape.begin(),
                                                  shard.tensor.shape.end()))
-    return Bad("whose local tensor's shape " + DimsText(shard.tensor.shape) + " is not the block " + DimsText(block) +
-               " its placements give at mesh coordinate " + DimsText(out_->coordinate));
+    return Bad("whose local tensor's shape " + ShapeText(shard.tensor.shape) + " is not the block " + ShapeText(block) +
+               " its placements give at mesh coordinate " + ShapeText(out_->coordinate));
   out_->local.push_back(std::move(shard));
   return Status::OK();
 }
@@ -281,7 +275,7 @@ Status Recognizer::ShardedTensor(const PyValue* args, const PyValue* state) {
   if (!IsDistributedObject(meta, "ShardedTensorMetadata")) return Bad("without a ShardedTensorMetadata");
   Shape meta_shape;
   if (!AsUintTuple(Field(meta, "size"), &meta_shape) || meta_shape != out_->shape)
-    return Bad("whose metadata's size is not its shape " + DimsText(out_->shape));
+    return Bad("whose metadata's size is not its shape " + ShapeText(out_->shape));
   uint64_t local_rank = 0, local_world = 0, global_rank = 0, global_world = 0;
   if (!AsUint(Field(pg, "local_rank"), &local_rank) || !AsUint(Field(pg, "global_rank"), &global_rank) ||
       !AsUint(Field(pg, "local_world_size"), &local_world) || !AsUint(Field(pg, "global_world_size"), &global_world))
@@ -302,8 +296,8 @@ Status Recognizer::ShardedTensor(const PyValue* args, const PyValue* state) {
     for (size_t d = 0; d < out_->shape.size(); ++d) {
       uint64_t end;
       if (!CheckedAdd(out->offsets[d], out->shape[d], &end) || end > out_->shape[d])
-        return Bad("with a shard at " + DimsText(out->offsets) + " of size " + DimsText(out->shape) +
-                   " outside its shape " + DimsText(out_->shape));
+        return Bad("with a shard at " + ShapeText(out->offsets) + " of size " + ShapeText(out->shape) +
+                   " outside its shape " + ShapeText(out_->shape));
     }
     int64_t rank;
     out->rank = AsInt(Field(Field(shard_meta, "placement"), "_rank"), &rank) && rank >= 0 ? rank : -1;
@@ -323,14 +317,14 @@ Status Recognizer::ShardedTensor(const PyValue* args, const PyValue* state) {
     LocalShard shard;
     CKPTFS_RETURN_IF_ERROR(LocalTensor(Field(s, "tensor"), &shard));
     if (shard.tensor.shape != block.shape)
-      return Bad("whose local shard's tensor has shape " + DimsText(shard.tensor.shape) + " where its metadata says " +
-                 DimsText(block.shape));
+      return Bad("whose local shard's tensor has shape " + ShapeText(shard.tensor.shape) + " where its metadata says " +
+                 ShapeText(block.shape));
     const bool listed = std::any_of(out_->shards.begin(), out_->shards.end(), [&](const DistributedTensor::ShardMeta& m) {
       return m.offsets == block.offsets && m.shape == block.shape;
     });
-    if (!listed) return Bad("whose local shard at " + DimsText(block.offsets) + " is not in its metadata's shards");
+    if (!listed) return Bad("whose local shard at " + ShapeText(block.offsets) + " is not in its metadata's shards");
     if (block.rank >= 0 && static_cast<uint64_t>(block.rank) != local_rank)
-      return Bad("whose local shard at " + DimsText(block.offsets) + " is placed on rank " + std::to_string(block.rank) +
+      return Bad("whose local shard at " + ShapeText(block.offsets) + " is placed on rank " + std::to_string(block.rank) +
                  ", not on the rank that saved it (" + std::to_string(local_rank) + ")");
     shard.offsets = block.offsets;
     out_->local.push_back(std::move(shard));

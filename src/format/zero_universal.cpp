@@ -27,12 +27,6 @@ bool IsA(Env& env, const std::string& path, PathType want) {
   return env.Stat(path, &type).ok() && type == want;
 }
 
-std::string ShapeText(const std::vector<uint64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 // A step folder of ds_to_universal: model-states files, a zero/ folder, and no optimizer rank
 // files (a ZeRO tag folder with a stray zero/ folder stays the ZeRO reader's).
 bool IsUniversalStep(Env& env, const std::string& dir) {

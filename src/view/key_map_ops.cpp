@@ -29,12 +29,6 @@ bool Clip(const Box& box, size_t dim, uint64_t lo, uint64_t hi, uint64_t to, uin
 
 }  // namespace
 
-std::string ShapeText(const Shape& shape) {
-  std::string text = "[";
-  for (size_t d = 0; d < shape.size(); ++d) text += (d ? ", " : "") + std::to_string(shape[d]);
-  return text + "]";
-}
-
 Status ToBoxedTensor(const TensorEntry& t, size_t max_boxes, BoxedTensor* out) {
   out->shape = t.shape;
   out->itemsize = Info(t.dtype).itemsize;

@@ -55,8 +55,6 @@ bool Transpose(BoxedTensor* t, size_t a, size_t b, std::string* why);
 // `parts` joined along `dim` (their other dimensions equal), into *out.
 bool Concat(std::vector<BoxedTensor>& parts, size_t dim, BoxedTensor* out, std::string* why);
 
-// "[4, 64, 64]"
-std::string ShapeText(const Shape& shape);
 
 }  // namespace ckptfs
 

@@ -95,14 +95,14 @@ bool IsViewOfBox(const Box& box, const Box& of, uint64_t itemsize) {
     return false;
   if (of.rank() == 1 && of.strides[0] == 1) {
     // Any block of a contiguous range: its first and last element within the range.
-    uint64_t span = 0, term, of_bytes;
+    uint64_t span = 0, term;
     for (size_t d = 0; d < box.rank(); ++d) {
       if (!CheckedMul(box.extent[d] - 1, box.strides[d], &term) || !CheckedAdd(span, term, &span)) return false;
     }
     if (box.base_offset < of.base_offset || (box.base_offset - of.base_offset) % itemsize != 0) return false;
     const uint64_t first = (box.base_offset - of.base_offset) / itemsize;
     uint64_t last;
-    return CheckedAdd(first, span, &last) && CheckedMul(of.extent[0], itemsize, &of_bytes) && last < of.extent[0];
+    return CheckedAdd(first, span, &last) && last < of.extent[0];
   }
   std::vector<size_t> dims;
   for (size_t j = 0; j < box.rank(); ++j)

@@ -901,6 +901,13 @@ Status MapTransform::Apply(ServedTensors* served) const {
     // A config that names its family picks the map listing the longest match; among maps
     // the family names equally (qwen3 and qwen3_moe for NeMo's Qwen3Model), the first whose
     // auto.when holds, so the config's experts choose between the dense and the MoE map.
+    // Whether `candidate`'s auto.when holds for this config; *why is the evaluation's status.
+    auto when_holds = [&](const KeyMap& candidate, Status* why) {
+      auto m = make(candidate);
+      json v;
+      *why = candidate.auto_when.Evaluate([&](std::string_view n, json* out, bool* f) { return m->Resolve(n, out, f); }, &v);
+      return why->ok() && v == true;
+    };
     size_t best = all.size(), best_length = 0;
     bool best_holds = false;
     if (!family.empty()) {
@@ -912,14 +919,8 @@ Status MapTransform::Apply(ServedTensors* served) const {
           if ((f == e || f.starts_with(e)) && e.size() > length) length = e.size();
         }
         if (length == 0) continue;
-        bool holds = all[k].auto_when.empty();
-        if (!holds) {
-          auto m = make(all[k]);
-          json v;
-          holds = all[k].auto_when.Evaluate([&](std::string_view n, json* out, bool* f) { return m->Resolve(n, out, f); }, &v)
-                      .ok() &&
-                  v == true;
-        }
+        Status why;
+        const bool holds = all[k].auto_when.empty() || when_holds(all[k], &why);
         if (length > best_length || (length == best_length && holds && !best_holds))
           best = k, best_length = length, best_holds = holds;
       }
@@ -930,18 +931,14 @@ Status MapTransform::Apply(ServedTensors* served) const {
       std::string tried;
       for (size_t k = 0; k < all.size() && best == all.size(); ++k) {
         if (all[k].auto_when.empty()) continue;
-        auto m = make(all[k]);
-        json v;
-        bool found = false;
-        Status s = all[k].auto_when.Evaluate([&](std::string_view n, json* out, bool* f) { return m->Resolve(n, out, f); }, &v);
-        if (s.ok() && v == true) {
+        Status why;
+        if (when_holds(all[k], &why)) {
           best = k;
           reason = config_source + ": " + all[k].auto_why;
         } else {
           tried += (tried.empty() ? "" : "; ") + all[k].name + " needs " + all[k].auto_why +
-                   (s.ok() ? "" : " (" + s.message() + ")");
+                   (why.ok() ? "" : " (" + why.message() + ")");
         }
-        (void)found;
       }
       if (best == all.size())
         return Status::NotSupported("map=auto", "no shipped map fits the checkpoint's config (" + config_source +
