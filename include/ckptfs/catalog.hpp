@@ -7,6 +7,7 @@
 #define CKPTFS_CATALOG_HPP_
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <iterator>
 #include <memory>
@@ -249,6 +250,8 @@ std::string FlattenKey(const KeyPath& path);
 // first such pair found), or nothing when the keys are distinct. Sorts (hash, index) pairs
 // and compares keys only within runs of equal hashes: a set of a million keys held 50-100 MB.
 std::optional<size_t> FindRepeatedKey(const std::vector<TensorEntry>& tensors, size_t first = 0);
+// The same over the `count` keys key_at(0), ..., key_at(count - 1).
+std::optional<size_t> FindRepeatedKey(size_t count, const std::function<std::string_view(size_t)>& key_at);
 
 }  // namespace ckptfs
 

@@ -45,19 +45,37 @@ struct ViewOptions {
   std::vector<std::pair<std::string, std::string>> map_settings;
 };
 
+class ServedTensors;
+
 // One tensor as a view serves it: a handle into its ServedTensors, valid while they live.
-struct ServedTensor {
-  // The served elements as the source stores them: key and shape are the served ones, dtype
-  // the stored one, and every box a sub-box of a box of one source tensor (transform.hpp).
-  const TensorEntry& stored;
-  // The element type it is served in: stored.dtype, or the type a view converts it to.
+class ServedTensor {
+ public:
+  ServedTensor(const ServedTensors& set, size_t index, DType dtype) : dtype(dtype), set_(&set), index_(index) {}
+
+  // The element type it is served in: stored_dtype(), or the type a view converts it to.
   DType dtype;
 
-  const std::string& key() const { return stored.key; }
-  const Shape& shape() const { return stored.shape; }
-  bool converted() const { return dtype != stored.dtype; }
+  // Its served key and shape, and its elements' type as the source stores them.
+  std::string_view key() const;
+  const Shape& shape() const;
+  DType stored_dtype() const;
+  // Where its (first) source tensor sat in the original object, and the storage it shares
+  // with other tensors (tied weights; "" for none).
+  const KeyPath& path() const;
+  const std::string& storage_id() const;
+  uint64_t numel() const;
+  bool converted() const { return dtype != stored_dtype(); }
   // Bytes as served.
-  uint64_t nbytes() const { return stored.numel() * Info(dtype).itemsize; }
+  uint64_t nbytes() const { return numel() * Info(dtype).itemsize; }
+  // The served elements as the source stores them: key and shape the served ones, dtype the
+  // stored one, and every box a sub-box of a box of its source tensors (transform.hpp). A
+  // key map's tensors have theirs made on first use (ServedTensors::Deferred); an error there
+  // fails whatever read needed it.
+  Status Stored(const TensorEntry** out) const;
+
+ private:
+  const ServedTensors* set_;
+  size_t index_;
 };
 
 // How a served tensor's bytes are produced; the View, the layout builder, the device plan
@@ -81,12 +99,16 @@ class ServedTensors {
 
   // The catalog served: its files, format and source path, its tensors as the source has them.
   const Catalog& source() const { return *source_; }
-  size_t size() const { return stored_ ? stored_->size() : 0; }
+  size_t size() const;
   bool empty() const { return size() == 0; }
-  ServedTensor operator[](size_t i) const {
-    const TensorEntry& t = (*stored_)[i];
-    return ServedTensor{t, dtypes_.empty() ? t.dtype : dtypes_[i]};
-  }
+  ServedTensor operator[](size_t i) const { return ServedTensor(*this, i, dtypes_.empty() ? stored_dtype(i) : dtypes_[i]); }
+  // Parts of operator[](i), also for the ServedTensor handles.
+  std::string_view key(size_t i) const;
+  const Shape& shape(size_t i) const;
+  DType stored_dtype(size_t i) const;
+  const KeyPath& path(size_t i) const;
+  const std::string& storage_id(size_t i) const;
+  Status Stored(size_t i, const TensorEntry** out) const;
   // The index in source().tensors of the tensor whose elements tensor i serves.
   size_t source_index(size_t i) const { return source_index_.empty() ? i : source_index_[i]; }
   // Further source tensors whose elements tensor i serves (a key map's concatenation of
@@ -109,16 +131,44 @@ class ServedTensors {
   // transform's before this one (a key map runs on the catalog's own or a selection of them).
   void ReplaceFromSources(std::vector<TensorEntry> stored, std::vector<uint32_t> from_sources,
                           std::vector<std::vector<uint32_t>> others);
+  // What a transform serves when its tensors are many and cheap to describe but not to make
+  // (a key map's: 100,000 per-layer tensors would be ~40 MB of entries, each made in ~1 us):
+  // their keys and shapes up front, for the layout, and each tensor's entry made by `maker`
+  // when something first needs its boxes (a read, a load, a checksum).
+  class EntryMaker {
+   public:
+    virtual ~EntryMaker() = default;
+    // Tensor i's entry: its key and shape those of the Deferred, its stored dtype its source
+    // tensor's. Called at most once per tensor that is made, from any thread.
+    virtual Status Make(size_t i, TensorEntry* out) const = 0;
+  };
+  struct Deferred {
+    std::string key_text;                // the keys, one after another
+    std::vector<uint64_t> key_end;       // tensor i's key ends at key_end[i] (and starts at key_end[i - 1])
+    std::vector<Shape> shapes;           // the distinct shapes
+    std::vector<uint32_t> shape_of;      // tensor i's shape: shapes[shape_of[i]]
+    std::vector<uint32_t> from_sources;  // tensor i's source tensor (index into source().tensors)
+    std::vector<std::vector<uint32_t>> others;  // further source tensors of tensor i, or empty for all
+    std::shared_ptr<const EntryMaker> maker;
+    const char* transform = "";  // names the transform in a refusal of a made entry
+  };
+  // The set becomes the tensors of `deferred` (the entries before are not served any more);
+  // each entry is checked for the sub-box invariant when it is made (CheckServedEntry).
+  void ReplaceDeferred(Deferred deferred);
+  // Whether the tensors' entries are made on first use (ReplaceDeferred).
+  bool deferred() const { return deferred_ != nullptr; }
   void AddFile(std::string name, std::string content) { added_files_.emplace_back(std::move(name), std::move(content)); }
   // Tensor i is served as `dtype`.
   void SetDType(size_t i, DType dtype);
   void SetMetadata(nlohmann::json metadata);
   nlohmann::json* mutable_manifest_fields() { return &manifest_fields_; }
   // Whether the entries are the catalog's own (no transform replaced the set).
-  bool SharesSourceEntries() const { return source_ && stored_.get() == &source_->tensors; }
+  bool SharesSourceEntries() const { return source_ && !deferred_ && stored_.get() == &source_->tensors; }
 
  private:
+  struct DeferredState;  // served.cpp
   std::shared_ptr<const Catalog> source_;
+  std::shared_ptr<const DeferredState> deferred_;  // set: the tensors are these, not stored_'s
   // The served tensors as stored: the catalog's own list until a transform replaces it.
   std::shared_ptr<const std::vector<TensorEntry>> stored_;
   std::vector<uint32_t> source_index_;  // empty: tensor i serves source tensor i
@@ -128,6 +178,18 @@ class ServedTensors {
   std::shared_ptr<const nlohmann::json> metadata_;
   nlohmann::json manifest_fields_ = nlohmann::json::object();
 };
+
+inline std::string_view ServedTensor::key() const { return set_->key(index_); }
+inline const Shape& ServedTensor::shape() const { return set_->shape(index_); }
+inline DType ServedTensor::stored_dtype() const { return set_->stored_dtype(index_); }
+inline const KeyPath& ServedTensor::path() const { return set_->path(index_); }
+inline const std::string& ServedTensor::storage_id() const { return set_->storage_id(index_); }
+inline Status ServedTensor::Stored(const TensorEntry** out) const { return set_->Stored(index_, out); }
+inline uint64_t ServedTensor::numel() const {
+  uint64_t n = 1;
+  for (uint64_t d : shape()) n *= d;  // served shapes are blocks of validated source shapes
+  return n;
+}
 
 // What a view with `options` serves of `catalog`: the view's transforms applied in turn
 // (only the `root` subtree, prefix removed from keys and metadata narrowed to it; floating

@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 
 namespace ckptfs {
@@ -227,34 +228,32 @@ std::string FlattenKey(const std::vector<PathElement>& path) {
   return key;
 }
 
-std::optional<size_t> FindRepeatedKey(const std::vector<TensorEntry>& tensors, size_t first) {
-  first = std::min(first, tensors.size());
-  const size_t n = tensors.size() - first;
-  // Each pair packed in one word, the hash's top 32 bits above the index (relative to
-  // `first`): half the memory of (hash, index) pairs and a plain integer sort, for a million
-  // keys at the end of a parse's peak. A 32-bit hash collides for ~100 of a million distinct
-  // keys, each costing one key comparison. Indices past 32 bits keep the full pairs.
+std::optional<size_t> FindRepeatedKey(size_t n, const std::function<std::string_view(size_t)>& key_at) {
+  auto hash = [&](size_t i) {
+    const std::string_view key = key_at(i);
+    return XXH3_64bits(key.data(), key.size());
+  };
+  // Each pair packed in one word, the hash's top 32 bits above the index: half the memory of
+  // (hash, index) pairs and a plain integer sort, for a million keys at the end of a parse's
+  // peak. A 32-bit hash collides for ~100 of a million distinct keys, each costing one key
+  // comparison. Indices past 32 bits keep the full pairs.
   if (n >= (uint64_t{1} << 32)) {
     std::vector<std::pair<uint64_t, size_t>> hashes;
     hashes.reserve(n);
-    for (size_t i = first; i < tensors.size(); ++i)
-      hashes.emplace_back(XXH3_64bits(tensors[i].key.data(), tensors[i].key.size()), i);
+    for (size_t i = 0; i < n; ++i) hashes.emplace_back(hash(i), i);
     std::sort(hashes.begin(), hashes.end());
     for (size_t k = 0; k < hashes.size();) {
       size_t end = k + 1;
       while (end < hashes.size() && hashes[end].first == hashes[k].first) ++end;
       for (size_t a = k; a < end; ++a)
         for (size_t b = a + 1; b < end; ++b)
-          if (tensors[hashes[a].second].key == tensors[hashes[b].second].key) return hashes[b].second;
+          if (key_at(hashes[a].second) == key_at(hashes[b].second)) return hashes[b].second;
       k = end;
     }
     return std::nullopt;
   }
   std::vector<uint64_t> packed(n);
-  for (size_t i = 0; i < n; ++i) {
-    const std::string& key = tensors[first + i].key;
-    packed[i] = (XXH3_64bits(key.data(), key.size()) & ~uint64_t{0xFFFFFFFF}) | i;
-  }
+  for (size_t i = 0; i < n; ++i) packed[i] = (hash(i) & ~uint64_t{0xFFFFFFFF}) | i;
   std::sort(packed.begin(), packed.end());
   // Within a run of equal hashes the indices (the low word) ascend, so the later of the
   // first pair found is the one reported.
@@ -264,11 +263,18 @@ std::optional<size_t> FindRepeatedKey(const std::vector<TensorEntry>& tensors, s
     while (end < n && (packed[end] >> 32) == (packed[k] >> 32)) ++end;
     for (size_t a = k; a < end; ++a)
       for (size_t b = a + 1; b < end; ++b)
-        if (tensors[first + (packed[a] & kIndexBits)].key == tensors[first + (packed[b] & kIndexBits)].key)
-          return first + (packed[b] & kIndexBits);
+        if (key_at(packed[a] & kIndexBits) == key_at(packed[b] & kIndexBits)) return packed[b] & kIndexBits;
     k = end;
   }
   return std::nullopt;
+}
+
+std::optional<size_t> FindRepeatedKey(const std::vector<TensorEntry>& tensors, size_t first) {
+  first = std::min(first, tensors.size());
+  std::optional<size_t> found =
+      FindRepeatedKey(tensors.size() - first, [&](size_t i) -> std::string_view { return tensors[first + i].key; });
+  if (found) *found += first;
+  return found;
 }
 
 std::string ShapeText(std::span<const uint64_t> dims) {

@@ -96,8 +96,9 @@ Status Loader::Prepare() {
   for (const DeviceDestination& d : dests_) {
     if (d.index >= view_.served().size()) continue;  // MakePlan reports it
     const ServedTensor t = view_.served()[d.index];
-    if (RouteOf(t) != ReadRoute::kExtents) continue;
-    for (const Box& box : t.stored.boxes)
+    const TensorEntry* stored = nullptr;
+    if (RouteOf(t) != ReadRoute::kExtents || !t.Stored(&stored).ok()) continue;
+    for (const Box& box : stored->boxes)
       if (box.file < stored_file.size()) stored_file[box.file] = true;
   }
   direct_files_.assign(catalog.files->count(), nullptr);

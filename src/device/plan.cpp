@@ -18,7 +18,7 @@ Status SelectTensors(const View& view, const std::vector<std::string>& select, s
   for (const std::string& pattern : select) {
     bool any = false;
     for (size_t i = 0; i < tensors.size(); ++i) {
-      const std::string& key = tensors[i].key();
+      const std::string key(tensors[i].key());
       if (key == pattern || ::fnmatch(pattern.c_str(), key.c_str(), 0) == 0) {
         picked[i] = true;
         any = true;
@@ -73,13 +73,15 @@ Status MakePlan(const View& view, const std::vector<DeviceDestination>& destinat
       Cut(Route::kView, di, 0, 0, t.nbytes(), 0, max_piece, &plan->pieces);
       continue;
     }
+    const TensorEntry* stored = nullptr;
+    CKPTFS_RETURN_IF_ERROR(t.Stored(&stored));
     uint64_t dst = 0;
-    for (const Extent& e : ExtentsOf(t.stored)) {
+    for (const Extent& e : ExtentsOf(*stored)) {
       const Route route = direct_file && direct_file(e.file) ? Route::kDirect : Route::kStored;
       Cut(route, di, e.file, e.offset, e.length, dst, max_piece, &plan->pieces);
       dst += e.length;
     }
-    if (dst != t.stored.nbytes()) return Status::Corruption(t.key(), "extents do not add up to the tensor's size");
+    if (dst != stored->nbytes()) return Status::Corruption(t.key(), "extents do not add up to the tensor's size");
   }
 
   // A widened piece of max_piece bytes spans at most max_piece + 2 * kAlign - 1.

@@ -156,8 +156,9 @@ struct PieceMap {
 std::vector<PieceMap> PlanMaps(const ServedTensor& t, const SourceFiles& files, uint64_t page, uint64_t* lead) {
   std::vector<PieceMap> out;
   *lead = 0;
-  if (RouteOf(t) != ReadRoute::kExtents) return out;
-  const std::vector<Extent> extents = ExtentsOf(t.stored);
+  const TensorEntry* stored = nullptr;
+  if (RouteOf(t) != ReadRoute::kExtents || !t.Stored(&stored).ok()) return out;
+  const std::vector<Extent> extents = ExtentsOf(*stored);
   if (extents.empty()) return out;
   *lead = extents[0].offset % page;
   if (*lead % Info(t.dtype).itemsize != 0) return out;  // a view must start on an element
@@ -217,8 +218,9 @@ Status CheckIdentity(int fd, const FileIdentity& id, const std::string& name) {
 }  // namespace
 
 std::optional<Extent> MappableExtent(const ServedTensor& t, const SourceFiles& files) {
-  if (RouteOf(t) != ReadRoute::kExtents) return std::nullopt;
-  const std::vector<Extent> extents = ExtentsOf(t.stored);
+  const TensorEntry* stored = nullptr;
+  if (RouteOf(t) != ReadRoute::kExtents || !t.Stored(&stored).ok()) return std::nullopt;
+  const std::vector<Extent> extents = ExtentsOf(*stored);
   if (extents.size() != 1 || files.file(extents[0].file).local_path().empty()) return std::nullopt;
   return extents[0];
 }

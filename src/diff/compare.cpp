@@ -291,7 +291,7 @@ Status CompareViews(const View& a, const View& b, const DiffOptions& options,
   for (size_t i = 0; i < ta.size(); ++i) {
     auto it = in_b.find(ta[i].key());
     if (it == in_b.end()) {
-      result.only_a.push_back(ta[i].key());
+      result.only_a.emplace_back(ta[i].key());
       continue;
     }
     matched[it->second] = true;
@@ -308,7 +308,7 @@ Status CompareViews(const View& a, const View& b, const DiffOptions& options,
     } else if (IsComplex(p.dtype_a) != IsComplex(p.dtype_b)) {
       p.verdict = PairVerdict::kIncomparable;
     } else {
-      p.elements = ta[i].stored.numel();
+      p.elements = ta[i].numel();
       const uint64_t per_element = Info(p.dtype_a).itemsize / Info(diff::ValueType(p.dtype_a)).itemsize;
       if (!CheckedMul(p.elements, per_element, &p.numel))
         return Status::Corruption(p.key, "element count overflows");
@@ -316,7 +316,7 @@ Status CompareViews(const View& a, const View& b, const DiffOptions& options,
     result.pairs.push_back(std::move(p));
   }
   for (size_t j = 0; j < tb.size(); ++j)
-    if (!matched[j]) result.only_b.push_back(tb[j].key());
+    if (!matched[j]) result.only_b.emplace_back(tb[j].key());
 
   // The buffers are the only allocations that grow with the options (threads, chunk size):
   // their failure is an error of this call, not of the process.

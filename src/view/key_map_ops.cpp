@@ -8,9 +8,9 @@
 namespace ckptfs {
 namespace {
 
-bool DimFits(const BoxedTensor& t, size_t dim, const char* op, std::string* why) {
-  if (dim < t.shape.size()) return true;
-  *why = std::string(op) + ": the tensor of shape " + ShapeText(t.shape) + " has no dimension " + std::to_string(dim);
+bool DimFits(const Shape& shape, size_t dim, const char* op, std::string* why) {
+  if (dim < shape.size()) return true;
+  *why = std::string(op) + ": the tensor of shape " + ShapeText(shape) + " has no dimension " + std::to_string(dim);
   return false;
 }
 
@@ -28,6 +28,82 @@ bool Clip(const Box& box, size_t dim, uint64_t lo, uint64_t hi, uint64_t to, uin
 }
 
 }  // namespace
+
+bool SelectShape(Shape* shape, size_t dim, uint64_t index, std::string* why) {
+  if (!DimFits(*shape, dim, "select", why)) return false;
+  if (index >= (*shape)[dim]) {
+    *why = "select: index " + std::to_string(index) + " of dimension " + std::to_string(dim) + " of shape " +
+           ShapeText(*shape) + " is out of range";
+    return false;
+  }
+  Shape out;
+  for (size_t d = 0; d < shape->size(); ++d)
+    if (d != dim) out.push_back((*shape)[d]);
+  *shape = std::move(out);
+  return true;
+}
+
+bool SliceShape(Shape* shape, size_t dim, uint64_t start, uint64_t stop, std::string* why) {
+  if (!DimFits(*shape, dim, "slice", why)) return false;
+  if (start > stop || stop > (*shape)[dim]) {
+    *why = "slice: [" + std::to_string(start) + ", " + std::to_string(stop) + ") of dimension " + std::to_string(dim) +
+           " of shape " + ShapeText(*shape) + " is out of range";
+    return false;
+  }
+  (*shape)[dim] = stop - start;
+  return true;
+}
+
+bool RowGroupsShape(Shape* shape, size_t dim, uint64_t groups, uint64_t size, uint64_t start, uint64_t stop,
+                    std::string* why) {
+  if (!DimFits(*shape, dim, "row_groups", why)) return false;
+  uint64_t total;
+  if (groups == 0 || size == 0 || !CheckedMul(groups, size, &total) || total != (*shape)[dim]) {
+    *why = "row_groups: dimension " + std::to_string(dim) + " of shape " + ShapeText(*shape) + " is " +
+           std::to_string((*shape)[dim]) + " long, not groups * size = " + std::to_string(groups) + " * " +
+           std::to_string(size) + " = " + (CheckedMul(groups, size, &total) ? std::to_string(total) : "(overflow)");
+    return false;
+  }
+  if (start >= stop || stop > size) {
+    *why = "row_groups: rows [" + std::to_string(start) + ", " + std::to_string(stop) + ") do not lie in a group of " +
+           std::to_string(size);
+    return false;
+  }
+  (*shape)[dim] = groups * (stop - start);
+  return true;
+}
+
+bool TransposeShape(Shape* shape, size_t a, size_t b, std::string* why) {
+  if (!DimFits(*shape, a, "transpose", why) || !DimFits(*shape, b, "transpose", why)) return false;
+  std::swap((*shape)[a], (*shape)[b]);
+  return true;
+}
+
+bool ConcatShape(const std::vector<Shape>& parts, size_t dim, Shape* out, std::string* why) {
+  if (parts.empty()) {
+    *why = "concat: no parts";
+    return false;
+  }
+  if (!DimFits(parts[0], dim, "concat", why)) return false;
+  *out = parts[0];
+  uint64_t at = 0;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const Shape& part = parts[p];
+    bool same = part.size() == out->size();
+    for (size_t d = 0; same && d < part.size(); ++d) same = d == dim || part[d] == (*out)[d];
+    if (!same) {
+      *why = "concat: part " + std::to_string(p) + " of shape " + ShapeText(part) + " does not join part 0 of shape " +
+             ShapeText(parts[0]) + " along dimension " + std::to_string(dim);
+      return false;
+    }
+    if (!CheckedAdd(at, part[dim], &at)) {
+      *why = "concat: the parts' lengths along dimension " + std::to_string(dim) + " overflow";
+      return false;
+    }
+  }
+  (*out)[dim] = at;
+  return true;
+}
 
 Status ToBoxedTensor(const TensorEntry& t, size_t max_boxes, BoxedTensor* out) {
   out->shape = t.shape;
@@ -93,16 +169,10 @@ BoxOrder OrderAlong(const BoxedTensor& t, size_t dim) {
 
 bool SelectIndexOf(const BoxedTensor& t, size_t dim, uint64_t index, BoxedTensor* out, std::string* why,
                    const BoxOrder* order) {
-  if (!DimFits(t, dim, "select", why)) return false;
-  if (index >= t.shape[dim]) {
-    *why = "select: index " + std::to_string(index) + " of dimension " + std::to_string(dim) + " of shape " +
-           ShapeText(t.shape) + " is out of range";
-    return false;
-  }
+  Shape shape = t.shape;
+  if (!SelectShape(&shape, dim, index, why)) return false;
   out->itemsize = t.itemsize;
-  out->shape.clear();
-  for (size_t d = 0; d < t.shape.size(); ++d)
-    if (d != dim) out->shape.push_back(t.shape[d]);
+  out->shape = std::move(shape);
   out->boxes.clear();
   // Only the boxes that hold the index are copied (a stacked tensor has one or more per
   // layer, and every layer is selected in turn): with an order, those starting in
@@ -140,12 +210,8 @@ bool SelectIndex(BoxedTensor* t, size_t dim, uint64_t index, std::string* why) {
 }
 
 bool SliceDim(BoxedTensor* t, size_t dim, uint64_t start, uint64_t stop, std::string* why) {
-  if (!DimFits(*t, dim, "slice", why)) return false;
-  if (start > stop || stop > t->shape[dim]) {
-    *why = "slice: [" + std::to_string(start) + ", " + std::to_string(stop) + ") of dimension " + std::to_string(dim) +
-           " of shape " + ShapeText(t->shape) + " is out of range";
-    return false;
-  }
+  Shape shape = t->shape;
+  if (!SliceShape(&shape, dim, start, stop, why)) return false;
   // In place: a box is clipped or dropped, never more than one piece.
   size_t kept = 0;
   for (size_t k = 0; k < t->boxes.size(); ++k) {
@@ -160,25 +226,14 @@ bool SliceDim(BoxedTensor* t, size_t dim, uint64_t start, uint64_t stop, std::st
     ++kept;
   }
   t->boxes.resize(kept);
-  t->shape[dim] = stop - start;
+  t->shape = std::move(shape);
   return true;
 }
 
 bool RowGroups(BoxedTensor* t, size_t dim, uint64_t groups, uint64_t size, uint64_t start, uint64_t stop,
                std::string* why) {
-  if (!DimFits(*t, dim, "row_groups", why)) return false;
-  uint64_t total;
-  if (groups == 0 || size == 0 || !CheckedMul(groups, size, &total) || total != t->shape[dim]) {
-    *why = "row_groups: dimension " + std::to_string(dim) + " of shape " + ShapeText(t->shape) + " is " +
-           std::to_string(t->shape[dim]) + " long, not groups * size = " + std::to_string(groups) + " * " +
-           std::to_string(size) + " = " + (CheckedMul(groups, size, &total) ? std::to_string(total) : "(overflow)");
-    return false;
-  }
-  if (start >= stop || stop > size) {
-    *why = "row_groups: rows [" + std::to_string(start) + ", " + std::to_string(stop) + ") do not lie in a group of " +
-           std::to_string(size);
-    return false;
-  }
+  Shape shape = t->shape;
+  if (!RowGroupsShape(&shape, dim, groups, size, start, stop, why)) return false;
   const uint64_t width = stop - start;
   std::vector<Box> kept;
   for (const Box& box : t->boxes) {
@@ -196,13 +251,12 @@ bool RowGroups(BoxedTensor* t, size_t dim, uint64_t groups, uint64_t size, uint6
     }
   }
   t->boxes = std::move(kept);
-  t->shape[dim] = groups * width;
+  t->shape = std::move(shape);
   return true;
 }
 
 bool Transpose(BoxedTensor* t, size_t a, size_t b, std::string* why) {
-  if (!DimFits(*t, a, "transpose", why) || !DimFits(*t, b, "transpose", why)) return false;
-  std::swap(t->shape[a], t->shape[b]);
+  if (!TransposeShape(&t->shape, a, b, why)) return false;
   for (Box& box : t->boxes) {
     std::swap(box.offset[a], box.offset[b]);
     std::swap(box.extent[a], box.extent[b]);
@@ -212,31 +266,27 @@ bool Transpose(BoxedTensor* t, size_t a, size_t b, std::string* why) {
 }
 
 bool Concat(std::vector<BoxedTensor>& parts, size_t dim, BoxedTensor* out, std::string* why) {
-  if (parts.empty()) {
-    *why = "concat: no parts";
-    return false;
-  }
-  out->shape = parts[0].shape;
-  out->itemsize = parts[0].itemsize;
-  out->boxes.clear();
-  if (!DimFits(parts[0], dim, "concat", why)) return false;
-  uint64_t at = 0;
-  for (size_t p = 0; p < parts.size(); ++p) {
-    BoxedTensor& part = parts[p];
-    bool same = part.shape.size() == out->shape.size() && part.itemsize == out->itemsize;
-    for (size_t d = 0; same && d < part.shape.size(); ++d) same = d == dim || part.shape[d] == out->shape[d];
-    if (!same) {
-      *why = "concat: part " + std::to_string(p) + " of shape " + ShapeText(part.shape) + " does not join part 0 of shape " +
-             ShapeText(parts[0].shape) + " along dimension " + std::to_string(dim);
+  std::vector<Shape> shapes;
+  for (const BoxedTensor& part : parts) shapes.push_back(part.shape);
+  Shape shape;
+  if (!ConcatShape(shapes, dim, &shape, why)) return false;
+  for (size_t p = 0; p < parts.size(); ++p)
+    if (parts[p].itemsize != parts[0].itemsize) {
+      *why = "concat: part " + std::to_string(p) + " has elements of " + std::to_string(parts[p].itemsize) +
+             " bytes, part 0 of " + std::to_string(parts[0].itemsize);
       return false;
     }
+  out->shape = std::move(shape);
+  out->itemsize = parts[0].itemsize;
+  out->boxes.clear();
+  uint64_t at = 0;
+  for (BoxedTensor& part : parts) {
     for (Box& box : part.boxes) {
       box.offset[dim] += at;
       out->boxes.push_back(std::move(box));
     }
     at += part.shape[dim];
   }
-  out->shape[dim] = at;
   return true;
 }
 

@@ -27,7 +27,18 @@ struct BoxedTensor {
 // `max_boxes` boxes.
 Status ToBoxedTensor(const TensorEntry& t, size_t max_boxes, BoxedTensor* out);
 
-// Each returns false with *why set when the operation does not fit the tensor's shape.
+// Each operation is given on shapes alone (a key map lays out its tensors from their shapes
+// and makes their boxes on first use) and on boxes; the box form checks the shape through
+// the shape form first, so both refuse the same shapes with the same words. Each returns
+// false with *why set when the operation does not fit.
+bool SelectShape(Shape* shape, size_t dim, uint64_t index, std::string* why);
+bool SliceShape(Shape* shape, size_t dim, uint64_t start, uint64_t stop, std::string* why);
+bool RowGroupsShape(Shape* shape, size_t dim, uint64_t groups, uint64_t size, uint64_t start, uint64_t stop,
+                    std::string* why);
+bool TransposeShape(Shape* shape, size_t a, size_t b, std::string* why);
+// `parts` (their element sizes equal) joined along `dim`.
+bool ConcatShape(const std::vector<Shape>& parts, size_t dim, Shape* out, std::string* why);
+
 // Index `index` of dimension `dim`, that dimension removed.
 bool SelectIndex(BoxedTensor* t, size_t dim, uint64_t index, std::string* why);
 // The boxes of a tensor ordered by where they start along one dimension, and the longest of

@@ -133,7 +133,7 @@ void ViewBuilder::BuildModelFiles(View::NodeId root) {
   std::vector<uint32_t> followers;
   for (uint32_t i = 0; i < tensors.size(); ++i) {
     const ServedTensor t = tensors[i];
-    const std::string& storage_id = t.stored.storage_id;
+    const std::string& storage_id = t.storage_id();
     if (!storage_id.empty()) {
       if (first_of_storage.count(storage_id)) {
         followers.push_back(i);
@@ -157,7 +157,7 @@ void ViewBuilder::BuildModelFiles(View::NodeId root) {
   }
   if (!current.empty()) shards.push_back(std::move(current));
   for (uint32_t i : followers) {
-    const uint32_t first = first_of_storage[tensors[i].stored.storage_id];
+    const uint32_t first = first_of_storage[tensors[i].storage_id()];
     for (auto& shard : shards)
       if (std::find(shard.begin(), shard.end(), first) != shard.end()) {
         shard.push_back(i);
@@ -352,7 +352,7 @@ void View::AppendManifestEntry(size_t index, const char* xxh3_hex, std::string* 
   }
   if (shares_storage_[index]) {
     *text += ", \"shared_storage\": ";
-    AppendJsonString(text, t.stored.storage_id);
+    AppendJsonString(text, t.storage_id());
   }
   if (shortened) *text += ", \"file_name_shortened\": true";
   *text += '}';
@@ -425,14 +425,14 @@ json TensorSummary(const ServedTensor& t) {
   std::vector<uint64_t> shape;
   ServedDTypeAndShape(t, &dtype, &shape);
   json path = json::array();
-  for (const PathElement& p : t.stored.path) {
+  for (const PathElement& p : t.path()) {
     if (const auto* s = std::get_if<std::string>(&p)) path.push_back(*s);
     else path.push_back(std::get<int64_t>(p));
   }
   return {{"key", t.key()},
           {"path", std::move(path)},
           {"dtype", dtype},
-          {"torch_dtype", Info(t.stored.dtype).torch_name},
+          {"torch_dtype", Info(t.stored_dtype()).torch_name},
           {"shape", std::move(shape)},
           {"nbytes", t.nbytes()},
           {"file", "tensors/" + TensorFileName(t.key())}};
@@ -446,7 +446,7 @@ void AppendTensorSummary(std::string* out, const ServedTensor& t, bool* file_nam
   AppendJsonString(out, t.key());
   *out += ", \"path\": [";
   bool first = true;
-  t.stored.path.ForEach(
+  t.path().ForEach(
       [&](std::string_view s) {
         if (!first) *out += ", ";
         first = false;
@@ -460,7 +460,7 @@ void AppendTensorSummary(std::string* out, const ServedTensor& t, bool* file_nam
   *out += "], \"dtype\": \"";
   *out += dtype;
   *out += "\", \"torch_dtype\": \"";
-  *out += Info(t.stored.dtype).torch_name;
+  *out += Info(t.stored_dtype()).torch_name;
   *out += "\", \"shape\": ";
   AppendJsonArray(out, shape);
   *out += ", \"nbytes\": ";

@@ -113,8 +113,9 @@ Status View::ReadModelFile(NodeId id, uint64_t offset, uint64_t end, char* out) 
     const uint64_t begin = model_begin_[i], size = t.nbytes();
     if (begin + size <= pos) continue;
     const uint64_t hi = std::min(end, begin + size);
-    if (RouteOf(t) == ReadRoute::kExtents)
-      CKPTFS_RETURN_IF_ERROR(ReadStored(t.stored, pos - begin, hi - pos, out + (pos - offset), &checks));
+    const TensorEntry* stored = nullptr;
+    if (RouteOf(t) == ReadRoute::kExtents && t.Stored(&stored).ok())
+      CKPTFS_RETURN_IF_ERROR(ReadStored(*stored, pos - begin, hi - pos, out + (pos - offset), &checks));
     else
       CKPTFS_RETURN_IF_ERROR(ReadTensorData(i, pos - begin, hi - pos, out + (pos - offset)));
     pos = hi;
@@ -135,7 +136,7 @@ void View::LayOutManifest() const {
   {
     std::vector<std::pair<uint64_t, uint32_t>> ids;
     for (size_t i = 0; i < tensors.size(); ++i) {
-      const std::string& id = tensors[i].stored.storage_id;
+      const std::string& id = tensors[i].storage_id();
       if (!id.empty()) ids.emplace_back(XXH3_64bits(id.data(), id.size()), static_cast<uint32_t>(i));
     }
     std::sort(ids.begin(), ids.end());
@@ -144,7 +145,7 @@ void View::LayOutManifest() const {
       while (end < ids.size() && ids[end].first == ids[k].first) ++end;
       for (size_t a = k; a < end; ++a)  // a run is one id, or rarely a few colliding ones
         for (size_t b = a + 1; b < end; ++b)
-          if (tensors[ids[a].second].stored.storage_id == tensors[ids[b].second].stored.storage_id)
+          if (tensors[ids[a].second].storage_id() == tensors[ids[b].second].storage_id())
             shares_storage_[ids[a].second] = shares_storage_[ids[b].second] = true;
       k = end;
     }

@@ -6,7 +6,10 @@ namespace ckptfs {
 
 ReadRoute RouteOf(const ServedTensor& tensor) {
   if (tensor.converted()) return ReadRoute::kConvert;
-  return StoredAsExtents(tensor.stored) ? ReadRoute::kExtents : ReadRoute::kGather;
+  // A deferred entry that cannot be made (ServedTensor::Stored) takes the gather route, whose
+  // read reports why.
+  const TensorEntry* stored = nullptr;
+  return tensor.Stored(&stored).ok() && StoredAsExtents(*stored) ? ReadRoute::kExtents : ReadRoute::kGather;
 }
 
 }  // namespace ckptfs

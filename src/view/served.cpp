@@ -1,16 +1,98 @@
-// ServedTensors: the tensors a view serves, as handles into the catalog's entries or into
-// entries a transform made.
+// ServedTensors: the tensors a view serves, as handles into the catalog's entries, into
+// entries a transform made, or into a transform's description of them whose entries are made
+// on first use (Deferred).
 #include <algorithm>
+#include <atomic>
 
 #include "ckptfs/view.hpp"
+#include "view/transform.hpp"
 
 namespace ckptfs {
+
+struct ServedTensors::DeferredState {
+  explicit DeferredState(Deferred d) : deferred(std::move(d)), made(new std::atomic<TensorEntry*>[deferred.key_end.size()]) {
+    for (size_t i = 0; i < deferred.key_end.size(); ++i) made[i].store(nullptr, std::memory_order_relaxed);
+  }
+  ~DeferredState() {
+    for (size_t i = 0; i < deferred.key_end.size(); ++i) delete made[i].load(std::memory_order_relaxed);
+  }
+  DeferredState(const DeferredState&) = delete;
+  DeferredState& operator=(const DeferredState&) = delete;
+
+  Deferred deferred;
+  // Tensor i's entry once made; set once (the first of racing makers wins, the others' are dropped).
+  std::unique_ptr<std::atomic<TensorEntry*>[]> made;
+};
+
+namespace {
+const std::string kNoStorageId;
+}  // namespace
 
 ServedTensors::ServedTensors(std::shared_ptr<const Catalog> source)
     : source_(std::move(source)),
       // Aliasing pointers: they keep the catalog alive and point into it (no copy).
       stored_(source_, &source_->tensors),
       metadata_(source_, &source_->metadata) {}
+
+size_t ServedTensors::size() const {
+  if (deferred_) return deferred_->deferred.key_end.size();
+  return stored_ ? stored_->size() : 0;
+}
+
+std::string_view ServedTensors::key(size_t i) const {
+  if (!deferred_) return (*stored_)[i].key;
+  const Deferred& d = deferred_->deferred;
+  const uint64_t begin = i == 0 ? 0 : d.key_end[i - 1];
+  return std::string_view(d.key_text).substr(begin, d.key_end[i] - begin);
+}
+
+const Shape& ServedTensors::shape(size_t i) const {
+  if (!deferred_) return (*stored_)[i].shape;
+  const Deferred& d = deferred_->deferred;
+  return d.shapes[d.shape_of[i]];
+}
+
+DType ServedTensors::stored_dtype(size_t i) const {
+  if (!deferred_) return (*stored_)[i].dtype;
+  return source_->tensors[source_index_[i]].dtype;
+}
+
+const KeyPath& ServedTensors::path(size_t i) const {
+  if (!deferred_) return (*stored_)[i].path;
+  return source_->tensors[source_index_[i]].path;
+}
+
+const std::string& ServedTensors::storage_id(size_t i) const {
+  // A deferred tensor is a new block of its sources' elements: it shares no storage by name.
+  if (!deferred_) return (*stored_)[i].storage_id;
+  return kNoStorageId;
+}
+
+Status ServedTensors::Stored(size_t i, const TensorEntry** out) const {
+  if (!deferred_) {
+    *out = &(*stored_)[i];
+    return Status::OK();
+  }
+  std::atomic<TensorEntry*>& slot = deferred_->made[i];
+  if (TensorEntry* made = slot.load(std::memory_order_acquire)) {
+    *out = made;
+    return Status::OK();
+  }
+  const Deferred& d = deferred_->deferred;
+  auto made = std::make_unique<TensorEntry>();
+  CKPTFS_RETURN_IF_ERROR(d.maker->Make(i, made.get()));
+  if (made->key != key(i) || made->shape != shape(i) || made->dtype != stored_dtype(i))
+    return Status::Corruption(source_->source, std::string("view transform ") + d.transform + ": tensor '" +
+                                                   std::string(key(i)) + "' was made with another key, shape or dtype");
+  CKPTFS_RETURN_IF_ERROR(CheckServedEntry(*source_, *made, source_index(i), other_sources(i), d.transform));
+  TensorEntry* expected = nullptr;
+  if (slot.compare_exchange_strong(expected, made.get(), std::memory_order_acq_rel, std::memory_order_acquire)) {
+    *out = made.release();
+  } else {
+    *out = expected;  // another thread made it first; ours is dropped
+  }
+  return Status::OK();
+}
 
 void ServedTensors::Replace(std::vector<TensorEntry> stored, const std::vector<uint32_t>& from) {
   std::vector<uint32_t> source_index(from.size());
@@ -21,6 +103,7 @@ void ServedTensors::Replace(std::vector<TensorEntry> stored, const std::vector<u
     if (!dtypes_.empty()) dtypes[k] = dtypes_[from[k]];
   }
   stored_ = std::make_shared<const std::vector<TensorEntry>>(std::move(stored));
+  deferred_.reset();
   source_index_ = std::move(source_index);
   dtypes_ = std::move(dtypes);
   other_sources_.clear();
@@ -29,11 +112,23 @@ void ServedTensors::Replace(std::vector<TensorEntry> stored, const std::vector<u
 void ServedTensors::ReplaceFromSources(std::vector<TensorEntry> stored, std::vector<uint32_t> from_sources,
                                        std::vector<std::vector<uint32_t>> others) {
   stored_ = std::make_shared<const std::vector<TensorEntry>>(std::move(stored));
+  deferred_.reset();
   source_index_ = std::move(from_sources);
   dtypes_.clear();
   other_sources_ = std::move(others);
   if (std::all_of(other_sources_.begin(), other_sources_.end(), [](const auto& o) { return o.empty(); }))
     other_sources_.clear();
+}
+
+void ServedTensors::ReplaceDeferred(Deferred deferred) {
+  source_index_ = std::move(deferred.from_sources);
+  other_sources_ = std::move(deferred.others);
+  if (std::all_of(other_sources_.begin(), other_sources_.end(), [](const auto& o) { return o.empty(); }))
+    other_sources_.clear();
+  deferred.from_sources = {};  // kept once, as source_index_
+  stored_.reset();
+  dtypes_.clear();
+  deferred_ = std::make_shared<const DeferredState>(std::move(deferred));
 }
 
 std::span<const uint32_t> ServedTensors::other_sources(size_t i) const {
@@ -43,9 +138,9 @@ std::span<const uint32_t> ServedTensors::other_sources(size_t i) const {
 
 void ServedTensors::SetDType(size_t i, DType dtype) {
   if (dtypes_.empty()) {
-    if (dtype == (*stored_)[i].dtype) return;
-    dtypes_.resize(stored_->size());
-    for (size_t k = 0; k < stored_->size(); ++k) dtypes_[k] = (*stored_)[k].dtype;
+    if (dtype == stored_dtype(i)) return;
+    dtypes_.resize(size());
+    for (size_t k = 0; k < dtypes_.size(); ++k) dtypes_[k] = stored_dtype(k);
   }
   dtypes_[i] = dtype;
 }

@@ -123,13 +123,13 @@ bool IsViewOfBox(const Box& box, const Box& of, uint64_t itemsize) {
   return IsSubBox(as_of, of, itemsize);
 }
 
-Status CheckSubBoxInvariant(const ServedTensors& served, const char* transform) {
-  const Catalog& source = served.source();
-  if (served.SharesSourceEntries()) return Status::OK();
-  // Per source tensor of many boxes: its boxes' indices by (file, base offset), made once.
-  std::unordered_map<const TensorEntry*, std::vector<uint32_t>> sorted;
-  auto by_offset = [&](const TensorEntry& of) -> const std::vector<uint32_t>& {
-    auto [it, made] = sorted.try_emplace(&of);
+namespace {
+
+// Per source tensor of many boxes: its boxes' indices by (file, base offset), made once.
+class BoxesByOffset {
+ public:
+  const std::vector<uint32_t>& Of(const TensorEntry& of) {
+    auto [it, made] = sorted_.try_emplace(&of);
     if (made) {
       it->second.resize(of.boxes.size());
       for (size_t k = 0; k < of.boxes.size(); ++k) it->second[k] = static_cast<uint32_t>(k);
@@ -139,49 +139,69 @@ Status CheckSubBoxInvariant(const ServedTensors& served, const char* transform) 
       });
     }
     return it->second;
+  }
+
+ private:
+  std::unordered_map<const TensorEntry*, std::vector<uint32_t>> sorted_;
+};
+
+Status CheckEntry(const Catalog& source, const TensorEntry& t, size_t s, std::span<const uint32_t> others,
+                  const char* transform, BoxesByOffset* by_offset) {
+  if (s >= source.tensors.size())
+    return Status::Corruption(source.source, std::string("view transform ") + transform + ": tensor '" + t.key +
+                                                 "' names no source tensor");
+  const TensorEntry& from = source.tensors[s];
+  // Made only for a refusal: this runs once per served tensor.
+  auto what = [&] { return std::string("view transform ") + transform + ": tensor '" + t.key + "' of '" + from.key + "'"; };
+  if (t.dtype != from.dtype) return Status::Corruption(source.source, what() + " changes the stored dtype");
+  if (SameLayout(t, from)) return Status::OK();
+  const uint64_t itemsize = Info(t.dtype).itemsize;
+  for (uint32_t o : others) {
+    if (o >= source.tensors.size() || source.tensors[o].dtype != t.dtype)
+      return Status::Corruption(source.source, what() + " names another source tensor of another dtype or none");
+  }
+  auto within = [&](const Box& box, const TensorEntry& of) {
+    // A stacked tensor's many chunks (a layer per tensor-parallel rank, each served tensor a
+    // layer of them): first the chunk of that file starting nearest below the box, the one
+    // whose bytes hold its first element when chunks do not interleave; else all of them.
+    if (of.boxes.size() > 8 && by_offset) {
+      const std::vector<uint32_t>& order = by_offset->Of(of);
+      auto at = std::upper_bound(order.begin(), order.end(), box, [&](const Box& b, uint32_t k) {
+        const Box& o = of.boxes[k];
+        return b.file != o.file ? b.file < o.file : b.base_offset < o.base_offset;
+      });
+      if (at != order.begin() && IsViewOfBox(box, of.boxes[*(at - 1)], itemsize)) return true;
+    }
+    return std::any_of(of.boxes.begin(), of.boxes.end(), [&](const Box& b) { return IsViewOfBox(box, b, itemsize); });
   };
+  for (size_t k = 0; k < t.boxes.size(); ++k) {
+    const Box& box = t.boxes[k];
+    if (!within(box, from) &&
+        !std::any_of(others.begin(), others.end(), [&](uint32_t o) { return within(box, source.tensors[o]); }))
+      return Status::Corruption(source.source, what() + ": box " + std::to_string(k) + " is not a sub-box of the source's");
+  }
+  // Every box is a view of a validated source box, so its elements lie in its file; what is
+  // left is the tiling. One box over the whole shape tiles it (nearly every mapped tensor:
+  // a renamed, unstacked or sliced one), checked here in O(rank) instead of ValidateLayout.
+  if (CoversShape(t)) return Status::OK();
+  return ValidateLayout(t, *source.files, source.source);
+}
+
+}  // namespace
+
+Status CheckServedEntry(const Catalog& source, const TensorEntry& t, size_t source_index, std::span<const uint32_t> others,
+                        const char* transform) {
+  return CheckEntry(source, t, source_index, others, transform, nullptr);
+}
+
+Status CheckSubBoxInvariant(const ServedTensors& served, const char* transform) {
+  // Deferred tensors are checked as each is made (ServedTensors::Stored).
+  if (served.SharesSourceEntries() || served.deferred()) return Status::OK();
+  BoxesByOffset by_offset;
   for (size_t i = 0; i < served.size(); ++i) {
-    const TensorEntry& t = served[i].stored;
-    const size_t s = served.source_index(i);
-    if (s >= source.tensors.size())
-      return Status::Corruption(source.source, std::string("view transform ") + transform + ": tensor '" + t.key +
-                                                   "' names no source tensor");
-    const TensorEntry& from = source.tensors[s];
-    // Made only for a refusal: this runs once per served tensor.
-    auto what = [&] { return std::string("view transform ") + transform + ": tensor '" + t.key + "' of '" + from.key + "'"; };
-    if (t.dtype != from.dtype) return Status::Corruption(source.source, what() + " changes the stored dtype");
-    if (SameLayout(t, from)) continue;
-    const uint64_t itemsize = Info(t.dtype).itemsize;
-    const std::span<const uint32_t> others = served.other_sources(i);
-    for (uint32_t o : others) {
-      if (o >= source.tensors.size() || source.tensors[o].dtype != t.dtype)
-        return Status::Corruption(source.source, what() + " names another source tensor of another dtype or none");
-    }
-    auto within = [&](const Box& box, const TensorEntry& of) {
-      // A stacked tensor's many chunks (a layer per tensor-parallel rank, each served tensor a
-      // layer of them): first the chunk of that file starting nearest below the box, the one
-      // whose bytes hold its first element when chunks do not interleave; else all of them.
-      if (of.boxes.size() > 8) {
-        const std::vector<uint32_t>& order = by_offset(of);
-        auto at = std::upper_bound(order.begin(), order.end(), box, [&](const Box& b, uint32_t k) {
-          const Box& o = of.boxes[k];
-          return b.file != o.file ? b.file < o.file : b.base_offset < o.base_offset;
-        });
-        if (at != order.begin() && IsViewOfBox(box, of.boxes[*(at - 1)], itemsize)) return true;
-      }
-      return std::any_of(of.boxes.begin(), of.boxes.end(), [&](const Box& b) { return IsViewOfBox(box, b, itemsize); });
-    };
-    for (size_t k = 0; k < t.boxes.size(); ++k) {
-      const Box& box = t.boxes[k];
-      if (!within(box, from) &&
-          !std::any_of(others.begin(), others.end(), [&](uint32_t o) { return within(box, source.tensors[o]); }))
-        return Status::Corruption(source.source, what() + ": box " + std::to_string(k) + " is not a sub-box of the source's");
-    }
-    // Every box is a view of a validated source box, so its elements lie in its file; what is
-    // left is the tiling. One box over the whole shape tiles it (nearly every mapped tensor:
-    // a renamed, unstacked or sliced one), checked here in O(rank) instead of ValidateLayout.
-    if (CoversShape(t)) continue;
-    CKPTFS_RETURN_IF_ERROR(ValidateLayout(t, *source.files, source.source));
+    const TensorEntry* t = nullptr;
+    CKPTFS_RETURN_IF_ERROR(served.Stored(i, &t));
+    CKPTFS_RETURN_IF_ERROR(CheckEntry(served.source(), *t, served.source_index(i), served.other_sources(i), transform, &by_offset));
   }
   return Status::OK();
 }

@@ -67,7 +67,13 @@ bool IsViewOfBox(const Box& box, const Box& of, uint64_t itemsize);
 // catalog's entries: its stored dtype is the source's, each of its boxes is a view of a box of its
 // source tensors (IsViewOfBox), and a changed shape or set of boxes still tiles the served shape
 // (ValidateLayout). The error names `transform`.
+// A set of deferred tensors (ServedTensors::Deferred) is checked tensor by tensor as each is
+// made, through CheckServedEntry.
 Status CheckSubBoxInvariant(const ServedTensors& served, const char* transform);
+// The same for one served entry `t`, made from source tensor `source_index` and `others` of
+// `source`.
+Status CheckServedEntry(const Catalog& source, const TensorEntry& t, size_t source_index, std::span<const uint32_t> others,
+                        const char* transform);
 
 }  // namespace ckptfs
 

@@ -17,7 +17,7 @@ class DTypeTransform : public Transform {
       const DType from = (*served)[i].dtype;
       if (from == DType::kF4x2 && to_ != from)
         return Status::NotSupported(served->source().source,
-                                    "tensor '" + (*served)[i].key() + "' is F4 (float4_e2m1fn_x2, two values a byte), " +
+                                    "tensor '" + std::string((*served)[i].key()) + "' is F4 (float4_e2m1fn_x2, two values a byte), " +
                                         "which has no conversion to " + std::string(Info(to_).safetensors_name) +
                                         " (torch has none either): read it without dtype=");
       if (ConvertsTo(from, to_)) served->SetDType(i, to_);

@@ -12,6 +12,9 @@
 #include <charconv>
 #include <cstdio>
 #include <map>
+#include <mutex>
+#include <functional>
+#include <bit>
 #include <set>
 #include <unordered_map>
 
@@ -120,28 +123,26 @@ const uint64_t* Bound(const Binding& b, std::string_view name) {
   return nullptr;
 }
 
-// The key `p` names for `b`, its length counted first: one allocation per served key.
-std::string Substitute(const KeyPattern& p, const Binding& b) {
-  std::array<std::array<char, 24>, kMaxKeyCaptures> digits;
-  std::array<size_t, kMaxKeyCaptures> lengths{};
-  size_t size = p.literals[0].size();
+// Appends the key `p` names for `b` to *out (a served key is written straight into the
+// view's key text: no allocation of its own).
+void AppendSubstituted(const KeyPattern& p, const Binding& b, std::string* out) {
+  *out += p.literals[0];
   for (size_t i = 0; i < p.names.size(); ++i) {
-    const uint64_t* v = Bound(b, p.names[i]);
-    if (v && i < kMaxKeyCaptures) lengths[i] = std::to_chars(digits[i].data(), digits[i].data() + 24, *v).ptr - digits[i].data();
-    size += (v ? lengths[i] : p.names[i].size() + 2) + p.literals[i + 1].size();
+    if (const uint64_t* v = Bound(b, p.names[i])) {
+      char digits[24];
+      out->append(digits, std::to_chars(digits, digits + sizeof digits, *v).ptr - digits);
+    } else {
+      *out += "{" + p.names[i] + "}";
+    }
+    *out += p.literals[i + 1];
   }
-  std::string out;
-  out.reserve(size);
-  out += p.literals[0];
-  for (size_t i = 0; i < p.names.size(); ++i) {
-    if (Bound(b, p.names[i]) && i < kMaxKeyCaptures) out.append(digits[i].data(), lengths[i]);
-    else out += "{" + p.names[i] + "}";
-    out += p.literals[i + 1];
-  }
-  return out;
 }
 
-
+std::string Substitute(const KeyPattern& p, const Binding& b) {
+  std::string out;
+  AppendSubstituted(p, b, &out);
+  return out;
+}
 
 class MapTransform : public Transform {
  public:
@@ -155,11 +156,13 @@ class MapTransform : public Transform {
   std::optional<DType> dtype_;
 };
 
-// One application of a map to one view: its names, the source keys, what it makes.
+// One application of a map to one view: its names, the source keys, what it serves. It lives
+// as long as the view (MapEntries): the served tensors' entries are made from it on first use.
 class Mapping {
  public:
-  Mapping(const KeyMap& map, json config, std::string where, ServedTensors* served)
-      : map_(map), config_(std::move(config)), where_(std::move(where)), served_(*served) {}
+  // `served`: what the view serves before the map (its own copy, MapState::before).
+  Mapping(const KeyMap& map, json config, std::string where, const ServedTensors& served)
+      : map_(map), config_(std::move(config)), where_(std::move(where)), served_(served) {}
 
   // map.NAME=VALUE: a parameter of that name is replaced; a config field too.
   void Set(const std::string& name, const json& value) {
@@ -268,7 +271,13 @@ class Mapping {
     return false;
   }
 
-  Status Run(std::optional<DType> dtype);
+  // Finds what the map serves and lays it out as `out`'s keys, shapes and sources (every
+  // refusal is here), with the files it adds (config.json); the entries are made later by
+  // MakeEntry.
+  Status Run(std::optional<DType> dtype, ServedTensors::Deferred* out,
+             std::vector<std::pair<std::string, std::string>>* files);
+  // Served tensor i's entry (after Run). Not thread-safe: MapEntries calls it under a lock.
+  Status MakeEntry(size_t i, TensorEntry* out);
   const std::string& prefix() const { return prefix_; }
   json Parameters() {
     json out = json::object();
@@ -306,9 +315,9 @@ class Mapping {
     std::vector<std::string_view> numbers;
     all_keys_indexed_ = false;
     for (size_t i = 0; i < served_.size(); ++i) {
-      const std::string& key = served_[i].key();
-      if (key.compare(0, prefix_.size(), prefix_) != 0) continue;
-      const std::string_view rest = std::string_view(key).substr(prefix_.size());
+      const std::string_view key = served_.key(i);
+      if (!key.starts_with(prefix_)) continue;
+      const std::string_view rest = key.substr(prefix_.size());
       Split(rest, &shape, &numbers);
       if (numbers.empty()) {
         by_key_.emplace(rest, i);
@@ -329,7 +338,7 @@ class Mapping {
     if (!all_keys_indexed_ && HasDigit(key)) {
       for (const auto& [shape, entries] : by_shape_)
         for (const Indexed& entry : entries)
-          by_key_.emplace(std::string_view(served_[entry.index].key()).substr(prefix_.size()), entry.index);
+          by_key_.emplace(served_.key(entry.index).substr(prefix_.size()), entry.index);
       all_keys_indexed_ = true;
     }
     auto it = by_key_.find(key);
@@ -386,11 +395,42 @@ class Mapping {
     return out;
   }
 
+  // A rule's tensors as its source keys give them: one binding each of the names its
+  // alternative binds (the pattern's captures, then the unstacked dimensions: the same names
+  // in the same order for every binding of one alternative), and each one's source tensor.
+  struct Found {
+    size_t rule = 0, alt = 0;
+    std::vector<std::string_view> names;
+    std::vector<uint64_t> values;   // names.size() per binding
+    std::vector<uint32_t> sources;  // per binding: the source tensor of its first part
+    size_t size() const { return sources.size(); }
+    Binding At(size_t b) const {
+      Binding binding;
+      for (size_t n = 0; n < names.size(); ++n) binding.emplace_back(names[n], values[b * names.size() + n]);
+      return binding;
+    }
+  };
+
+  Status Append(Found* f, const Binding& b, uint32_t source) const {
+    if (f->sources.empty()) {
+      f->names.clear();
+      for (const auto& [n, v] : b) f->names.push_back(n);
+    }
+    bool same = b.count == f->names.size();
+    for (size_t n = 0; same && n < b.count; ++n) same = b.items[n].first == f->names[n];
+    if (!same) return Status::Corruption(where_, "'" + map_.rules[f->rule].to.text + "': bindings of one source pattern differ");
+    for (const auto& [n, v] : b) f->values.push_back(v);
+    f->sources.push_back(source);
+    return Status::OK();
+  }
+
   // Tensor i as boxes of its rank, into *out, with its first `unstack` index selected when
   // there is one (`index`). Those of many boxes (a stacked tensor's chunks, one layer taken at
   // a time) are made once and kept, and a selection copies only the boxes of its index.
   Status Boxed(size_t i, const uint64_t* index, BoxedTensor* out, std::string* why, bool* selected) {
-    const TensorEntry& t = served_[i].stored;
+    const TensorEntry* entry = nullptr;
+    CKPTFS_RETURN_IF_ERROR(served_.Stored(i, &entry));
+    const TensorEntry& t = *entry;
     *selected = false;
     const BoxedTensor* whole = nullptr;
     const BoxOrder* order = nullptr;
@@ -421,20 +461,19 @@ class Mapping {
     return Status::OK();
   }
 
-  // Every binding rule part `part` gives: its first alternative that finds a tensor.
-  Status Enumerate(const MapRule& rule, std::vector<Binding>* out, std::vector<uint32_t>* sources, size_t* alt_used) {
+  // Every binding rule part `part` gives, into *f: its first alternative that finds a tensor.
+  Status Enumerate(const MapRule& rule, Found* f) {
     const MapPart& part = rule.parts[0];
-    out->clear();
-    sources->clear();
     for (size_t a = 0; a < part.from.size(); ++a) {
       const MapSource& alt = part.from[a];
-      *alt_used = a;
+      f->alt = a;
       for (auto& [i, b] : Matches(alt)) {
         // The unstacked dimensions' indices, outermost first.
-        const Shape& shape = served_[i].shape();
+        const Shape& shape = served_.shape(i);
         if (shape.size() < alt.unstack.size())
-          return Status::NotSupported(where_, "'" + served_[i].key() + "' of shape " + ShapeText(shape) + " has fewer than " +
-                                                  std::to_string(alt.unstack.size()) + " dimensions to unstack");
+          return Status::NotSupported(where_, "'" + std::string(served_.key(i)) + "' of shape " + ShapeText(shape) +
+                                                  " has fewer than " + std::to_string(alt.unstack.size()) +
+                                                  " dimensions to unstack");
         // A dimension longer than its capture's count is refused before its indices are made
         // (a lying shape of 10^11 layers needs no byte of storage when another dimension is 0).
         uint64_t made = 1;
@@ -445,96 +484,143 @@ class Mapping {
             CKPTFS_RETURN_IF_ERROR(Count(count_expr, "captures." + name, &count));
             if (shape[d] > count) return CaptureRefusal(rule, name, shape[d], 0, shape[d] - 1, count_expr, count);
           }
-          if (!CheckedMul(made, shape[d], &made) || made > kMaxTensorsPerRule - std::min<uint64_t>(out->size(), kMaxTensorsPerRule))
-            return Status::NotSupported(where_, "'" + served_[i].key() + "' of shape " + ShapeText(shape) +
+          if (!CheckedMul(made, shape[d], &made) || made > kMaxTensorsPerRule - std::min<uint64_t>(f->size(), kMaxTensorsPerRule))
+            return Status::NotSupported(where_, "'" + std::string(served_.key(i)) + "' of shape " + ShapeText(shape) +
                                                     ": unstacking it makes more than " + std::to_string(kMaxTensorsPerRule) +
                                                     " tensors");
         }
-        if (alt.unstack.empty()) {
-          out->push_back(b);
-          sources->push_back(static_cast<uint32_t>(i));
-          continue;
-        }
-        std::vector<Binding> level{b};
-        for (size_t d = 0; d < alt.unstack.size(); ++d) {
-          std::vector<Binding> next;
-          for (const Binding& partial : level)
-            for (uint64_t k = 0; k < shape[d]; ++k) {
-              next.push_back(partial);
-              next.back().emplace_back(alt.unstack[d], k);
-            }
-          level = std::move(next);
-        }
-        for (Binding& full : level) {
-          out->push_back(std::move(full));
-          sources->push_back(static_cast<uint32_t>(i));
+        // Each combination of the unstacked indices, the last varying fastest.
+        for (uint64_t k = 0; k < made; ++k) {
+          Binding full = b;
+          uint64_t rest = k, stride = made;
+          for (size_t d = 0; d < alt.unstack.size(); ++d) {
+            stride /= shape[d];
+            full.emplace_back(alt.unstack[d], rest / stride);
+            rest %= stride;
+          }
+          CKPTFS_RETURN_IF_ERROR(Append(f, full, static_cast<uint32_t>(i)));
         }
       }
-      if (!out->empty()) return Status::OK();
+      if (f->size() > 0) return Status::OK();
     }
     return Status::OK();
   }
 
-  // The tensor part `part` gives for `binding`: its source and its boxes after the ops.
-  // `known`: the source tensor when the enumeration found it (part 0) through alternative
-  // `known_alt`, else SIZE_MAX.
-  Status MakePart(const MapPart& part, const MapRule& rule, const Binding& binding, const std::string& to, size_t known,
-                  size_t known_alt, size_t* source, BoxedTensor* out) {
-    const MapSource* found = nullptr;
-    if (known != SIZE_MAX) {
-      found = &part.from[known_alt];
-      *source = known;
-    }
-    for (size_t a = 0; !found && a < part.from.size(); ++a) {
+  // The source of part `part` (after the first) for `binding`: its first alternative whose key
+  // the checkpoint has.
+  Status FindPart(const MapPart& part, const Binding& binding, std::string_view to, uint32_t* source, uint32_t* alt) {
+    for (size_t a = 0; a < part.from.size(); ++a) {
       const size_t i = FindKey(Substitute(part.from[a].key, binding));
       if (i == SIZE_MAX) continue;
-      found = &part.from[a];
-      *source = i;
+      *source = static_cast<uint32_t>(i);
+      *alt = static_cast<uint32_t>(a);
+      return Status::OK();
     }
-    if (!found)
-      return Status::NotSupported(where_, "'" + to + "' needs '" + prefix_ + Substitute(part.from[0].key, binding) +
-                                              "', which the checkpoint does not have");
-    // Messages are made only for a refusal: this runs once per served tensor.
-    auto what = [&] { return "'" + served_[*source].key() + "' (for '" + to + "')"; };
-    std::string why;
-    bool selected = false;
-    Status boxed = Boxed(*source, found->unstack.empty() ? nullptr : Bound(binding, found->unstack[0]), out, &why, &selected);
-    if (!boxed.ok() && selected) return Status::NotSupported(where_, what() + ": " + why);
-    CKPTFS_RETURN_IF_ERROR(boxed);
-    for (size_t u = selected ? 1 : 0; u < found->unstack.size(); ++u)
-      if (!SelectIndex(out, 0, *Bound(binding, found->unstack[u]), &why))
-        return Status::NotSupported(where_, what() + ": " + why);
-    if (!rule.source_shape.empty()) {
-      Shape expected;
-      CKPTFS_RETURN_IF_ERROR(Dims(rule.source_shape, rule.where, ".source_shape", &expected));
-      if (expected != out->shape)
-        return Status::NotSupported(where_, what() + " has shape " + ShapeText(out->shape) + ", the map's parameters give [" +
-                                                Texts(rule.source_shape) + "] = " + ShapeText(expected));
-    }
+    return Status::NotSupported(where_, "'" + std::string(to) + "' needs '" + prefix_ + Substitute(part.from[0].key, binding) +
+                                            "', which the checkpoint does not have");
+  }
+
+  // The values of part `part`'s operations for the current binding.
+  struct OpArgs {
+    uint64_t index = 0, start = 0, stop = 0, groups = 0, size = 0;
+  };
+  Status EvaluateOps(const MapPart& part, const MapRule& rule, std::vector<OpArgs>* args) {
+    args->resize(part.ops.size());
     for (size_t k = 0; k < part.ops.size(); ++k) {
       const MapOp& op = part.ops[k];
+      OpArgs& a = (*args)[k];
       auto field = [&](const char* name) {
         return [&rule, k, name] { return rule.where + " op " + std::to_string(k) + "." + name; };
       };
-      uint64_t index = 0, start = 0, stop = 0, groups = 0, size = 0;
-      bool ok = true;
       switch (op.kind) {
-        case MapOp::Kind::kSelect:
-          CKPTFS_RETURN_IF_ERROR(Count(op.index, field("index"), &index));
-          ok = SelectIndex(out, op.dim, index, &why);
-          break;
+        case MapOp::Kind::kSelect: CKPTFS_RETURN_IF_ERROR(Count(op.index, field("index"), &a.index)); break;
         case MapOp::Kind::kSlice:
-          CKPTFS_RETURN_IF_ERROR(Count(op.start, field("start"), &start));
-          CKPTFS_RETURN_IF_ERROR(Count(op.stop, field("stop"), &stop));
-          ok = SliceDim(out, op.dim, start, stop, &why);
+          CKPTFS_RETURN_IF_ERROR(Count(op.start, field("start"), &a.start));
+          CKPTFS_RETURN_IF_ERROR(Count(op.stop, field("stop"), &a.stop));
           break;
         case MapOp::Kind::kRowGroups:
-          CKPTFS_RETURN_IF_ERROR(Count(op.groups, field("groups"), &groups));
-          CKPTFS_RETURN_IF_ERROR(Count(op.size, field("size"), &size));
-          CKPTFS_RETURN_IF_ERROR(Count(op.start, field("start"), &start));
-          CKPTFS_RETURN_IF_ERROR(Count(op.stop, field("stop"), &stop));
-          ok = RowGroups(out, op.dim, groups, size, start, stop, &why);
+          CKPTFS_RETURN_IF_ERROR(Count(op.groups, field("groups"), &a.groups));
+          CKPTFS_RETURN_IF_ERROR(Count(op.size, field("size"), &a.size));
+          CKPTFS_RETURN_IF_ERROR(Count(op.start, field("start"), &a.start));
+          CKPTFS_RETURN_IF_ERROR(Count(op.stop, field("stop"), &a.stop));
           break;
+        case MapOp::Kind::kTranspose: break;
+      }
+    }
+    return Status::OK();
+  }
+
+  // The rule's source_shape check of a part's shape after unstacking.
+  Status CheckSourceShape(const MapRule& rule, const Shape& shape, const std::function<std::string()>& what) {
+    if (rule.source_shape.empty()) return Status::OK();
+    Shape expected;
+    CKPTFS_RETURN_IF_ERROR(Dims(rule.source_shape, rule.where, ".source_shape", &expected));
+    if (expected != shape)
+      return Status::NotSupported(where_, what() + " has shape " + ShapeText(shape) + ", the map's parameters give [" +
+                                              Texts(rule.source_shape) + "] = " + ShapeText(expected));
+    return Status::OK();
+  }
+
+  // The shape part `part` gives from source tensor `source` through alternative `alt` for
+  // the current binding: its operations on the shape alone, refused where the boxes' would be
+  // (key_map_ops.hpp). *box_factor: at most how many boxes its box form makes per source box.
+  Status PartShape(const MapPart& part, const MapRule& rule, size_t alt, size_t source, const Binding& binding,
+                   std::string_view to, Shape* out, uint64_t* box_factor) {
+    const MapSource& from = part.from[alt];
+    auto what = [&] { return "'" + std::string(served_.key(source)) + "' (for '" + std::string(to) + "')"; };
+    std::string why;
+    *out = served_.shape(source);
+    for (size_t u = 0; u < from.unstack.size(); ++u)
+      if (!SelectShape(out, 0, *Bound(binding, from.unstack[u]), &why))
+        return Status::NotSupported(where_, what() + ": " + why);
+    CKPTFS_RETURN_IF_ERROR(CheckSourceShape(rule, *out, what));
+    CKPTFS_RETURN_IF_ERROR(EvaluateOps(part, rule, &op_args_));
+    // A source box becomes at most 2 * rank blocks (ToBoxedTensor: a range of row-major
+    // elements), and each block meets at most `groups` groups of a row_groups.
+    uint64_t bound = 2 * std::max<uint64_t>(served_.shape(source).size(), 1);
+    for (size_t k = 0; k < part.ops.size(); ++k) {
+      const MapOp& op = part.ops[k];
+      const OpArgs& a = op_args_[k];
+      bool ok = true;
+      switch (op.kind) {
+        case MapOp::Kind::kSelect: ok = SelectShape(out, op.dim, a.index, &why); break;
+        case MapOp::Kind::kSlice: ok = SliceShape(out, op.dim, a.start, a.stop, &why); break;
+        case MapOp::Kind::kRowGroups:
+          ok = RowGroupsShape(out, op.dim, a.groups, a.size, a.start, a.stop, &why);
+          if (!CheckedMul(bound, a.groups, &bound)) bound = UINT64_MAX;
+          break;
+        case MapOp::Kind::kTranspose: ok = TransposeShape(out, op.dim, op.dim2, &why); break;
+      }
+      if (!ok) return Status::NotSupported(where_, what() + ": " + why);
+    }
+    *box_factor = bound;
+    return Status::OK();
+  }
+
+  // The same part as boxes, for the current binding.
+  Status PartBoxes(const MapPart& part, const MapRule& rule, size_t alt, size_t source, const Binding& binding,
+                   std::string_view to, BoxedTensor* out) {
+    const MapSource& from = part.from[alt];
+    // Messages are made only for a refusal.
+    auto what = [&] { return "'" + std::string(served_.key(source)) + "' (for '" + std::string(to) + "')"; };
+    std::string why;
+    bool selected = false;
+    Status boxed = Boxed(source, from.unstack.empty() ? nullptr : Bound(binding, from.unstack[0]), out, &why, &selected);
+    if (!boxed.ok() && selected) return Status::NotSupported(where_, what() + ": " + why);
+    CKPTFS_RETURN_IF_ERROR(boxed);
+    for (size_t u = selected ? 1 : 0; u < from.unstack.size(); ++u)
+      if (!SelectIndex(out, 0, *Bound(binding, from.unstack[u]), &why))
+        return Status::NotSupported(where_, what() + ": " + why);
+    CKPTFS_RETURN_IF_ERROR(CheckSourceShape(rule, out->shape, what));
+    CKPTFS_RETURN_IF_ERROR(EvaluateOps(part, rule, &op_args_));
+    for (size_t k = 0; k < part.ops.size(); ++k) {
+      const MapOp& op = part.ops[k];
+      const OpArgs& a = op_args_[k];
+      bool ok = true;
+      switch (op.kind) {
+        case MapOp::Kind::kSelect: ok = SelectIndex(out, op.dim, a.index, &why); break;
+        case MapOp::Kind::kSlice: ok = SliceDim(out, op.dim, a.start, a.stop, &why); break;
+        case MapOp::Kind::kRowGroups: ok = RowGroups(out, op.dim, a.groups, a.size, a.start, a.stop, &why); break;
         case MapOp::Kind::kTranspose: ok = Transpose(out, op.dim, op.dim2, &why); break;
       }
       if (!ok) return Status::NotSupported(where_, what() + ": " + why);
@@ -542,7 +628,36 @@ class Mapping {
     return Status::OK();
   }
 
-  Status CheckCaptures(const MapRule& rule, const std::vector<Binding>& bindings);
+  // The rule's tensor for binding b of found_[k] whose parts' sources (and alternatives) are
+  // `sources`, as an entry of key `to`.
+  Status Make(size_t k, size_t b, const std::vector<std::pair<uint32_t, uint32_t>>& sources, std::string to,
+              TensorEntry* out) {
+    const Found& f = found_[k];
+    const MapRule& rule = map_.rules[f.rule];
+    const Binding binding = f.At(b);
+    binding_ = &binding;
+    parts_.resize(rule.parts.size());
+    Status s;
+    for (size_t p = 0; s.ok() && p < rule.parts.size(); ++p)
+      s = PartBoxes(rule.parts[p], rule, sources[p].second, sources[p].first, binding, to, &parts_[p]);
+    std::string why;
+    if (s.ok() && rule.concat && !Concat(parts_, rule.concat_dim, &result_, &why))
+      s = Status::NotSupported(where_, "'" + to + "': " + why);
+    else if (s.ok() && !rule.concat)
+      std::swap(result_, parts_[0]);
+    binding_ = nullptr;
+    CKPTFS_RETURN_IF_ERROR(s);
+    const size_t first = sources[0].first;
+    out->key = std::move(to);
+    out->path = served_.path(first);
+    out->dtype = served_.stored_dtype(first);
+    out->shape = std::move(result_.shape);
+    out->boxes = BoxList(std::move(result_.boxes));
+    result_.boxes.clear();
+    return Status::OK();
+  }
+
+  Status CheckCaptures(const MapRule& rule, const Found& f);
   Status CaptureRefusal(const MapRule& rule, const std::string& name, uint64_t values, uint64_t lowest, uint64_t highest,
                         const Expr& count_expr, uint64_t count) const;
   // `where` + `field` name the entry in an error.
@@ -561,11 +676,19 @@ class Mapping {
     return texts;
   }
   Status MakeFile(const json& templ, const std::string& entry, json* out, bool* keep);
+  // The served order (Run): per served tensor, found_ index << 32 | binding index.
+  Status Order(const std::vector<uint64_t>& section_of, const std::vector<uint64_t>& block_of, std::vector<uint64_t>* slots);
+  // Frees what only Run needed (the key index).
+  void DropIndex() {
+    by_key_ = {};
+    by_shape_ = {};
+    numbers_ = {};
+  }
 
   const KeyMap& map_;
   json config_;
   std::string where_;
-  ServedTensors& served_;
+  const ServedTensors& served_;
   std::string prefix_;
   std::unordered_map<std::string, json> overrides_, memo_;
   std::set<std::string> evaluating_;
@@ -587,7 +710,14 @@ class Mapping {
     BoxOrder order;
   };
   std::unordered_map<size_t, Kept> boxed_;
-  BoxedTensor scratch_;
+  BoxedTensor scratch_, result_;
+  std::vector<BoxedTensor> parts_;
+  std::vector<OpArgs> op_args_;
+  // What Run found, kept for MakeEntry: the rules' bindings, each served tensor's (found,
+  // binding), and the sources of the parts after the first of a concatenation's tensors.
+  std::vector<Found> found_;
+  std::vector<uint64_t> slots_;
+  std::unordered_map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>> more_parts_;
 };
 
 Status Mapping::CaptureRefusal(const MapRule& rule, const std::string& name, uint64_t values, uint64_t lowest,
@@ -598,40 +728,6 @@ Status Mapping::CaptureRefusal(const MapRule& rule, const std::string& name, uin
                   (values == 0 ? "" : " in [" + std::to_string(lowest) + ", " + std::to_string(highest) + "]") +
                   ", the map expects " + count_expr.text() + " = " + std::to_string(count) + " (0 to " +
                   std::to_string(count ? count - 1 : 0) + ")");
-}
-
-Status Mapping::CheckCaptures(const MapRule& rule, const std::vector<Binding>& bindings) {
-  // Each declared capture takes every value of [0, count) and no other; together they make
-  // every combination once (a layer without one of its experts is refused, never served short).
-  uint64_t combinations = 1;
-  size_t declared = 0;
-  for (const auto& [name, count_expr] : map_.captures) {
-    if (bindings.empty() || !Bound(bindings[0], name)) continue;
-    ++declared;
-    uint64_t count = 0;
-    CKPTFS_RETURN_IF_ERROR(Count(count_expr, "captures." + name, &count));
-    // The distinct values, in order (a sorted vector: one per served tensor of the rule).
-    std::vector<uint64_t> seen;
-    seen.reserve(bindings.size());
-    for (const Binding& b : bindings) seen.push_back(*Bound(b, name));
-    std::sort(seen.begin(), seen.end());
-    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
-    if (seen.size() != count || (count > 0 && *seen.rbegin() != count - 1))
-      return CaptureRefusal(rule, name, seen.size(), seen.empty() ? 0 : *seen.begin(), seen.empty() ? 0 : *seen.rbegin(),
-                            count_expr, count);
-    if (!CheckedMul(combinations, count, &combinations)) combinations = UINT64_MAX;
-  }
-  // Bindings are distinct (one per source key or unstacked index): with every bound name a
-  // declared capture, as many as the combinations means each combination is there.
-  if (!bindings.empty() && declared == bindings[0].count && bindings.size() != combinations) {
-    std::string names;
-    for (const auto& [n, v] : bindings[0]) names += (names.empty() ? "" : ", ") + std::string(n);
-    return Status::NotSupported(where_, "'" + rule.to.text + "' from '" + prefix_ + rule.parts[0].from[0].key.text +
-                                            "': the checkpoint has " + std::to_string(bindings.size()) + " of the " +
-                                            std::to_string(combinations) + " combinations of " + names +
-                                            " the map expects (a layer without one of its tensors)");
-  }
-  return Status::OK();
 }
 
 Status Mapping::MakeFile(const json& templ, const std::string& entry, json* out, bool* keep) {
@@ -683,18 +779,119 @@ Status Mapping::MakeFile(const json& templ, const std::string& entry, json* out,
   return Status::OK();
 }
 
-Status Mapping::Run(std::optional<DType> dtype) {
-  using Order = std::array<uint64_t, 3 + kMaxKeyCaptures>;
-  std::vector<bool> used(served_.size(), false);
-  // The rules in use and what each finds, first: every served tensor is counted before one is
-  // made, so the entries are allocated once.
-  struct Found {
-    size_t rule = 0, alt = 0;
-    std::vector<Binding> bindings;
-    std::vector<uint32_t> sources;
+Status Mapping::CheckCaptures(const MapRule& rule, const Found& f) {
+  // Each declared capture takes every value of [0, count) and no other; together they make
+  // every combination once (a layer without one of its experts is refused, never served short).
+  uint64_t combinations = 1;
+  size_t declared = 0;
+  const size_t width = f.names.size();
+  for (const auto& [name, count_expr] : map_.captures) {
+    const auto at = std::find(f.names.begin(), f.names.end(), std::string_view(name));
+    if (f.size() == 0 || at == f.names.end()) continue;
+    const size_t n = static_cast<size_t>(at - f.names.begin());
+    ++declared;
+    uint64_t count = 0;
+    CKPTFS_RETURN_IF_ERROR(Count(count_expr, "captures." + name, &count));
+    // The distinct values, in order (a sorted vector: one per served tensor of the rule).
+    std::vector<uint64_t> seen(f.size());
+    for (size_t b = 0; b < f.size(); ++b) seen[b] = f.values[b * width + n];
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    if (seen.size() != count || (count > 0 && *seen.rbegin() != count - 1))
+      return CaptureRefusal(rule, name, seen.size(), seen.empty() ? 0 : *seen.begin(), seen.empty() ? 0 : *seen.rbegin(),
+                            count_expr, count);
+    if (!CheckedMul(combinations, count, &combinations)) combinations = UINT64_MAX;
+  }
+  // Bindings are distinct (one per source key or unstacked index): with every bound name a
+  // declared capture, as many as the combinations means each combination is there.
+  if (f.size() > 0 && declared == width && f.size() != combinations) {
+    std::string names;
+    for (std::string_view n : f.names) names += (names.empty() ? "" : ", ") + std::string(n);
+    return Status::NotSupported(where_, "'" + rule.to.text + "' from '" + prefix_ + rule.parts[0].from[0].key.text +
+                                            "': the checkpoint has " + std::to_string(f.size()) + " of the " +
+                                            std::to_string(combinations) + " combinations of " + names +
+                                            " the map expects (a layer without one of its tensors)");
+  }
+  return Status::OK();
+}
+
+Status Mapping::Order(const std::vector<uint64_t>& section_of, const std::vector<uint64_t>& block_of,
+                      std::vector<uint64_t>* slots) {
+  // Sections of the served order: runs of rules whose first capture is the same; blocks within
+  // them: runs of rules with the same captures. Served in order of section, first capture,
+  // block, further captures, rule (per layer, each expert's tensors together), ties in the
+  // order found.
+  using Key = std::array<uint64_t, 3 + kMaxKeyCaptures>;
+  std::vector<std::vector<int>> to_pos(found_.size());  // per served key name: its place in the binding
+  std::vector<uint64_t> first_of(found_.size() + 1, 0);  // found k's slots start at first_of[k]
+  for (size_t k = 0; k < found_.size(); ++k) {
+    for (const std::string& name : map_.rules[found_[k].rule].to.names) {
+      const auto at = std::find(found_[k].names.begin(), found_[k].names.end(), std::string_view(name));
+      to_pos[k].push_back(at == found_[k].names.end() ? -1 : static_cast<int>(at - found_[k].names.begin()));
+    }
+    first_of[k + 1] = first_of[k] + found_[k].size();
+  }
+  const uint64_t total = first_of.back();
+  auto key_of = [&](size_t k, size_t b) {
+    const Found& f = found_[k];
+    const auto& names = map_.rules[f.rule].to.names;
+    auto value = [&](size_t n) { return to_pos[k][n] < 0 ? 0 : f.values[b * f.names.size() + to_pos[k][n]]; };
+    Key key{};
+    key[0] = section_of[f.rule];
+    key[1] = names.empty() ? 0 : value(0);
+    key[2] = block_of[f.rule];
+    for (size_t n = 1; n < names.size(); ++n) key[2 + n] = value(n);
+    key[2 + std::max<size_t>(names.size(), 1)] = f.rule;
+    return key;
   };
-  std::vector<Found> found;
-  size_t total = 0;
+  // Packed into one word with the slot's number below when the fields fit (a map of 128 layers
+  // and 20 rules needs ~30 bits): one integer sort of the served tensors.
+  Key widest{};
+  for (size_t k = 0; k < found_.size(); ++k)
+    for (size_t b = 0; b < found_[k].size(); ++b) {
+      const Key key = key_of(k, b);
+      for (size_t j = 0; j < key.size(); ++j) widest[j] = std::max(widest[j], key[j]);
+    }
+  Key bits{};
+  size_t total_bits = static_cast<size_t>(std::bit_width(total));
+  for (size_t j = 0; j < widest.size(); ++j) total_bits += bits[j] = static_cast<uint64_t>(std::bit_width(widest[j]));
+  slots->clear();
+  slots->reserve(total);
+  if (total_bits <= 64) {
+    const int index_bits = std::bit_width(total);
+    std::vector<uint64_t> packed;
+    packed.reserve(total);
+    for (size_t k = 0; k < found_.size(); ++k)
+      for (size_t b = 0; b < found_[k].size(); ++b) {
+        const Key key = key_of(k, b);
+        uint64_t word = 0;
+        for (size_t j = 0; j < key.size(); ++j)
+          if (bits[j] > 0) word = (word << bits[j]) | key[j];
+        packed.push_back(index_bits == 0 ? word : (word << index_bits) | (first_of[k] + b));
+      }
+    std::sort(packed.begin(), packed.end());
+    const uint64_t index_mask = index_bits == 64 ? ~uint64_t{0} : (uint64_t{1} << index_bits) - 1;
+    for (uint64_t word : packed) {
+      const uint64_t g = word & index_mask;
+      const size_t k = static_cast<size_t>(std::upper_bound(first_of.begin(), first_of.end(), g) - first_of.begin()) - 1;
+      slots->push_back(uint64_t{k} << 32 | (g - first_of[k]));
+    }
+    return Status::OK();
+  }
+  for (size_t k = 0; k < found_.size(); ++k)
+    for (size_t b = 0; b < found_[k].size(); ++b) slots->push_back(uint64_t{k} << 32 | b);
+  std::stable_sort(slots->begin(), slots->end(), [&](uint64_t x, uint64_t y) {
+    return key_of(x >> 32, x & 0xFFFFFFFF) < key_of(y >> 32, y & 0xFFFFFFFF);
+  });
+  return Status::OK();
+}
+
+Status Mapping::Run(std::optional<DType> dtype, ServedTensors::Deferred* out,
+                    std::vector<std::pair<std::string, std::string>>* files) {
+  std::vector<bool> used(served_.size(), false);
+  // The rules in use and what each finds, first: every served tensor is counted and ordered
+  // before one is laid out.
+  found_.clear();
   for (size_t r = 0; r < map_.rules.size(); ++r) {
     const MapRule& rule = map_.rules[r];
     if (!rule.when.empty()) {
@@ -704,17 +901,13 @@ Status Mapping::Run(std::optional<DType> dtype) {
     }
     Found f;
     f.rule = r;
-    CKPTFS_RETURN_IF_ERROR(Enumerate(rule, &f.bindings, &f.sources, &f.alt));
-    if (f.bindings.empty())
+    CKPTFS_RETURN_IF_ERROR(Enumerate(rule, &f));
+    if (f.size() == 0)
       return Status::NotSupported(where_, "'" + rule.to.text + "' needs '" + prefix_ + rule.parts[0].from[0].key.text +
                                               "', which the checkpoint does not have");
-    CKPTFS_RETURN_IF_ERROR(CheckCaptures(rule, f.bindings));
-    total += f.bindings.size();
-    found.push_back(std::move(f));
+    CKPTFS_RETURN_IF_ERROR(CheckCaptures(rule, f));
+    found_.push_back(std::move(f));
   }
-  // Sections of the served order: runs of rules whose first capture is the same; blocks
-  // within them: runs of rules with the same captures. Served in order of section, first
-  // capture, block, further captures, rule: per layer, each expert's tensors together.
   std::vector<uint64_t> section_of(map_.rules.size(), 0), block_of(map_.rules.size(), 0);
   for (size_t r = 1; r < map_.rules.size(); ++r) {
     const auto& prev = map_.rules[r - 1].to.names;
@@ -722,128 +915,194 @@ Status Mapping::Run(std::optional<DType> dtype) {
     section_of[r] = section_of[r - 1] + ((prev.empty() ? "" : prev[0]) != (cur.empty() ? "" : cur[0]));
     block_of[r] = block_of[r - 1] + (prev != cur);
   }
-  // Where each served tensor goes, known from its rule and binding alone: the entries are
-  // then made once, in the served order.
-  struct Slot {
-    Order order;
-    uint32_t found, binding;
+  CKPTFS_RETURN_IF_ERROR(Order(section_of, block_of, &slots_));
+  const size_t total = slots_.size();
+
+  // Each served tensor's key, shape and sources, in the served order; its boxes are made on
+  // first use (MakeEntry). A single-part rule whose shape depends on no captured value gives
+  // every source of one shape the same served shape: made once per rule and source shape.
+  struct Memo {
+    bool set = false;
+    Shape in;
+    uint32_t shape = 0;
+    uint64_t box_factor = 0;
   };
-  std::vector<Slot> slots;
-  slots.reserve(total);
-  for (size_t k = 0; k < found.size(); ++k) {
-    const MapRule& rule = map_.rules[found[k].rule];
-    const auto& names = rule.to.names;
-    for (size_t b = 0; b < found[k].bindings.size(); ++b) {
-      const Binding& binding = found[k].bindings[b];
-      Slot slot{};
-      slot.order[0] = section_of[found[k].rule];
-      slot.order[1] = names.empty() ? 0 : *Bound(binding, names[0]);
-      slot.order[2] = block_of[found[k].rule];
-      for (size_t n = 1; n < names.size(); ++n) slot.order[2 + n] = *Bound(binding, names[n]);
-      slot.order[2 + std::max<size_t>(names.size(), 1)] = found[k].rule;
-      slot.found = static_cast<uint32_t>(k);
-      slot.binding = static_cast<uint32_t>(b);
-      slots.push_back(slot);
-    }
-  }
-  std::stable_sort(slots.begin(), slots.end(), [](const Slot& x, const Slot& y) { return x.order < y.order; });
-  std::vector<TensorEntry> entries;
-  std::vector<uint32_t> from;
-  std::vector<std::vector<uint32_t>> others;
-  entries.reserve(total);
-  from.reserve(total);
-  std::vector<BoxedTensor> parts;
-  std::vector<size_t> sources;
-  BoxedTensor result;
-  std::string why, to;
-  for (const Slot& slot : slots) {
-    const Found& f = found[slot.found];
+  std::vector<Memo> memos(found_.size());
+  std::vector<bool> checked(found_.size(), false);
+  std::unordered_map<std::string, uint32_t> shape_index;
+  auto intern = [&](const Shape& shape) {
+    const std::string bytes(reinterpret_cast<const char*>(shape.data()), shape.size() * sizeof(uint64_t));
+    auto [it, added] = shape_index.try_emplace(bytes, static_cast<uint32_t>(out->shapes.size()));
+    if (added) out->shapes.push_back(shape);
+    return it->second;
+  };
+  out->key_end.reserve(total);
+  out->shape_of.reserve(total);
+  out->from_sources.reserve(total);
+  std::vector<std::pair<uint32_t, uint32_t>> sources;  // per part: source tensor, alternative
+  std::vector<Shape> part_shapes;
+  Shape result;
+  std::string why;
+  // A made entry's box count is refused past this (ToBoxedTensor, RowGroups): a tensor whose
+  // bound exceeds it has its entry made here, so that refusal too is at mount.
+  constexpr uint64_t kBoxLimit = std::min<uint64_t>(kMaxBlocksPerTensor, kMaxRowGroupPieces);
+  for (size_t i = 0; i < total; ++i) {
+    const size_t k = slots_[i] >> 32, b = slots_[i] & 0xFFFFFFFF;
+    const Found& f = found_[k];
     const MapRule& rule = map_.rules[f.rule];
-    parts.resize(rule.parts.size());
-    sources.resize(rule.parts.size());
-    const Binding& binding = f.bindings[slot.binding];
+    const Binding binding = f.At(b);
     binding_ = &binding;
-    to = Substitute(rule.to, binding);
+    const size_t key_begin = out->key_text.size();
+    AppendSubstituted(rule.to, binding, &out->key_text);
+    // The key just written (a view valid until the next key is appended).
+    auto to = [&] { return std::string_view(out->key_text).substr(key_begin); };
+    sources.assign(1, {f.sources[b], static_cast<uint32_t>(f.alt)});
     Status s;
-    for (size_t p = 0; s.ok() && p < rule.parts.size(); ++p) {
-      s = MakePart(rule.parts[p], rule, binding, to, p == 0 ? f.sources[slot.binding] : SIZE_MAX, f.alt, &sources[p],
-                   &parts[p]);
-      if (s.ok()) used[sources[p]] = true;
+    for (size_t p = 1; s.ok() && p < rule.parts.size(); ++p) {
+      uint32_t source = 0, alt = 0;
+      s = FindPart(rule.parts[p], binding, to(), &source, &alt);
+      sources.emplace_back(source, alt);
     }
-    if (s.ok() && rule.concat) {
-      for (size_t p = 1; s.ok() && p < parts.size(); ++p)
-        if (served_[sources[p]].stored.dtype != served_[sources[0]].stored.dtype)
-          s = Status::NotSupported(where_, "'" + to + "': concat of '" + served_[sources[0]].key() + "' and '" +
-                                               served_[sources[p]].key() + "', of different dtypes");
-      if (s.ok() && !Concat(parts, rule.concat_dim, &result, &why)) s = Status::NotSupported(where_, "'" + to + "': " + why);
+    uint64_t boxes = 0;
+    for (size_t p = 0; s.ok() && p < sources.size(); ++p) {
+      const TensorEntry* entry = nullptr;
+      s = served_.Stored(sources[p].first, &entry);
+      if (s.ok()) boxes = std::max<uint64_t>(boxes, entry->boxes.size());
+    }
+    uint32_t shape = 0;
+    uint64_t box_factor = 0;
+    Memo& memo = memos[k];
+    if (s.ok() && memo.set && memo.in == served_.shape(sources[0].first)) {
+      shape = memo.shape;
+      box_factor = memo.box_factor;
     } else if (s.ok()) {
-      std::swap(result, parts[0]);
+      used_binding_ = false;
+      part_shapes.resize(rule.parts.size());
+      for (size_t p = 0; s.ok() && p < rule.parts.size(); ++p) {
+        uint64_t factor = 0;
+        s = PartShape(rule.parts[p], rule, sources[p].second, sources[p].first, binding, to(), &part_shapes[p], &factor);
+        if (s.ok() && !CheckedAdd(box_factor, factor, &box_factor)) box_factor = UINT64_MAX;
+      }
+      if (s.ok() && rule.concat) {
+        for (size_t p = 1; s.ok() && p < sources.size(); ++p)
+          if (served_.stored_dtype(sources[p].first) != served_.stored_dtype(sources[0].first))
+            s = Status::NotSupported(where_, "'" + std::string(to()) + "': concat of '" + std::string(served_.key(sources[0].first)) +
+                                                 "' and '" + std::string(served_.key(sources[p].first)) + "', of different dtypes");
+        if (s.ok() && !ConcatShape(part_shapes, rule.concat_dim, &result, &why))
+          s = Status::NotSupported(where_, "'" + std::string(to()) + "': " + why);
+      } else if (s.ok()) {
+        result = part_shapes[0];
+      }
+      if (s.ok() && !rule.shape.empty()) {
+        Shape expected;
+        s = Dims(rule.shape, rule.where, ".shape", &expected);
+        if (s.ok() && expected != result)
+          s = Status::NotSupported(where_, "'" + std::string(to()) + "' from '" + std::string(served_.key(sources[0].first)) +
+                                               "' has shape " + ShapeText(result) + ", the map's parameters give [" +
+                                               Texts(rule.shape) + "] = " + ShapeText(expected));
+      }
+      if (s.ok()) {
+        shape = intern(result);
+        if (rule.parts.size() == 1 && !used_binding_) memo = Memo{true, served_.shape(sources[0].first), shape, box_factor};
+      }
     }
-    if (s.ok() && !rule.shape.empty()) {
-      Shape expected;
-      s = Dims(rule.shape, rule.where, ".shape", &expected);
-      if (s.ok() && expected != result.shape)
-        s = Status::NotSupported(where_, "'" + to + "' from '" + served_[sources[0]].key() + "' has shape " +
-                                             ShapeText(result.shape) + ", the map's parameters give [" + Texts(rule.shape) +
-                                             "] = " + ShapeText(expected));
+    // Made here: a tensor whose boxes could pass the limits, and the first of each rule, its
+    // entry checked as every made entry is (a map's error shows at mount, not at a read).
+    uint64_t bound = 0;
+    if (s.ok() && (!CheckedMul(boxes, box_factor, &bound) || bound > kBoxLimit || !checked[k])) {
+      checked[k] = true;
+      TensorEntry probe;
+      s = Make(k, b, sources, std::string(to()), &probe);
+      std::vector<uint32_t> others;
+      for (size_t p = 1; p < sources.size(); ++p)
+        if (sources[p].first != sources[0].first) others.push_back(static_cast<uint32_t>(served_.source_index(sources[p].first)));
+      if (s.ok()) s = CheckServedEntry(served_.source(), probe, served_.source_index(sources[0].first), others, "map");
     }
     binding_ = nullptr;
     if (!s.ok()) return s;
-    const TensorEntry& source = served_[sources[0]].stored;
-    TensorEntry& entry = entries.emplace_back();
-    entry.key = std::move(to);
-    to = std::string();
-    entry.path = source.path;
-    entry.dtype = source.dtype;
-    entry.shape = std::move(result.shape);
-    entry.boxes = BoxList(std::move(result.boxes));
-    result.boxes.clear();  // its capacity serves the next tensor
-    from.push_back(static_cast<uint32_t>(served_.source_index(sources[0])));
+    out->key_end.push_back(out->key_text.size());
+    out->shape_of.push_back(shape);
+    out->from_sources.push_back(static_cast<uint32_t>(served_.source_index(sources[0].first)));
     bool more = false;
-    for (size_t p = 1; p < sources.size(); ++p) more = more || sources[p] != sources[0];
+    for (const auto& [source, alt] : sources) {
+      used[source] = true;
+      more = more || source != sources[0].first;
+    }
+    if (sources.size() > 1) more_parts_[static_cast<uint32_t>(i)] = sources;
     if (more) {
-      others.resize(entries.size());
+      out->others.resize(total);
       for (size_t p = 1; p < sources.size(); ++p)
-        if (sources[p] != sources[0]) others.back().push_back(static_cast<uint32_t>(served_.source_index(sources[p])));
+        if (sources[p].first != sources[0].first)
+          out->others[i].push_back(static_cast<uint32_t>(served_.source_index(sources[p].first)));
     }
   }
-  others.resize(others.empty() ? 0 : entries.size());
-  slots = std::vector<Slot>();
-  found = std::vector<Found>();
   // Every source tensor is used or ignored on purpose.
   for (size_t i = 0; i < served_.size(); ++i) {
     if (used[i]) continue;
-    const std::string& key = served_[i].key();
-    const std::string_view rest =
-        key.compare(0, prefix_.size(), prefix_) == 0 ? std::string_view(key).substr(prefix_.size()) : std::string_view(key);
+    const std::string_view key = served_.key(i);
+    const std::string_view rest = key.starts_with(prefix_) ? key.substr(prefix_.size()) : key;
     bool ignored = false;
     for (const std::string& glob : map_.ignore) ignored = ignored || GlobMatch(glob, rest) || GlobMatch(glob, key);
     if (!ignored)
-      return Status::NotSupported(where_, "tensor '" + key + "' " + ShapeText(served_[i].shape()) +
+      return Status::NotSupported(where_, "tensor '" + std::string(key) + "' " + ShapeText(served_.shape(i)) +
                                               " is used by no rule of the map and not ignored by it: the map does not "
                                               "describe this checkpoint");
   }
-  if (std::optional<size_t> twice = FindRepeatedKey(entries))
-    return Status::NotSupported(where_, "two rules serve the key '" + entries[*twice].key + "'");
+  auto key_at = [&](size_t i) -> std::string_view {
+    const uint64_t begin = i == 0 ? 0 : out->key_end[i - 1];
+    return std::string_view(out->key_text).substr(begin, out->key_end[i] - begin);
+  };
+  if (std::optional<size_t> twice = FindRepeatedKey(total, key_at))
+    return Status::NotSupported(where_, "two rules serve the key '" + std::string(key_at(*twice)) + "'");
+  DropIndex();
   // What config.json says of the dtype: the type the first tensor is served in.
-  if (!entries.empty()) {
-    DType d = entries[0].dtype;
+  if (total > 0) {
+    DType d = served_.stored_dtype(found_[slots_[0] >> 32].sources[slots_[0] & 0xFFFFFFFF]);
     if (dtype && Info(d).is_float && d != DType::kF4x2) d = *dtype;
     served_dtype_ = std::string(Info(d).torch_name);
   }
-  std::vector<std::pair<std::string, std::string>> files;
   for (const auto& [name, templ] : {std::pair<const char*, const json*>{"config.json", &map_.config},
                                     std::pair<const char*, const json*>{"generation_config.json", &map_.generation_config}}) {
     if (templ->is_null()) continue;
     json content;
     bool keep = true;
     CKPTFS_RETURN_IF_ERROR(MakeFile(*templ, name == std::string("config.json") ? "config" : "generation_config", &content, &keep));
-    files.emplace_back(name, content.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+    files->emplace_back(name, content.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
   }
-  served_.ReplaceFromSources(std::move(entries), std::move(from), std::move(others));
-  for (auto& [name, content] : files) served_.AddFile(name, std::move(content));
+  out->transform = "map";
   return Status::OK();
 }
+
+Status Mapping::MakeEntry(size_t i, TensorEntry* out) {
+  if (i >= slots_.size()) return Status::Corruption(where_, "no served tensor " + std::to_string(i));
+  const size_t k = slots_[i] >> 32, b = slots_[i] & 0xFFFFFFFF;
+  const Found& f = found_[k];
+  std::vector<std::pair<uint32_t, uint32_t>> sources;
+  if (auto it = more_parts_.find(static_cast<uint32_t>(i)); it != more_parts_.end()) sources = it->second;
+  else sources.emplace_back(f.sources[b], static_cast<uint32_t>(f.alt));
+  return Make(k, b, sources, Substitute(map_.rules[f.rule].to, f.At(b)), out);
+}
+
+// What a map serves of one view, for as long as the view lives: the map, the tensors it maps
+// (the view's before the map) and the Mapping that makes entries from them.
+struct MapState {
+  KeyMap map;
+  ServedTensors before;
+  std::unique_ptr<Mapping> mapping;
+  std::mutex mu;  // a Mapping is not thread-safe; entries are made one at a time
+};
+
+class MapEntries : public ServedTensors::EntryMaker {
+ public:
+  explicit MapEntries(std::shared_ptr<MapState> state) : state_(std::move(state)) {}
+  Status Make(size_t i, TensorEntry* out) const override {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->mapping->MakeEntry(i, out);
+  }
+
+ private:
+  std::shared_ptr<MapState> state_;
+};
 
 // The shipped map named `name`, parsed.
 Status LoadShippedMap(std::string_view name, KeyMap* out) {
@@ -877,7 +1136,7 @@ Status MapTransform::Apply(ServedTensors* served) const {
   for (const auto& [name, value] : settings_) config[name] = SettingValue(value);
   NormalizeModelConfig(&config);
   auto make = [&](const KeyMap& map) {
-    auto m = std::make_unique<Mapping>(map, config, "map " + map.name, served);
+    auto m = std::make_unique<Mapping>(map, config, "map " + map.name, *served);
     for (const auto& [name, value] : settings_) m->Set(name, SettingValue(value));
     return m;
   };
@@ -956,7 +1215,13 @@ Status MapTransform::Apply(ServedTensors* served) const {
     reason = "given as map=" + spec_;
   }
 
-  auto mapping = make(map);
+  auto state = std::make_shared<MapState>();
+  state->map = std::move(map);
+  state->before = *served;
+  state->mapping = std::make_unique<Mapping>(state->map, config, "map " + state->map.name, state->before);
+  for (const auto& [name, value] : settings_) state->mapping->Set(name, SettingValue(value));
+  const KeyMap& used_map = state->map;
+  Mapping* mapping = state->mapping.get();
   // Without a config, a map's refusal (a name it needs is unset) says why there is none.
   auto with_config_error = [&](const Status& s) {
     if (s.ok() || has_config || config_error.empty() || s.message().find(config_error) != std::string::npos) return s;
@@ -964,19 +1229,24 @@ Status MapTransform::Apply(ServedTensors* served) const {
   };
   CKPTFS_RETURN_IF_ERROR(with_config_error(mapping->CheckRequirements(config_source)));
   bool found = false;
-  for (const std::string& prefix : map.key_prefixes)
+  for (const std::string& prefix : used_map.key_prefixes)
     if ((found = mapping->FindsUnder(prefix))) break;
   if (!found) {
     std::string prefixes;
-    for (const std::string& p : map.key_prefixes) prefixes += (prefixes.empty() ? "'" : ", '") + p + "'";
-    return Status::NotSupported("map " + map.name, "no rule finds its source keys in the checkpoint (e.g. '" +
-                                                       map.rules[0].parts[0].from[0].key.text + "'; key prefixes tried: " +
+    for (const std::string& p : used_map.key_prefixes) prefixes += (prefixes.empty() ? "'" : ", '") + p + "'";
+    return Status::NotSupported("map " + used_map.name, "no rule finds its source keys in the checkpoint (e.g. '" +
+                                                       used_map.rules[0].parts[0].from[0].key.text + "'; key prefixes tried: " +
                                                        prefixes + ")");
   }
-  CKPTFS_RETURN_IF_ERROR(with_config_error(mapping->Run(dtype_)));
-  json record = {{"name", map.name},
+  ServedTensors::Deferred deferred;
+  std::vector<std::pair<std::string, std::string>> files;
+  CKPTFS_RETURN_IF_ERROR(with_config_error(mapping->Run(dtype_, &deferred, &files)));
+  deferred.maker = std::make_shared<MapEntries>(state);
+  served->ReplaceDeferred(std::move(deferred));
+  for (auto& [name, content] : files) served->AddFile(name, std::move(content));
+  json record = {{"name", used_map.name},
                  {"reason", reason},
-                 {"map_file", map.origin},
+                 {"map_file", used_map.origin},
                  {"model_config_source", config_source},
                  {"key_prefix", mapping->prefix()},
                  {"parameters", mapping->Parameters()}};

@@ -16,8 +16,10 @@ class RootTransform : public Transform {
     std::vector<TensorEntry> kept;
     std::vector<uint32_t> from;
     for (size_t i = 0; i < served->size(); ++i) {
-      const TensorEntry& t = (*served)[i].stored;
-      if (t.key.compare(0, prefix.size(), prefix) != 0) continue;
+      if (!(*served)[i].key().starts_with(prefix)) continue;
+      const TensorEntry* entry = nullptr;
+      CKPTFS_RETURN_IF_ERROR((*served)[i].Stored(&entry));
+      const TensorEntry& t = *entry;
       TensorEntry copy = t;
       copy.key = t.key.substr(prefix.size());
       kept.push_back(std::move(copy));
@@ -26,8 +28,8 @@ class RootTransform : public Transform {
     if (kept.empty()) {
       std::set<std::string> tops;
       for (size_t i = 0; i < served->size(); ++i) {
-        const std::string& key = (*served)[i].key();
-        tops.insert(key.substr(0, key.find('.')));
+        const std::string_view key = (*served)[i].key();
+        tops.emplace(key.substr(0, key.find('.')));
       }
       std::string list;
       for (const auto& top : tops) list += (list.empty() ? "" : ", ") + top;

@@ -53,9 +53,14 @@ View::View() = default;
 View::~View() = default;
 
 int64_t View::TensorMTime(size_t index) const {
-  const TensorEntry& t = served_[index].stored;
+  // The newest of its source tensors' files: a served tensor's boxes are blocks of theirs, and
+  // a key map's entry need not be made to be listed.
   int64_t m = 0;
-  for (const Box& box : t.boxes) m = std::max(m, source().files->identity(box.file).mtime_ns);
+  auto newest = [&](const TensorEntry& t) {
+    for (const Box& box : t.boxes) m = std::max(m, source().files->identity(box.file).mtime_ns);
+  };
+  newest(source().tensors[served_.source_index(index)]);
+  for (uint32_t o : served_.other_sources(index)) newest(source().tensors[o]);
   return m == 0 ? newest_mtime_ : m;
 }
 
@@ -259,7 +264,9 @@ Status View::ReadStored(const TensorEntry& t, uint64_t offset, size_t length, ch
 }
 
 Status View::ReadConverted(const ServedTensor& t, uint64_t offset, size_t length, char* out) const {
-  const DType from = t.stored.dtype, to = t.dtype;
+  const DType from = t.stored_dtype(), to = t.dtype;
+  const TensorEntry* entry = nullptr;
+  CKPTFS_RETURN_IF_ERROR(t.Stored(&entry));
   const uint64_t in_size = Info(from).itemsize;
   // Per-thread buffers, reused by every read of this thread (FUSE workers live for the
   // mount): no allocation, and no page faults on fresh memory, per request.
@@ -267,7 +274,7 @@ Status View::ReadConverted(const ServedTensor& t, uint64_t offset, size_t length
   return ReadElementwise(offset, length, Info(to).itemsize, out, scratch, [&](uint64_t first, uint64_t count, char* dst) {
     const size_t need = count * in_size;
     if (stored.size() < need) stored.resize(need);
-    CKPTFS_RETURN_IF_ERROR(ReadStored(t.stored, first * in_size, need, stored.data()));
+    CKPTFS_RETURN_IF_ERROR(ReadStored(*entry, first * in_size, need, stored.data()));
     ConvertElements(from, to, stored.data(), count, dst);
     return Status::OK();
   });
@@ -315,7 +322,9 @@ Status View::ReadTensorData(size_t tensor_index, uint64_t offset, size_t length,
                                               " is past the tensor's " + std::to_string(size) + " bytes");
   if (length == 0) return Status::OK();
   if (RouteOf(t) == ReadRoute::kConvert) return ReadConverted(t, offset, length, out);
-  return ReadStored(t.stored, offset, length, out);
+  const TensorEntry* stored = nullptr;
+  CKPTFS_RETURN_IF_ERROR(t.Stored(&stored));
+  return ReadStored(*stored, offset, length, out);
 }
 
 }  // namespace ckptfs

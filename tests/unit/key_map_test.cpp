@@ -141,7 +141,7 @@ struct Megatron {
   }
 
   std::vector<float> Read(const View& view, size_t i) {
-    const uint64_t n = view.served()[i].stored.numel();
+    const uint64_t n = ckptfs_test::StoredEntry(view.served()[i]).numel();
     std::vector<float> out(n);
     Status s = view.ReadTensorData(i, 0, n * 4, reinterpret_cast<char*>(out.data()));
     BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
@@ -218,7 +218,7 @@ BOOST_AUTO_TEST_CASE(unstacked_contiguous_layers_stay_byte_ranges) {
   auto view = m.Build(QkvMap(Megatron::NG));
   // A layer of a single-rank chunk is one contiguous block per group: served as extents.
   BOOST_TEST(ckptfs::RouteOf(view->served()[0]) == ckptfs::ReadRoute::kExtents);
-  BOOST_TEST(view->served()[0].stored.boxes.size() == Megatron::NG);
+  BOOST_TEST(ckptfs_test::StoredEntry(view->served()[0]).boxes.size() == Megatron::NG);
   BOOST_TEST(ckptfs::RouteOf(view->served()[12]) == ckptfs::ReadRoute::kGather);  // the transpose
 }
 

@@ -286,7 +286,7 @@ void CheckServed(const Tiled& tiled, const ckptfs::ViewOptions& options, uint64_
       BOOST_TEST((whole.substr(whole.size() - expected.size()) == expected));
       CheckRandomReads(*view, id, whole, rng, 200);
       // Its place in model.safetensors.
-      const auto [begin, end] = DataRange(model_bytes, t.key());
+      const auto [begin, end] = DataRange(model_bytes, std::string(t.key()));
       BOOST_TEST((model_bytes.substr(begin, end - begin) == expected));
       // The device loader's reads: any range, partial elements included.
       for (int k = 0; k < 100 && !expected.empty(); ++k) {
@@ -307,9 +307,10 @@ void CheckServed(const Tiled& tiled, const ckptfs::ViewOptions& options, uint64_
 BOOST_AUTO_TEST_CASE(routes_of_the_layouts) {
   Tiled tiled(1);
   const auto& tensors = tiled.sources.catalog->tensors;
+  const ckptfs::ServedTensors served(tiled.sources.catalog);
   auto route = [&](const std::string& key) {
-    for (const TensorEntry& t : tensors)
-      if (t.key == key) return ckptfs::RouteOf(ckptfs::ServedTensor{t, t.dtype});
+    for (size_t i = 0; i < served.size(); ++i)
+      if (served[i].key() == key) return ckptfs::RouteOf(served[i]);
     BOOST_FAIL("no tensor " << key);
     return ReadRoute::kConvert;
   };
@@ -318,9 +319,9 @@ BOOST_AUTO_TEST_CASE(routes_of_the_layouts) {
   for (const char* key : {"dim1", "grid", "transposed", "flat.spaced", "cube", "wide", "ints"})
     BOOST_TEST((route(key) == ReadRoute::kGather), key);
   BOOST_REQUIRE(tensors[0].dtype != DType::kBF16);
-  const ckptfs::ServedTensor converted{tensors[0], DType::kBF16};
+  const ckptfs::ServedTensor converted(served, 0, DType::kBF16);
   BOOST_TEST((ckptfs::RouteOf(converted) == ReadRoute::kConvert));
-  BOOST_TEST(ckptfs::StoredAsExtents(converted.stored));
+  BOOST_TEST(ckptfs::StoredAsExtents(ckptfs_test::StoredEntry(converted)));
 }
 
 BOOST_AUTO_TEST_CASE(extents_follow_the_tensor_order_and_merge) {

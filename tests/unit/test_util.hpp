@@ -20,6 +20,7 @@
 
 #include "ckptfs/catalog.hpp"
 #include "ckptfs/open.hpp"
+#include "ckptfs/view.hpp"
 #include "io/memory_env.hpp"
 
 namespace ckptfs_test {
@@ -90,6 +91,14 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// Served tensor `t`'s stored entry (a key map's made on first use); throws when it cannot be made.
+inline const ckptfs::TensorEntry& StoredEntry(const ckptfs::ServedTensor& t) {
+  const ckptfs::TensorEntry* entry = nullptr;
+  ckptfs::Status s = t.Stored(&entry);
+  if (!s.ok()) throw std::runtime_error(s.message());
+  return *entry;
+}
 
 inline void WriteFile(const std::string& path, std::string_view bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

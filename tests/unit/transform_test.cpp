@@ -81,7 +81,7 @@ struct Checkpoint {
 
 // Whether every box of served tensor i is a sub-box of a box of its source tensor.
 bool BoxesWithinSource(const ServedTensors& served, size_t i) {
-  const TensorEntry& t = served[i].stored;
+  const TensorEntry& t = ckptfs_test::StoredEntry(served[i]);
   const TensorEntry& from = served.source().tensors.at(served.source_index(i));
   for (const Box& box : t.boxes) {
     bool within = false;
@@ -101,7 +101,7 @@ class RowSlice : public ckptfs::Transform {
     std::vector<TensorEntry> sliced;
     std::vector<uint32_t> from;
     for (size_t i = 0; i < served->size(); ++i) {
-      const TensorEntry& t = (*served)[i].stored;
+      const TensorEntry& t = ckptfs_test::StoredEntry((*served)[i]);
       if (t.shape.size() != 2 || t.boxes.size() != 1 || t.boxes[0].rank() != 2) continue;
       TensorEntry slice = t;
       slice.key += ".rows";
@@ -165,7 +165,7 @@ BOOST_AUTO_TEST_CASE(without_options_the_catalog_is_served_as_is) {
   BOOST_TEST(served.SharesSourceEntries());
   BOOST_REQUIRE_EQUAL(served.size(), ckpt.catalog->tensors.size());
   for (size_t i = 0; i < served.size(); ++i) {
-    BOOST_TEST(&served[i].stored == &ckpt.catalog->tensors[i]);
+    BOOST_TEST(&ckptfs_test::StoredEntry(served[i]) == &ckpt.catalog->tensors[i]);
     BOOST_TEST(served[i].dtype == ckpt.catalog->tensors[i].dtype);
     BOOST_TEST(!served[i].converted());
   }
@@ -182,8 +182,8 @@ BOOST_AUTO_TEST_CASE(dtype_converts_floating_tensors_without_copying_them) {
   const DType want[] = {DType::kBF16, DType::kBF16, DType::kBF16, DType::kI64, DType::kBF16};
   for (size_t i = 0; i < served.size(); ++i) {
     BOOST_TEST(served[i].dtype == want[i], served[i].key());
-    BOOST_TEST(served[i].stored.dtype == ckpt.catalog->tensors[i].dtype);
-    BOOST_TEST(served[i].nbytes() == served[i].stored.numel() * ckptfs::Info(want[i]).itemsize);
+    BOOST_TEST(ckptfs_test::StoredEntry(served[i]).dtype == ckpt.catalog->tensors[i].dtype);
+    BOOST_TEST(served[i].nbytes() == ckptfs_test::StoredEntry(served[i]).numel() * ckptfs::Info(want[i]).itemsize);
   }
   BOOST_TEST(served.manifest_fields() == json({{"dtype", "BF16"}}));
 }
@@ -202,7 +202,7 @@ BOOST_AUTO_TEST_CASE(root_and_dtype_keep_every_box_within_its_source) {
     BOOST_TEST(served.source_index(i) == i);
     BOOST_TEST(served[i].dtype == want[i]);
     BOOST_TEST(served[i].converted() == (ckpt.catalog->tensors[i].dtype != DType::kF16));
-    BOOST_TEST(served[i].stored.dtype == ckpt.catalog->tensors[i].dtype);
+    BOOST_TEST(ckptfs_test::StoredEntry(served[i]).dtype == ckpt.catalog->tensors[i].dtype);
     BOOST_TEST(BoxesWithinSource(served, i), served[i].key());
   }
   BOOST_TEST(served.metadata() == json({{"config", 1}}));

@@ -169,7 +169,7 @@ Header CheckModelFile(const View& view, const std::string& whole, ExpectedBytes 
   BOOST_REQUIRE_EQUAL(h.doc.size(), c.size() + 1);
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (size_t i = 0; i < c.size(); ++i) {
-    const TensorEntry& t = c[i].stored;
+    const TensorEntry& t = ckptfs_test::StoredEntry(c[i]);
     BOOST_TEST_CONTEXT("tensor " << t.key) {
       BOOST_REQUIRE(h.doc.contains(t.key));
       const json& e = h.doc[t.key];
@@ -211,7 +211,7 @@ template <typename ExpectedBytes>
 void CheckTensorFiles(const View& view, std::mt19937_64& rng, int reads, ExpectedBytes expected) {
   const ckptfs::ServedTensors& c = view.served();  // as stored: no view options
   for (size_t i = 0; i < c.size(); ++i) {
-    const TensorEntry& t = c[i].stored;
+    const TensorEntry& t = ckptfs_test::StoredEntry(c[i]);
     BOOST_TEST_CONTEXT("tensor file of " << t.key) {
       BOOST_TEST(view.TensorFilePath(i) == "tensors/" + ckptfs::TensorFileName(t.key));
       View::NodeId id = MustLookup(view, view.TensorFilePath(i));
