@@ -10,18 +10,45 @@
 namespace ckptfs {
 
 struct ServedTensors::DeferredState {
-  explicit DeferredState(Deferred d) : deferred(std::move(d)), made(new std::atomic<TensorEntry*>[deferred.key_end.size()]) {
-    for (size_t i = 0; i < deferred.key_end.size(); ++i) made[i].store(nullptr, std::memory_order_relaxed);
+  // Tensor i's entry once made is made[i / kBlock][i % kBlock]; the blocks are allocated as
+  // their first entry is made (a mount that is only listed holds none of them).
+  static constexpr size_t kBlock = 1024;
+  using Entry = std::atomic<TensorEntry*>;
+
+  explicit DeferredState(Deferred d)
+      : deferred(std::move(d)),
+        blocks((deferred.key_end.size() + kBlock - 1) / kBlock),
+        made(new std::atomic<Entry*>[blocks]) {
+    for (size_t b = 0; b < blocks; ++b) made[b].store(nullptr, std::memory_order_relaxed);
   }
   ~DeferredState() {
-    for (size_t i = 0; i < deferred.key_end.size(); ++i) delete made[i].load(std::memory_order_relaxed);
+    for (size_t b = 0; b < blocks; ++b) {
+      Entry* block = made[b].load(std::memory_order_relaxed);
+      if (!block) continue;
+      for (size_t k = 0; k < kBlock; ++k) delete block[k].load(std::memory_order_relaxed);
+      delete[] block;
+    }
   }
   DeferredState(const DeferredState&) = delete;
   DeferredState& operator=(const DeferredState&) = delete;
 
+  // The place of tensor i's entry, its block allocated if need be. Set once: the first of
+  // racing makers wins, the others' are dropped.
+  Entry& Slot(size_t i) const {
+    std::atomic<Entry*>& at = made[i / kBlock];
+    Entry* block = at.load(std::memory_order_acquire);
+    if (!block) {
+      Entry* fresh = new Entry[kBlock];
+      for (size_t k = 0; k < kBlock; ++k) fresh[k].store(nullptr, std::memory_order_relaxed);
+      if (at.compare_exchange_strong(block, fresh, std::memory_order_acq_rel, std::memory_order_acquire)) block = fresh;
+      else delete[] fresh;  // another thread's block is in place
+    }
+    return block[i % kBlock];
+  }
+
   Deferred deferred;
-  // Tensor i's entry once made; set once (the first of racing makers wins, the others' are dropped).
-  std::unique_ptr<std::atomic<TensorEntry*>[]> made;
+  size_t blocks;
+  std::unique_ptr<std::atomic<Entry*>[]> made;
 };
 
 namespace {
@@ -73,7 +100,7 @@ Status ServedTensors::Stored(size_t i, const TensorEntry** out) const {
     *out = &(*stored_)[i];
     return Status::OK();
   }
-  std::atomic<TensorEntry*>& slot = deferred_->made[i];
+  std::atomic<TensorEntry*>& slot = deferred_->Slot(i);
   if (TensorEntry* made = slot.load(std::memory_order_acquire)) {
     *out = made;
     return Status::OK();

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "ckptfs/view.hpp"
 #include "test_util.hpp"
@@ -400,4 +401,96 @@ BOOST_AUTO_TEST_CASE(select_copies_only_the_boxes_of_its_index) {
   BOOST_TEST(out.shape == (ckptfs::Shape{2, 2}));
   BOOST_TEST(out.boxes[1].base_offset == 14u);
   BOOST_TEST(out.boxes[1].extent == (ckptfs::BoxDims{1, 2}));
+}
+
+BOOST_AUTO_TEST_CASE(entries_are_made_on_first_use_once_and_from_any_thread) {
+  Megatron m(2);
+  json map = QkvMap(Megatron::NG);
+  // A shape that depends on the layer: rows [0, L + 1) of each layer's proj.
+  map["tensors"].push_back({{"to", "head.{L}"},
+                            {"from", "proj[L]"},
+                            {"ops", {{{"op", "slice"}, {"dim", 1}, {"start", 0}, {"stop", "L + 1"}}}}});
+  auto view = m.Build(map);
+  const auto& served = view->served();
+  BOOST_TEST(served.deferred());
+  BOOST_REQUIRE_EQUAL(served.size(), 16u);
+  for (uint64_t l = 0; l < Megatron::L; ++l) {
+    BOOST_TEST(served[13 + l].key() == "head." + std::to_string(l));
+    BOOST_TEST(served[13 + l].shape() == (ckptfs::Shape{Megatron::H, l + 1}));
+  }
+  // Each tensor read by 8 threads at once: one entry each, the same bytes as one thread reads.
+  std::vector<std::vector<float>> want(served.size());
+  for (size_t i = 0; i < served.size(); ++i) {
+    const uint64_t n = served[i].numel();
+    want[i].resize(n);
+    std::vector<std::thread> threads;
+    std::vector<std::vector<float>> got(8, std::vector<float>(n));
+    std::vector<Status> status(8);
+    std::vector<const TensorEntry*> entries(8);
+    for (size_t t = 0; t < 8; ++t)
+      threads.emplace_back([&, t] {
+        status[t] = served[i].Stored(&entries[t]);
+        if (status[t].ok()) status[t] = view->ReadTensorData(i, 0, n * 4, reinterpret_cast<char*>(got[t].data()));
+      });
+    for (std::thread& t : threads) t.join();
+    for (size_t t = 0; t < 8; ++t) {
+      BOOST_REQUIRE_MESSAGE(status[t].ok(), status[t].message());
+      BOOST_TEST(entries[t] == entries[0]);
+      BOOST_TEST(got[t] == got[0], boost::test_tools::per_element());
+    }
+    BOOST_TEST(entries[0]->key == served[i].key());
+    BOOST_TEST(entries[0]->shape == served[i].shape());
+    want[i] = got[0];
+  }
+  for (uint64_t l = 0; l < Megatron::L; ++l) {
+    std::vector<float> head;
+    for (uint64_t r = 0; r < Megatron::H; ++r)
+      for (uint64_t c = 0; c <= l; ++c) head.push_back(At(m.catalog->tensors[1], {l, r, c}));
+    BOOST_TEST(want[13 + l] == head, boost::test_tools::per_element());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(two_rules_of_one_key_are_refused) {
+  Megatron m;
+  json map = QkvMap(Megatron::NG);
+  // "proj.1", a literal, is also what "proj.{L}" makes for layer 1.
+  map["tensors"].push_back({{"to", "proj.1"}, {"from", "flat"}});
+  map["tensors"][4]["to"] = "flat.1";
+  Status s = m.TryBuild(map);
+  BOOST_TEST(s.message() == "map t: two rules serve the key 'proj.1'", s.message());
+  map["tensors"][5]["to"] = "proj.x1";
+  BOOST_TEST(m.TryBuild(map).ok(), m.TryBuild(map).message());
+}
+
+BOOST_AUTO_TEST_CASE(a_tensor_cut_into_too_many_boxes_is_refused_at_mount) {
+  // A [2 * (2^20 + 1), 1] tensor of one contiguous range: row groups of 2 rows keeping the
+  // first make 2^20 + 1 pieces, past kMaxRowGroupPieces: refused when the view is built.
+  const uint64_t groups = ckptfs::kMaxRowGroupPieces + 1;
+  ckptfs_test::MemorySource source;
+  auto catalog = std::make_shared<Catalog>();
+  source.Attach(catalog.get());
+  catalog->format = "test";
+  catalog->source = "/mem/many";
+  uint32_t file = 0;
+  BOOST_REQUIRE(catalog->files->Add(source.Write("/mem/many.bin", std::string(groups * 2 * 4, '\0')), &file).ok());
+  TensorEntry t;
+  t.key = "w";
+  t.path = {t.key};
+  t.dtype = DType::kF32;
+  t.shape = {groups * 2, 1};
+  t.boxes = {Box::Range(0, 0, 0, groups * 2)};
+  catalog->tensors = {t};
+  const json map = {{"ckptfs_map", 1},
+                    {"name", "t"},
+                    {"tensors",
+                     {{{"to", "w.even"},
+                       {"from", "w"},
+                       {"ops", {{{"op", "row_groups"}, {"dim", 0}, {"groups", groups}, {"size", 2}, {"start", 0}, {"stop", 1}}}}}}}};
+  ViewOptions options;
+  options.map = WriteMap(map);
+  std::unique_ptr<View> view;
+  Status s = View::Build(catalog, options, &view);
+  std::remove(options.map.c_str());
+  BOOST_TEST(!s.ok());
+  BOOST_TEST(s.message().find("cut the tensor's boxes into more than 1048576 pieces") != std::string::npos, s.message());
 }
