@@ -14,7 +14,9 @@
 // served tensor's stored dtype is its source tensor's (a conversion changes the served
 // dtype only). So a view reads no byte the catalog did not validate (ValidateLayout), and
 // however transforms combine, the layout and every read route stay those of boxes.
-// ApplyViewOptions checks the invariant after each transform (CheckSubBoxInvariant).
+// ApplyViewOptions checks the invariant after each transform (CheckSubBoxInvariant); a
+// transform that defers its entries (ServedTensors::Deferred, a key map's) has each checked
+// as it is made (CheckServedEntry).
 #ifndef CKPTFS_VIEW_TRANSFORM_HPP_
 #define CKPTFS_VIEW_TRANSFORM_HPP_
 

@@ -339,13 +339,16 @@ class Mapping {
 
   // A digit run as a value, and whether it is written as a capture takes a number (no
   // leading zero, at most 18 digits): a key's "01" matches neither {L} nor a literal "1".
+  // 8 bytes: a value of at most 18 digits is below 2^60, so all ones marks a digit run that
+  // is not canonical (one per key of a per-layer save).
   struct Number {
-    uint64_t value = 0;
-    bool canonical = false;
+    static constexpr uint64_t kNotCanonical = ~uint64_t{0};
+    uint64_t value = kNotCanonical;
+    bool canonical() const { return value != kNotCanonical; }
   };
   static Number ToNumber(std::string_view digits) {
     Number n;
-    n.canonical = CaptureNumber(digits, &n.value);
+    if (!CaptureNumber(digits, &n.value)) n.value = Number::kNotCanonical;
     return n;
   }
 
@@ -422,10 +425,10 @@ class Mapping {
       Binding b;
       bool ok = true;
       for (size_t k = 0; ok && k < slot_name.size(); ++k) {
-        if (!numbers[k].canonical) {
+        if (!numbers[k].canonical()) {
           ok = false;
         } else if (slot_name[k] < 0) {
-          ok = numbers[k].value == literal_numbers[k].value && literal_numbers[k].canonical;
+          ok = numbers[k].value == literal_numbers[k].value && literal_numbers[k].canonical();
         } else {
           const std::string& name = p.names[slot_name[k]];
           if (const uint64_t* prior = Bound(b, name)) ok = *prior == numbers[k].value;
@@ -509,7 +512,12 @@ class Mapping {
     for (size_t a = 0; a < part.from.size(); ++a) {
       const MapSource& alt = part.from[a];
       f->alt = a;
-      for (auto& [i, b] : Matches(alt)) {
+      std::vector<std::pair<size_t, Binding>> matches = Matches(alt);
+      if (alt.unstack.empty()) {
+        f->sources.reserve(f->size() + matches.size());
+        f->values.reserve(f->values.size() + matches.size() * (matches.empty() ? 0 : matches[0].second.count));
+      }
+      for (auto& [i, b] : matches) {
         // The unstacked dimensions' indices, outermost first.
         const Shape& shape = served_.shape(i);
         if (shape.size() < alt.unstack.size())
@@ -898,7 +906,6 @@ Status Mapping::Order(const std::vector<uint64_t>& section_of, const std::vector
   size_t total_bits = static_cast<size_t>(std::bit_width(total));
   for (size_t j = 0; j < widest.size(); ++j) total_bits += bits[j] = static_cast<uint64_t>(std::bit_width(widest[j]));
   slots->clear();
-  slots->reserve(total);
   if (total_bits <= 64) {
     const int index_bits = std::bit_width(total);
     std::vector<uint64_t> packed;
@@ -913,13 +920,15 @@ Status Mapping::Order(const std::vector<uint64_t>& section_of, const std::vector
       }
     RadixSort(&packed, static_cast<int>(total_bits));
     const uint64_t index_mask = index_bits == 64 ? ~uint64_t{0} : (uint64_t{1} << index_bits) - 1;
-    for (uint64_t word : packed) {
+    for (uint64_t& word : packed) {  // each word becomes its slot, in place
       const uint64_t g = word & index_mask;
       const size_t k = static_cast<size_t>(std::upper_bound(first_of.begin(), first_of.end(), g) - first_of.begin()) - 1;
-      slots->push_back(uint64_t{k} << 32 | (g - first_of[k]));
+      word = uint64_t{k} << 32 | (g - first_of[k]);
     }
+    *slots = std::move(packed);
     return Status::OK();
   }
+  slots->reserve(total);
   for (size_t k = 0; k < found_.size(); ++k)
     for (size_t b = 0; b < found_[k].size(); ++b) slots->push_back(uint64_t{k} << 32 | b);
   std::stable_sort(slots->begin(), slots->end(), [&](uint64_t x, uint64_t y) {
@@ -957,6 +966,9 @@ Status Mapping::Run(std::optional<DType> dtype, ServedTensors::Deferred* out,
     section_of[r] = section_of[r - 1] + ((prev.empty() ? "" : prev[0]) != (cur.empty() ? "" : cur[0]));
     block_of[r] = block_of[r - 1] + (prev != cur);
   }
+  // Keys are found by their numbers no more (only by name, for a concatenation's parts).
+  by_shape_ = {};
+  numbers_ = {};
   CKPTFS_RETURN_IF_ERROR(Order(section_of, block_of, &slots_));
   const size_t total = slots_.size();
 

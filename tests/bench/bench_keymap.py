@@ -20,7 +20,8 @@ Figures, each the median of --repeats with the alternatives taking turns:
                     (goal <= 1.1), and
   keymap.ls         the two listings alone (no goal: the mapped tree lists half as many files
                     again, a fused QKV being three tensors and a fused fc1 two)
-  keymap.rss        the daemon's peak RSS after mount + ls (goal <= 1.1)
+  keymap.rss        the daemon's peak RSS after mount + ls (goal <= 1.5: what a mount holds per
+                    tensor grows with the tree served, 1.5x the tensors, but no second catalog)
   keymap.unstacked  MB/s reading every layer's `mlp.down_proj.weight` file of the stacked save
                     mapped (one index of the stacked fc2), against every layer's
                     `decoder.layers.{i}.mlp.linear_fc2.weight` file of the per-layer save
@@ -186,7 +187,7 @@ def measure(binary: Path, workdir: Path, count: Path, rate: Path, per_layer: Pat
             ("keymap.mount_ls", lambda t: t[0] + t[1], 1.1, "mount + ls", "s"),
             ("keymap.mount", lambda t: t[0], 1.1, "mount alone (catalog, map, layout)", "s"),
             ("keymap.ls", lambda t: t[1], None, "ls of the root and tensors/ alone", "s"),
-            ("keymap.rss", lambda t: t[2] / 1024, 1.1, "daemon peak RSS after mount + ls", "MiB")):
+            ("keymap.rss", lambda t: t[2] / 1024, 1.5, "daemon peak RSS after mount + ls", "MiB")):
         p = benchlib.median([pick(t) for t in plain])
         m = benchlib.median([pick(t) for t in mapped])
         res.add(fig, f"{what}, {served}, -o map=llama", m, p, unit, alt_name="no map",

@@ -97,7 +97,7 @@ uint64_t Param(const nlohmann::json& params, const char* name) {
 // The source element (its value) expected at row-major position `at` of served tensor `key`,
 // of shape `shape`, under the parameters the map used; false when the key is not one a dense
 // Llama-family map serves.
-bool Expected(const Source& src, const Shapes& s, const nlohmann::json& params, const std::string& key,
+bool Expected(const Source& src, const Shapes& s, const nlohmann::json& params, std::string_view key,
               const Shape& shape, uint64_t at, uint64_t* value) {
   const uint64_t cols = shape.size() == 2 ? shape[1] : 1;
   const uint64_t r = at / cols, c = at % cols;
@@ -129,7 +129,7 @@ bool Expected(const Source& src, const Shapes& s, const nlohmann::json& params, 
   uint64_t l = 0;
   while (end < key.size() && end < 17 && key[end] >= '0' && key[end] <= '9') l = l * 10 + (key[end++] - '0');
   if (end == 13 || end >= key.size() || key[end] != '.') return false;
-  const std::string rest = key.substr(end + 1);
+  const std::string rest(key.substr(end + 1));
   const uint64_t groups = Param(params, "groups"), hpg = Param(params, "heads_per_group"),
                  head_dim = Param(params, "head_dim");
   const uint64_t group_rows = (hpg + 2) * head_dim;
@@ -247,11 +247,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::memcpy(&v, buf.data() + begin + e * 4, 4);
       uint64_t expected = 0;
       const bool known = Expected(src, s, params, t.key(), t.shape(), e, &expected);
-      if (!known) std::fprintf(stderr, "map %s serves an unexpected key '%s'\n", used.c_str(), t.key().c_str());
+      if (!known) std::fprintf(stderr, "map %s serves an unexpected key '%s'\n", used.c_str(), std::string(t.key()).c_str());
       FUZZ_CHECK(known);
       if (static_cast<uint64_t>(v) != expected)
         std::fprintf(stderr, "map %s: '%s' element %llu holds source element %llu, expected %llu\n", used.c_str(),
-                     t.key().c_str(), static_cast<unsigned long long>(e), static_cast<unsigned long long>(v),
+                     std::string(t.key()).c_str(), static_cast<unsigned long long>(e), static_cast<unsigned long long>(v),
                      static_cast<unsigned long long>(expected));
       FUZZ_CHECK(static_cast<uint64_t>(v) == expected);
     }
