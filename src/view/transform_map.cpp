@@ -138,15 +138,17 @@ void AppendSubstituted(const KeyPattern& p, const Binding& b, std::string* out) 
   }
 }
 
-// Sorts `values`, each below 2^bits, a byte at a time from the lowest (a few passes over
+// Sorts `values`, each below 2^bits, 11 bits at a time from the lowest (a few passes over
 // 150,000 served tensors' order words where a comparison sort takes ~10 ms).
 void RadixSort(std::vector<uint64_t>* values, int bits) {
+  constexpr int kDigit = 11;
+  constexpr uint64_t kMask = (uint64_t{1} << kDigit) - 1;
   std::vector<uint64_t> sorted(values->size());
-  for (int shift = 0; shift < bits; shift += 8) {
-    std::array<size_t, 257> at{};
-    for (uint64_t v : *values) ++at[((v >> shift) & 0xFF) + 1];
-    for (size_t d = 0; d < 256; ++d) at[d + 1] += at[d];
-    for (uint64_t v : *values) sorted[at[(v >> shift) & 0xFF]++] = v;
+  for (int shift = 0; shift < bits; shift += kDigit) {
+    std::array<size_t, kMask + 2> at{};
+    for (uint64_t v : *values) ++at[((v >> shift) & kMask) + 1];
+    for (size_t d = 0; d <= kMask; ++d) at[d + 1] += at[d];
+    for (uint64_t v : *values) sorted[at[(v >> shift) & kMask]++] = v;
     values->swap(sorted);
   }
 }
@@ -309,7 +311,7 @@ class Mapping {
     for (const MapRule& rule : map_.rules)
       for (const MapPart& part : rule.parts)
         for (const MapSource& alt : part.from)
-          if (!Matches(alt).empty()) return true;
+          if (CountMatches(alt) > 0) return true;
     return false;
   }
 
@@ -359,7 +361,10 @@ class Mapping {
     std::string shape;
     std::vector<std::string_view> numbers;
     all_keys_indexed_ = false;
+    most_boxes_ = 0;
     for (size_t i = 0; i < served_.size(); ++i) {
+      const TensorEntry* entry = nullptr;
+      if (served_.Stored(i, &entry).ok()) most_boxes_ = std::max<uint64_t>(most_boxes_, entry->boxes.size());
       const std::string_view key = served_.key(i);
       if (!key.starts_with(prefix_)) continue;
       const std::string_view rest = key.substr(prefix_.size());
@@ -390,14 +395,15 @@ class Mapping {
     return it == by_key_.end() ? SIZE_MAX : it->second;
   }
 
-  // The tensors `alt`'s key matches, with the captures they give (unstacked names not yet).
-  std::vector<std::pair<size_t, Binding>> Matches(const MapSource& alt) {
-    std::vector<std::pair<size_t, Binding>> out;
+  // Calls on_match(tensor, binding) for each tensor `alt`'s key matches, with the captures it
+  // gives (unstacked names not yet), until on_match returns a non-OK status (returned).
+  template <typename OnMatch>
+  Status ForEachMatch(const MapSource& alt, OnMatch on_match) {
     const KeyPattern& p = alt.key;
     // A key without digits by name; one with digits (`linear_fc1`) through its numbers too.
     if (p.names.empty() && !HasDigit(p.text)) {
-      if (const size_t i = FindKey(p.text); i != SIZE_MAX) out.emplace_back(i, Binding{});
-      return out;
+      if (const size_t i = FindKey(p.text); i != SIZE_MAX) return on_match(i, Binding{});
+      return Status::OK();
     }
     // The pattern's shape: captures and the digit runs of its literal text as '#'.
     std::string shape, piece;
@@ -418,7 +424,7 @@ class Mapping {
       }
     }
     auto it = by_shape_.find(shape);
-    if (it == by_shape_.end()) return out;
+    if (it == by_shape_.end()) return Status::OK();
     for (const Indexed& entry : it->second) {
       if (entry.count != slot_name.size()) continue;
       const Number* numbers = &numbers_[entry.first_number];
@@ -435,9 +441,18 @@ class Mapping {
           else b.emplace_back(name, numbers[k].value);
         }
       }
-      if (ok) out.emplace_back(entry.index, std::move(b));
+      if (ok) CKPTFS_RETURN_IF_ERROR(on_match(entry.index, b));
     }
-    return out;
+    return Status::OK();
+  }
+  // The number of tensors `alt`'s key matches.
+  size_t CountMatches(const MapSource& alt) {
+    size_t n = 0;
+    Status s = ForEachMatch(alt, [&](size_t, const Binding&) {
+      ++n;
+      return Status::OK();
+    });
+    return s.ok() ? n : 0;
   }
 
   // A rule's tensors as its source keys give them: one binding each of the names its
@@ -512,12 +527,8 @@ class Mapping {
     for (size_t a = 0; a < part.from.size(); ++a) {
       const MapSource& alt = part.from[a];
       f->alt = a;
-      std::vector<std::pair<size_t, Binding>> matches = Matches(alt);
-      if (alt.unstack.empty()) {
-        f->sources.reserve(f->size() + matches.size());
-        f->values.reserve(f->values.size() + matches.size() * (matches.empty() ? 0 : matches[0].second.count));
-      }
-      for (auto& [i, b] : matches) {
+      CKPTFS_RETURN_IF_ERROR(ForEachMatch(alt, [&](size_t i, const Binding& b) -> Status {
+        if (alt.unstack.empty()) return Append(f, b, static_cast<uint32_t>(i));
         // The unstacked dimensions' indices, outermost first.
         const Shape& shape = served_.shape(i);
         if (shape.size() < alt.unstack.size())
@@ -550,7 +561,8 @@ class Mapping {
           }
           CKPTFS_RETURN_IF_ERROR(Append(f, full, static_cast<uint32_t>(i)));
         }
-      }
+        return Status::OK();
+      }));
       if (f->size() > 0) return Status::OK();
     }
     return Status::OK();
@@ -754,6 +766,7 @@ class Mapping {
   };
   std::unordered_map<std::string, std::vector<Indexed>> by_shape_;
   std::vector<Number> numbers_;
+  uint64_t most_boxes_ = 0;  // the most boxes a source tensor has (IndexKeys)
   // Source tensors of many boxes as boxes of their rank, with their order along the layer axis.
   struct Kept {
     BoxedTensor boxed;
@@ -895,13 +908,24 @@ Status Mapping::Order(const std::vector<uint64_t>& section_of, const std::vector
     return key;
   };
   // Packed into one word with the slot's number below when the fields fit (a map of 128 layers
-  // and 20 rules needs ~30 bits): one integer sort of the served tensors.
+  // and 20 rules needs ~30 bits): one integer sort of the served tensors. Each field's widest
+  // value: the rules' numbers, and the largest value each rule binds to each name.
   Key widest{};
-  for (size_t k = 0; k < found_.size(); ++k)
-    for (size_t b = 0; b < found_[k].size(); ++b) {
-      const Key key = key_of(k, b);
-      for (size_t j = 0; j < key.size(); ++j) widest[j] = std::max(widest[j], key[j]);
-    }
+  for (size_t k = 0; k < found_.size(); ++k) {
+    const Found& f = found_[k];
+    const size_t width = f.names.size();
+    std::array<uint64_t, kMaxKeyCaptures> most{};
+    for (size_t at = 0; at < f.values.size(); ++at) most[at % width] = std::max(most[at % width], f.values[at]);
+    const auto& names = map_.rules[f.rule].to.names;
+    auto value = [&](size_t n) { return to_pos[k][n] < 0 ? 0 : most[to_pos[k][n]]; };
+    Key key{};
+    key[0] = section_of[f.rule];
+    key[1] = names.empty() ? 0 : value(0);
+    key[2] = block_of[f.rule];
+    for (size_t n = 1; n < names.size(); ++n) key[2 + n] = value(n);
+    key[2 + std::max<size_t>(names.size(), 1)] = f.rule;
+    for (size_t j = 0; j < key.size(); ++j) widest[j] = std::max(widest[j], key[j]);
+  }
   Key bits{};
   size_t total_bits = static_cast<size_t>(std::bit_width(total));
   for (size_t j = 0; j < widest.size(); ++j) total_bits += bits[j] = static_cast<uint64_t>(std::bit_width(widest[j]));
@@ -1021,12 +1045,6 @@ Status Mapping::Run(std::optional<DType> dtype, ServedTensors::Deferred* out,
       s = FindPart(rule.parts[p], binding, to(), &source, &alt);
       sources.emplace_back(source, alt);
     }
-    uint64_t boxes = 0;
-    for (size_t p = 0; s.ok() && p < sources.size(); ++p) {
-      const TensorEntry* entry = nullptr;
-      s = served_.Stored(sources[p].first, &entry);
-      if (s.ok()) boxes = std::max<uint64_t>(boxes, entry->boxes.size());
-    }
     uint32_t shape = 0;
     uint64_t box_factor = 0;
     Memo& memo = memos[k];
@@ -1066,8 +1084,21 @@ Status Mapping::Run(std::optional<DType> dtype, ServedTensors::Deferred* out,
     }
     // Made here: a tensor whose boxes could pass the limits, and the first of each rule, its
     // entry checked as every made entry is (a map's error shows at mount, not at a read).
+    // The bound with the most boxes any source has first: only past the limit are this
+    // tensor's own sources' counted.
     uint64_t bound = 0;
-    if (s.ok() && (!CheckedMul(boxes, box_factor, &bound) || bound > kBoxLimit || !checked[k])) {
+    bool past = !CheckedMul(most_boxes_, box_factor, &bound) || bound > kBoxLimit;
+    if (s.ok() && past) {
+      uint64_t boxes = 0;
+      for (const auto& [source, alt] : sources) {
+        const TensorEntry* entry = nullptr;
+        s = served_.Stored(source, &entry);
+        if (!s.ok()) break;
+        boxes = std::max<uint64_t>(boxes, entry->boxes.size());
+      }
+      past = !CheckedMul(boxes, box_factor, &bound) || bound > kBoxLimit;
+    }
+    if (s.ok() && (past || !checked[k])) {
       checked[k] = true;
       TensorEntry probe;
       s = Make(k, b, sources, std::string(to()), &probe);
