@@ -494,3 +494,32 @@ BOOST_AUTO_TEST_CASE(a_tensor_cut_into_too_many_boxes_is_refused_at_mount) {
   BOOST_TEST(!s.ok());
   BOOST_TEST(s.message().find("cut the tensor's boxes into more than 1048576 pieces") != std::string::npos, s.message());
 }
+
+BOOST_AUTO_TEST_CASE(a_map_after_a_root_selection_reads_the_same_tensors) {
+  // The same tensors under "model." beside another: root=model then the map serves what the
+  // map alone serves of the bare keys, read from the same source tensors.
+  Megatron bare(2), nested(2);
+  TensorEntry extra = nested.catalog->tensors[2];
+  extra.key = "optimizer.flat";
+  extra.path = {extra.key};
+  for (TensorEntry& t : nested.catalog->tensors) {
+    t.key = "model." + t.key;
+    t.path = {t.key};
+  }
+  nested.catalog->tensors.insert(nested.catalog->tensors.begin(), extra);
+  auto want = bare.Build(QkvMap(Megatron::NG));
+  ViewOptions options;
+  options.root = "model";
+  options.map = WriteMap(QkvMap(Megatron::NG));
+  std::unique_ptr<View> got;
+  Status s = View::Build(nested.catalog, options, &got);
+  std::remove(options.map.c_str());
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  BOOST_REQUIRE_EQUAL(got->served().size(), want->served().size());
+  for (size_t i = 0; i < got->served().size(); ++i) {
+    BOOST_TEST(got->served()[i].key() == want->served()[i].key());
+    // Source tensor indices are the catalog's: one more tensor comes first in the nested one.
+    BOOST_TEST(got->served().source_index(i) == want->served().source_index(i) + 1);
+    BOOST_TEST(nested.Read(*got, i) == bare.Read(*want, i), boost::test_tools::per_element());
+  }
+}
