@@ -139,7 +139,8 @@ class ServedTensors {
    public:
     virtual ~EntryMaker() = default;
     // Tensor i's entry: its key and shape those of the Deferred, its stored dtype its source
-    // tensor's. Called at most once per tensor that is made, from any thread.
+    // tensor's. Called from any thread, once per tensor unless threads race to make the same
+    // one (each call must make the same entry; one is kept).
     virtual Status Make(size_t i, TensorEntry* out) const = 0;
   };
   struct Deferred {

@@ -385,14 +385,15 @@ class Mapping {
   // save's nearly every key) are found through their numbers (Matches); they are indexed by
   // name only when a lookup first needs one.
   size_t FindKey(std::string_view key) {
-    if (!all_keys_indexed_ && HasDigit(key)) {
-      for (const auto& [shape, entries] : by_shape_)
-        for (const Indexed& entry : entries)
-          by_key_.emplace(served_.key(entry.index).substr(prefix_.size()), entry.index);
-      all_keys_indexed_ = true;
-    }
+    if (HasDigit(key)) IndexAllKeys();
     auto it = by_key_.find(key);
     return it == by_key_.end() ? SIZE_MAX : it->second;
+  }
+  void IndexAllKeys() {
+    if (all_keys_indexed_) return;
+    for (const auto& [shape, entries] : by_shape_)
+      for (const Indexed& entry : entries) by_key_.emplace(served_.key(entry.index).substr(prefix_.size()), entry.index);
+    all_keys_indexed_ = true;
   }
 
   // Calls on_match(tensor, binding) for each tensor `alt`'s key matches, with the captures it
@@ -990,7 +991,9 @@ Status Mapping::Run(std::optional<DType> dtype, ServedTensors::Deferred* out,
     section_of[r] = section_of[r - 1] + ((prev.empty() ? "" : prev[0]) != (cur.empty() ? "" : cur[0]));
     block_of[r] = block_of[r - 1] + (prev != cur);
   }
-  // Keys are found by their numbers no more (only by name, for a concatenation's parts).
+  // Keys are found by their numbers no more: only by name, for a concatenation's parts.
+  for (const Found& f : found_)
+    if (map_.rules[f.rule].parts.size() > 1) IndexAllKeys();
   by_shape_ = {};
   numbers_ = {};
   CKPTFS_RETURN_IF_ERROR(Order(section_of, block_of, &slots_));

@@ -523,3 +523,45 @@ BOOST_AUTO_TEST_CASE(a_map_after_a_root_selection_reads_the_same_tensors) {
     BOOST_TEST(nested.Read(*got, i) == bare.Read(*want, i), boost::test_tools::per_element());
   }
 }
+
+BOOST_AUTO_TEST_CASE(a_concatenation_of_per_layer_keys) {
+  // Per-layer keys with digits in every part: l{L}.a ([2, 4]) then l{L}.b ([1, 4]) joined
+  // along dimension 0, for three layers, each tensor a contiguous range of one file.
+  ckptfs_test::MemorySource source;
+  auto catalog = std::make_shared<Catalog>();
+  source.Attach(catalog.get());
+  catalog->format = "test";
+  catalog->source = "/mem/layers";
+  uint32_t file = 0;
+  BOOST_REQUIRE(catalog->files->Add(source.Write("/mem/layers.bin", Floats(256, 0)), &file).ok());
+  uint64_t element = 0;
+  for (int l = 0; l < 3; ++l)
+    for (const auto& [name, rows] : {std::pair<const char*, uint64_t>{"a", 2}, {"b", 1}}) {
+      TensorEntry t;
+      t.key = "l" + std::to_string(l) + "." + name;
+      t.path = {t.key};
+      t.dtype = DType::kF32;
+      t.shape = {rows, 4};
+      t.boxes = {Box::Range(file, element * 4, 0, rows * 4)};
+      element += rows * 4;
+      catalog->tensors.push_back(std::move(t));
+    }
+  const json map = json::parse(R"({"ckptfs_map": 1, "name": "t", "captures": {"L": 3},
+    "tensors": [{"to": "cat.{L}", "concat": {"dim": 0, "parts": [{"from": "l{L}.a"}, {"from": "l{L}.b"}]}}]})");
+  ViewOptions options;
+  options.map = WriteMap(map);
+  std::unique_ptr<View> view;
+  Status s = View::Build(catalog, options, &view);
+  std::remove(options.map.c_str());
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  BOOST_REQUIRE_EQUAL(view->served().size(), 3u);
+  for (size_t l = 0; l < 3; ++l) {
+    BOOST_TEST(view->served()[l].key() == "cat." + std::to_string(l));
+    BOOST_TEST(view->served()[l].shape() == (ckptfs::Shape{3, 4}));
+    std::vector<float> got(12), want(12);
+    BOOST_REQUIRE(view->ReadTensorData(l, 0, 48, reinterpret_cast<char*>(got.data())).ok());
+    for (size_t k = 0; k < 12; ++k) want[k] = static_cast<float>(l * 12 + k);  // a's 8 then b's 4
+    BOOST_TEST(got == want, boost::test_tools::per_element());
+    BOOST_TEST(view->served().other_sources(l).size() == 1u);
+  }
+}
