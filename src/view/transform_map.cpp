@@ -613,6 +613,39 @@ class Mapping {
     return Status::OK();
   }
 
+  // One form of the operations: on shapes alone or on boxes (key_map_ops.hpp).
+  template <typename T>
+  struct OpForms {
+    bool (*select)(T*, size_t, uint64_t, std::string*);
+    bool (*slice)(T*, size_t, uint64_t, uint64_t, std::string*);
+    bool (*row_groups)(T*, size_t, uint64_t, uint64_t, uint64_t, uint64_t, std::string*);
+    bool (*transpose)(T*, size_t, size_t, std::string*);
+  };
+  // Part `part`'s operations on *target in `forms`, for the current binding; *groups: the
+  // product of its row_groups' group counts.
+  template <typename T>
+  Status ApplyOps(const MapPart& part, const MapRule& rule, const OpForms<T>& forms, T* target,
+                  const std::function<std::string()>& what, uint64_t* groups) {
+    CKPTFS_RETURN_IF_ERROR(EvaluateOps(part, rule, &op_args_));
+    std::string why;
+    for (size_t k = 0; k < part.ops.size(); ++k) {
+      const MapOp& op = part.ops[k];
+      const OpArgs& a = op_args_[k];
+      bool ok = true;
+      switch (op.kind) {
+        case MapOp::Kind::kSelect: ok = forms.select(target, op.dim, a.index, &why); break;
+        case MapOp::Kind::kSlice: ok = forms.slice(target, op.dim, a.start, a.stop, &why); break;
+        case MapOp::Kind::kRowGroups:
+          ok = forms.row_groups(target, op.dim, a.groups, a.size, a.start, a.stop, &why);
+          if (!CheckedMul(*groups, a.groups, groups)) *groups = UINT64_MAX;
+          break;
+        case MapOp::Kind::kTranspose: ok = forms.transpose(target, op.dim, op.dim2, &why); break;
+      }
+      if (!ok) return Status::NotSupported(where_, what() + ": " + why);
+    }
+    return Status::OK();
+  }
+
   // The rule's source_shape check of a part's shape after unstacking.
   Status CheckSourceShape(const MapRule& rule, const Shape& shape, const std::function<std::string()>& what) {
     if (rule.source_shape.empty()) return Status::OK();
@@ -637,26 +670,12 @@ class Mapping {
       if (!SelectShape(out, 0, *Bound(binding, from.unstack[u]), &why))
         return Status::NotSupported(where_, what() + ": " + why);
     CKPTFS_RETURN_IF_ERROR(CheckSourceShape(rule, *out, what));
-    CKPTFS_RETURN_IF_ERROR(EvaluateOps(part, rule, &op_args_));
+    static constexpr OpForms<Shape> kShapeForms{SelectShape, SliceShape, RowGroupsShape, TransposeShape};
+    uint64_t groups = 1;
+    CKPTFS_RETURN_IF_ERROR(ApplyOps(part, rule, kShapeForms, out, what, &groups));
     // A source box becomes at most 2 * rank blocks (ToBoxedTensor: a range of row-major
     // elements), and each block meets at most `groups` groups of a row_groups.
-    uint64_t bound = 2 * std::max<uint64_t>(served_.shape(source).size(), 1);
-    for (size_t k = 0; k < part.ops.size(); ++k) {
-      const MapOp& op = part.ops[k];
-      const OpArgs& a = op_args_[k];
-      bool ok = true;
-      switch (op.kind) {
-        case MapOp::Kind::kSelect: ok = SelectShape(out, op.dim, a.index, &why); break;
-        case MapOp::Kind::kSlice: ok = SliceShape(out, op.dim, a.start, a.stop, &why); break;
-        case MapOp::Kind::kRowGroups:
-          ok = RowGroupsShape(out, op.dim, a.groups, a.size, a.start, a.stop, &why);
-          if (!CheckedMul(bound, a.groups, &bound)) bound = UINT64_MAX;
-          break;
-        case MapOp::Kind::kTranspose: ok = TransposeShape(out, op.dim, op.dim2, &why); break;
-      }
-      if (!ok) return Status::NotSupported(where_, what() + ": " + why);
-    }
-    *box_factor = bound;
+    if (!CheckedMul(groups, 2 * std::max<uint64_t>(served_.shape(source).size(), 1), box_factor)) *box_factor = UINT64_MAX;
     return Status::OK();
   }
 
@@ -675,20 +694,9 @@ class Mapping {
       if (!SelectIndex(out, 0, *Bound(binding, from.unstack[u]), &why))
         return Status::NotSupported(where_, what() + ": " + why);
     CKPTFS_RETURN_IF_ERROR(CheckSourceShape(rule, out->shape, what));
-    CKPTFS_RETURN_IF_ERROR(EvaluateOps(part, rule, &op_args_));
-    for (size_t k = 0; k < part.ops.size(); ++k) {
-      const MapOp& op = part.ops[k];
-      const OpArgs& a = op_args_[k];
-      bool ok = true;
-      switch (op.kind) {
-        case MapOp::Kind::kSelect: ok = SelectIndex(out, op.dim, a.index, &why); break;
-        case MapOp::Kind::kSlice: ok = SliceDim(out, op.dim, a.start, a.stop, &why); break;
-        case MapOp::Kind::kRowGroups: ok = RowGroups(out, op.dim, a.groups, a.size, a.start, a.stop, &why); break;
-        case MapOp::Kind::kTranspose: ok = Transpose(out, op.dim, op.dim2, &why); break;
-      }
-      if (!ok) return Status::NotSupported(where_, what() + ": " + why);
-    }
-    return Status::OK();
+    static constexpr OpForms<BoxedTensor> kBoxForms{SelectIndex, SliceDim, RowGroups, Transpose};
+    uint64_t groups = 1;
+    return ApplyOps(part, rule, kBoxForms, out, what, &groups);
   }
 
   // The rule's tensor for binding b of found_[k] whose parts' sources (and alternatives) are
@@ -896,10 +904,10 @@ Status Mapping::Order(const std::vector<uint64_t>& section_of, const std::vector
     first_of[k + 1] = first_of[k] + found_[k].size();
   }
   const uint64_t total = first_of.back();
-  auto key_of = [&](size_t k, size_t b) {
+  // The order of a tensor of found_[k] whose served key's n-th name has the value value(n).
+  auto key_with = [&](size_t k, auto value) {
     const Found& f = found_[k];
     const auto& names = map_.rules[f.rule].to.names;
-    auto value = [&](size_t n) { return to_pos[k][n] < 0 ? 0 : f.values[b * f.names.size() + to_pos[k][n]]; };
     Key key{};
     key[0] = section_of[f.rule];
     key[1] = names.empty() ? 0 : value(0);
@@ -907,6 +915,10 @@ Status Mapping::Order(const std::vector<uint64_t>& section_of, const std::vector
     for (size_t n = 1; n < names.size(); ++n) key[2 + n] = value(n);
     key[2 + std::max<size_t>(names.size(), 1)] = f.rule;
     return key;
+  };
+  auto key_of = [&](size_t k, size_t b) {
+    const Found& f = found_[k];
+    return key_with(k, [&](size_t n) { return to_pos[k][n] < 0 ? 0 : f.values[b * f.names.size() + to_pos[k][n]]; });
   };
   // Packed into one word with the slot's number below when the fields fit (a map of 128 layers
   // and 20 rules needs ~30 bits): one integer sort of the served tensors. Each field's widest
@@ -917,14 +929,7 @@ Status Mapping::Order(const std::vector<uint64_t>& section_of, const std::vector
     const size_t width = f.names.size();
     std::array<uint64_t, kMaxKeyCaptures> most{};
     for (size_t at = 0; at < f.values.size(); ++at) most[at % width] = std::max(most[at % width], f.values[at]);
-    const auto& names = map_.rules[f.rule].to.names;
-    auto value = [&](size_t n) { return to_pos[k][n] < 0 ? 0 : most[to_pos[k][n]]; };
-    Key key{};
-    key[0] = section_of[f.rule];
-    key[1] = names.empty() ? 0 : value(0);
-    key[2] = block_of[f.rule];
-    for (size_t n = 1; n < names.size(); ++n) key[2 + n] = value(n);
-    key[2 + std::max<size_t>(names.size(), 1)] = f.rule;
+    const Key key = key_with(k, [&](size_t n) { return to_pos[k][n] < 0 ? 0 : most[to_pos[k][n]]; });
     for (size_t j = 0; j < key.size(); ++j) widest[j] = std::max(widest[j], key[j]);
   }
   Key bits{};

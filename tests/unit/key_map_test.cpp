@@ -75,6 +75,39 @@ std::string WriteMap(const json& map) {
   return path;
 }
 
+// The view of `catalog` through `map` (written to a file), under `root` when given.
+Status BuildMapped(std::shared_ptr<const Catalog> catalog, const json& map, std::unique_ptr<View>* view,
+                   const std::string& root = "") {
+  ViewOptions options;
+  options.root = root;
+  options.map = WriteMap(map);
+  Status s = View::Build(std::move(catalog), options, view);
+  std::remove(options.map.c_str());
+  return s;
+}
+
+// A catalog of tensors in one in-memory file of `bytes`.
+struct OneFile {
+  OneFile(const std::string& name, const std::string& bytes) {
+    source.Attach(catalog.get());
+    catalog->format = "test";
+    catalog->source = "/mem/" + name;
+    BOOST_REQUIRE(catalog->files->Add(source.Write("/mem/" + name + ".bin", bytes), &file).ok());
+  }
+  void Add(const std::string& key, ckptfs::Shape shape, uint64_t first_element) {
+    TensorEntry t;
+    t.key = key;
+    t.path = {t.key};
+    t.dtype = DType::kF32;
+    t.shape = std::move(shape);
+    t.boxes = {Box::Range(file, first_element * 4, 0, t.numel())};
+    catalog->tensors.push_back(std::move(t));
+  }
+  ckptfs_test::MemorySource source;
+  std::shared_ptr<Catalog> catalog = std::make_shared<Catalog>();
+  uint32_t file = 0;
+};
+
 // A stacked fused QKV of L layers [L, NG*(P+2)*D, H] split over TP ranks along dim 1, each
 // rank's chunk of a layer a contiguous block of that rank's file; and a [L, H, 2F] row-parallel
 // weight split along its last dimension.
@@ -123,22 +156,15 @@ struct Megatron {
   }
 
   std::unique_ptr<View> Build(const json& map) {
-    ViewOptions options;
-    options.map = WriteMap(map);
     std::unique_ptr<View> view;
-    Status s = View::Build(catalog, options, &view);
-    std::remove(options.map.c_str());
+    Status s = BuildMapped(catalog, map, &view);
     BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
     return view;
   }
 
   Status TryBuild(const json& map) {
-    ViewOptions options;
-    options.map = WriteMap(map);
     std::unique_ptr<View> view;
-    Status s = View::Build(catalog, options, &view);
-    std::remove(options.map.c_str());
-    return s;
+    return BuildMapped(catalog, map, &view);
   }
 
   std::vector<float> Read(const View& view, size_t i) {
@@ -466,31 +492,16 @@ BOOST_AUTO_TEST_CASE(a_tensor_cut_into_too_many_boxes_is_refused_at_mount) {
   // A [2 * (2^20 + 1), 1] tensor of one contiguous range: row groups of 2 rows keeping the
   // first make 2^20 + 1 pieces, past kMaxRowGroupPieces: refused when the view is built.
   const uint64_t groups = ckptfs::kMaxRowGroupPieces + 1;
-  ckptfs_test::MemorySource source;
-  auto catalog = std::make_shared<Catalog>();
-  source.Attach(catalog.get());
-  catalog->format = "test";
-  catalog->source = "/mem/many";
-  uint32_t file = 0;
-  BOOST_REQUIRE(catalog->files->Add(source.Write("/mem/many.bin", std::string(groups * 2 * 4, '\0')), &file).ok());
-  TensorEntry t;
-  t.key = "w";
-  t.path = {t.key};
-  t.dtype = DType::kF32;
-  t.shape = {groups * 2, 1};
-  t.boxes = {Box::Range(0, 0, 0, groups * 2)};
-  catalog->tensors = {t};
+  OneFile one("many", std::string(groups * 2 * 4, '\0'));
+  one.Add("w", {groups * 2, 1}, 0);
   const json map = {{"ckptfs_map", 1},
                     {"name", "t"},
                     {"tensors",
                      {{{"to", "w.even"},
                        {"from", "w"},
                        {"ops", {{{"op", "row_groups"}, {"dim", 0}, {"groups", groups}, {"size", 2}, {"start", 0}, {"stop", 1}}}}}}}};
-  ViewOptions options;
-  options.map = WriteMap(map);
   std::unique_ptr<View> view;
-  Status s = View::Build(catalog, options, &view);
-  std::remove(options.map.c_str());
+  Status s = BuildMapped(one.catalog, map, &view);
   BOOST_TEST(!s.ok());
   BOOST_TEST(s.message().find("cut the tensor's boxes into more than 1048576 pieces") != std::string::npos, s.message());
 }
@@ -508,12 +519,8 @@ BOOST_AUTO_TEST_CASE(a_map_after_a_root_selection_reads_the_same_tensors) {
   }
   nested.catalog->tensors.insert(nested.catalog->tensors.begin(), extra);
   auto want = bare.Build(QkvMap(Megatron::NG));
-  ViewOptions options;
-  options.root = "model";
-  options.map = WriteMap(QkvMap(Megatron::NG));
   std::unique_ptr<View> got;
-  Status s = View::Build(nested.catalog, options, &got);
-  std::remove(options.map.c_str());
+  Status s = BuildMapped(nested.catalog, QkvMap(Megatron::NG), &got, "model");
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
   BOOST_REQUIRE_EQUAL(got->served().size(), want->served().size());
   for (size_t i = 0; i < got->served().size(); ++i) {
@@ -527,32 +534,17 @@ BOOST_AUTO_TEST_CASE(a_map_after_a_root_selection_reads_the_same_tensors) {
 BOOST_AUTO_TEST_CASE(a_concatenation_of_per_layer_keys) {
   // Per-layer keys with digits in every part: l{L}.a ([2, 4]) then l{L}.b ([1, 4]) joined
   // along dimension 0, for three layers, each tensor a contiguous range of one file.
-  ckptfs_test::MemorySource source;
-  auto catalog = std::make_shared<Catalog>();
-  source.Attach(catalog.get());
-  catalog->format = "test";
-  catalog->source = "/mem/layers";
-  uint32_t file = 0;
-  BOOST_REQUIRE(catalog->files->Add(source.Write("/mem/layers.bin", Floats(256, 0)), &file).ok());
+  OneFile one("layers", Floats(256, 0));
   uint64_t element = 0;
   for (int l = 0; l < 3; ++l)
     for (const auto& [name, rows] : {std::pair<const char*, uint64_t>{"a", 2}, {"b", 1}}) {
-      TensorEntry t;
-      t.key = "l" + std::to_string(l) + "." + name;
-      t.path = {t.key};
-      t.dtype = DType::kF32;
-      t.shape = {rows, 4};
-      t.boxes = {Box::Range(file, element * 4, 0, rows * 4)};
+      one.Add("l" + std::to_string(l) + "." + name, {rows, 4}, element);
       element += rows * 4;
-      catalog->tensors.push_back(std::move(t));
     }
   const json map = json::parse(R"({"ckptfs_map": 1, "name": "t", "captures": {"L": 3},
     "tensors": [{"to": "cat.{L}", "concat": {"dim": 0, "parts": [{"from": "l{L}.a"}, {"from": "l{L}.b"}]}}]})");
-  ViewOptions options;
-  options.map = WriteMap(map);
   std::unique_ptr<View> view;
-  Status s = View::Build(catalog, options, &view);
-  std::remove(options.map.c_str());
+  Status s = BuildMapped(one.catalog, map, &view);
   BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
   BOOST_REQUIRE_EQUAL(view->served().size(), 3u);
   for (size_t l = 0; l < 3; ++l) {
