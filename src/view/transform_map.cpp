@@ -382,8 +382,8 @@ class Mapping {
   }
 
   // The tensor of key `key` (after the prefix), or SIZE_MAX. Keys with digits (a per-layer
-  // save's nearly every key) are found through their numbers (Matches); they are indexed by
-  // name only when a lookup first needs one.
+  // save's nearly every key) are found through their numbers (ForEachMatch); they are indexed
+  // by name only when a lookup first needs one.
   size_t FindKey(std::string_view key) {
     if (HasDigit(key)) IndexAllKeys();
     auto it = by_key_.find(key);
@@ -583,36 +583,6 @@ class Mapping {
                                             "', which the checkpoint does not have");
   }
 
-  // The values of part `part`'s operations for the current binding.
-  struct OpArgs {
-    uint64_t index = 0, start = 0, stop = 0, groups = 0, size = 0;
-  };
-  Status EvaluateOps(const MapPart& part, const MapRule& rule, std::vector<OpArgs>* args) {
-    args->resize(part.ops.size());
-    for (size_t k = 0; k < part.ops.size(); ++k) {
-      const MapOp& op = part.ops[k];
-      OpArgs& a = (*args)[k];
-      auto field = [&](const char* name) {
-        return [&rule, k, name] { return rule.where + " op " + std::to_string(k) + "." + name; };
-      };
-      switch (op.kind) {
-        case MapOp::Kind::kSelect: CKPTFS_RETURN_IF_ERROR(Count(op.index, field("index"), &a.index)); break;
-        case MapOp::Kind::kSlice:
-          CKPTFS_RETURN_IF_ERROR(Count(op.start, field("start"), &a.start));
-          CKPTFS_RETURN_IF_ERROR(Count(op.stop, field("stop"), &a.stop));
-          break;
-        case MapOp::Kind::kRowGroups:
-          CKPTFS_RETURN_IF_ERROR(Count(op.groups, field("groups"), &a.groups));
-          CKPTFS_RETURN_IF_ERROR(Count(op.size, field("size"), &a.size));
-          CKPTFS_RETURN_IF_ERROR(Count(op.start, field("start"), &a.start));
-          CKPTFS_RETURN_IF_ERROR(Count(op.stop, field("stop"), &a.stop));
-          break;
-        case MapOp::Kind::kTranspose: break;
-      }
-    }
-    return Status::OK();
-  }
-
   // One form of the operations: on shapes alone or on boxes (key_map_ops.hpp).
   template <typename T>
   struct OpForms {
@@ -621,23 +591,36 @@ class Mapping {
     bool (*row_groups)(T*, size_t, uint64_t, uint64_t, uint64_t, uint64_t, std::string*);
     bool (*transpose)(T*, size_t, size_t, std::string*);
   };
-  // Part `part`'s operations on *target in `forms`, for the current binding; *groups: the
-  // product of its row_groups' group counts.
+  // Part `part`'s operations on *target in `forms`, their values evaluated for the current
+  // binding; *groups: the product of its row_groups' group counts.
   template <typename T>
   Status ApplyOps(const MapPart& part, const MapRule& rule, const OpForms<T>& forms, T* target,
                   const std::function<std::string()>& what, uint64_t* groups) {
-    CKPTFS_RETURN_IF_ERROR(EvaluateOps(part, rule, &op_args_));
     std::string why;
     for (size_t k = 0; k < part.ops.size(); ++k) {
       const MapOp& op = part.ops[k];
-      const OpArgs& a = op_args_[k];
+      auto field = [&](const char* name) {
+        return [&rule, k, name] { return rule.where + " op " + std::to_string(k) + "." + name; };
+      };
+      uint64_t index = 0, start = 0, stop = 0, count = 0, size = 0;
       bool ok = true;
       switch (op.kind) {
-        case MapOp::Kind::kSelect: ok = forms.select(target, op.dim, a.index, &why); break;
-        case MapOp::Kind::kSlice: ok = forms.slice(target, op.dim, a.start, a.stop, &why); break;
+        case MapOp::Kind::kSelect:
+          CKPTFS_RETURN_IF_ERROR(Count(op.index, field("index"), &index));
+          ok = forms.select(target, op.dim, index, &why);
+          break;
+        case MapOp::Kind::kSlice:
+          CKPTFS_RETURN_IF_ERROR(Count(op.start, field("start"), &start));
+          CKPTFS_RETURN_IF_ERROR(Count(op.stop, field("stop"), &stop));
+          ok = forms.slice(target, op.dim, start, stop, &why);
+          break;
         case MapOp::Kind::kRowGroups:
-          ok = forms.row_groups(target, op.dim, a.groups, a.size, a.start, a.stop, &why);
-          if (!CheckedMul(*groups, a.groups, groups)) *groups = UINT64_MAX;
+          CKPTFS_RETURN_IF_ERROR(Count(op.groups, field("groups"), &count));
+          CKPTFS_RETURN_IF_ERROR(Count(op.size, field("size"), &size));
+          CKPTFS_RETURN_IF_ERROR(Count(op.start, field("start"), &start));
+          CKPTFS_RETURN_IF_ERROR(Count(op.stop, field("stop"), &stop));
+          ok = forms.row_groups(target, op.dim, count, size, start, stop, &why);
+          if (!CheckedMul(*groups, count, groups)) *groups = UINT64_MAX;
           break;
         case MapOp::Kind::kTranspose: ok = forms.transpose(target, op.dim, op.dim2, &why); break;
       }
@@ -749,12 +732,6 @@ class Mapping {
   Status MakeFile(const json& templ, const std::string& entry, json* out, bool* keep);
   // The served order (Run): per served tensor, found_ index << 32 | binding index.
   Status Order(const std::vector<uint64_t>& section_of, const std::vector<uint64_t>& block_of, std::vector<uint64_t>* slots);
-  // Frees what only Run needed (the key index).
-  void DropIndex() {
-    by_key_ = {};
-    by_shape_ = {};
-    numbers_ = {};
-  }
 
   const KeyMap& map_;
   json config_;
@@ -784,7 +761,6 @@ class Mapping {
   std::unordered_map<size_t, Kept> boxed_;
   BoxedTensor scratch_, result_;
   std::vector<BoxedTensor> parts_;
-  std::vector<OpArgs> op_args_;
   // What Run found, kept for MakeEntry: the rules' bindings, each served tensor's (found,
   // binding), and the sources of the parts after the first of a concatenation's tensors.
   std::vector<Found> found_;
@@ -1170,7 +1146,7 @@ Status Mapping::Run(std::optional<DType> dtype, ServedTensors::Deferred* out,
   };
   if (std::optional<size_t> twice = FindRepeatedKey(compared.size(), [&](size_t c) { return key_at(compared[c]); }))
     return Status::NotSupported(where_, "two rules serve the key '" + std::string(key_at(compared[*twice])) + "'");
-  DropIndex();
+  by_key_ = {};  // the last of the key index (MakeEntry has each tensor's sources)
   // What config.json says of the dtype: the type the first tensor is served in.
   if (total > 0) {
     DType d = served_.stored_dtype(found_[slots_[0] >> 32].sources[slots_[0] & 0xFFFFFFFF]);

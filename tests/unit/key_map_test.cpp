@@ -557,3 +557,21 @@ BOOST_AUTO_TEST_CASE(a_concatenation_of_per_layer_keys) {
     BOOST_TEST(view->served().other_sources(l).size() == 1u);
   }
 }
+
+BOOST_AUTO_TEST_CASE(captured_numbers_too_wide_for_one_order_word) {
+  // Two captures of up to 18 digits each (no count declared, so any value): the served order's
+  // fields need more than 64 bits and are compared field by field. Served by A, then B.
+  OneFile one("wide", Floats(16, 0));
+  const std::vector<std::pair<std::string, std::string>> numbers = {
+      {"900000000000000000", "7"}, {"5", "800000000000000000"}, {"900000000000000000", "6"}, {"5", "4"}};
+  for (size_t k = 0; k < numbers.size(); ++k) one.Add("t." + numbers[k].first + "." + numbers[k].second, {2}, 2 * k);
+  const json map = json::parse(R"({"ckptfs_map": 1, "name": "t",
+    "tensors": [{"to": "u.{A}.{B}", "from": "t.{A}.{B}"}]})");
+  std::unique_ptr<View> view;
+  Status s = BuildMapped(one.catalog, map, &view);
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  const std::vector<std::string> want = {"u.5.4", "u.5.800000000000000000", "u.900000000000000000.6",
+                                         "u.900000000000000000.7"};
+  BOOST_REQUIRE_EQUAL(view->served().size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) BOOST_TEST(view->served()[i].key() == want[i]);
+}
