@@ -99,7 +99,7 @@ out = Path(sys.argv[2])
 zero = cached_fixtures(ZERO_CHECKPOINTS)
 for name in ZERO_FIXTURES:
     shutil.copytree(zero / name / "checkpoint", out / "zero" / name / "checkpoint")
-dcp = cached_fixtures(DCP_CHECKPOINTS, packages=("torch", "transformers"))
+dcp = cached_fixtures(DCP_CHECKPOINTS)
 shutil.copytree(dcp / DCP_FIXTURE, out / "dcp" / DCP_FIXTURE)
 EOF
 

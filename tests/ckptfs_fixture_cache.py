@@ -1,23 +1,31 @@
-"""Test fixtures that take long to generate (real DeepSpeed saves), generated once per machine
-and kept outside the clone, like the Python environment of scripts/setup-venv.sh:
+"""Test fixtures that take long to generate (real DeepSpeed, Megatron and veRL saves), generated
+once per machine and kept outside the clone, like the Python environment of scripts/setup-venv.sh:
 
     ${CKPTFS_CACHE:-~/.cache/ckptfs}/fixtures/<generator name>-<key>/
 
-The key hashes the generator script's content and the versions of the packages that shape
-what it writes (torch, deepspeed), so editing the generator or tests/requirements.txt gives a
-new entry and a stale one is never used. An entry is written into a temporary folder beside
-it and renamed into place only when the generator succeeded, so no reader ever sees half of
-one; a lock file makes a concurrent run wait for the one generating instead of generating the
-same thing twice, and whoever holds it removes what an interrupted run left. Entries are
+The key covers everything that can change what a generator writes, so that an entry made on
+another day, by another process or on another machine is used only when generating afresh
+would give the same files: the generator's source and that of every test module it imports
+(and of INPUTS, other generators whose fixtures it reads), every installed package's version
+in the environment that runs it (the overlay's pins on top), the Python version, the CPU
+features torch's kernels pick their code by, and the settings the generator runs under
+(GENERATION_ENV: one thread, a fixed hash seed, the CPU). Editing any of them gives a new
+entry and a stale one is never used. An entry is written into a temporary folder beside it
+and renamed into place only when the generator succeeded, so no reader ever sees half of
+one; a lock file makes a concurrent run wait for the one generating instead of generating
+the same thing twice, and whoever holds it removes what an interrupted run left. Entries are
 read-only by convention: a test that damages a fixture damages a copy. Delete the folder to
-reclaim the space.
+reclaim the space; scripts/test-from-nothing.sh runs the suite with an empty one.
 
 Importable without pytest (tests/corpus/make_corpus.py uses it too)."""
 
+import ast
 import fcntl
+import functools
 import hashlib
 import importlib.metadata
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -34,9 +42,17 @@ DCP_CHECKPOINTS = TESTS_DIR / "dcp" / "make_dcp_checkpoints.py"
 UNIVERSAL_CHECKPOINTS = TESTS_DIR / "zero" / "make_universal_checkpoints.py"
 # Both run DeepSpeed on the CPU: about 45 s and 10 s on two cores.
 GENERATE_TIMEOUT_S = 300
-# The packages whose versions change what the generators write (by default; a generator that
-# depends on others names them).
-KEYED_PACKAGES = ("torch", "deepspeed")
+# What every generator runs under, part of the key: values computed on one thread (a thread
+# count changes how sums are split, so their last bits), string hashes that do not change
+# from run to run (set and dict orders), DeepSpeed and torch on the CPU.
+GENERATION_ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                  "OPENBLAS_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "CUDA_VISIBLE_DEVICES": ""}
+# Bumped when what the key covers changes.
+KEY_FORMAT = 2
+# Where a generator's `import name` finds a test module of ours.
+_LOCAL_MODULE_DIRS = (TESTS_DIR, TESTS_DIR / "zero")
+# Not what a generator runs: the package under test and the installers.
+_UNKEYED_DISTRIBUTIONS = {"ckptfs", "pip", "setuptools", "wheel"}
 
 
 class FixtureGenerationError(Exception):
@@ -47,18 +63,63 @@ def cache_root() -> Path:
     return Path(os.environ.get("CKPTFS_CACHE") or Path.home() / ".cache" / "ckptfs") / "fixtures"
 
 
-def entry_name(generator: Path, packages=KEYED_PACKAGES, overlay: str | None = None, inputs=()) -> str:
+def entry_name(generator: Path, overlay: str | None = None, inputs=()) -> str:
     """<generator name>-<16 hex digits of the key>."""
-    key = hashlib.sha256(Path(generator).read_bytes())
-    for path in inputs:
-        # Scripts whose code or output the generator uses (another generator's fixtures).
-        key.update(b"\0" + Path(path).read_bytes())
-    for package in packages:
-        key.update(f"\0{package}=={importlib.metadata.version(package)}".encode())
+    key = hashlib.sha256(f"ckptfs fixture key {KEY_FORMAT}".encode())
+    for path in local_sources(Path(generator), *map(Path, inputs)):
+        key.update(f"\0{path.relative_to(TESTS_DIR)}\0".encode() + path.read_bytes())
+    for line in environment_lines():
+        key.update(f"\0{line}".encode())
     if overlay:
-        # The overlay's pins are what it runs with (its versions are not importable here).
+        # The overlay's pins are what it runs with, on top of this environment (its versions
+        # are not importable here).
         key.update(b"\0" + overlay_requirements(overlay).read_bytes())
     return f"{Path(generator).stem}-{key.hexdigest()[:16]}"
+
+
+def local_sources(*scripts: Path) -> list[Path]:
+    """SCRIPTS and every test module they import, directly or through each other, in a fixed
+    order (found by reading their imports, not by running them)."""
+    seen, todo = {}, [Path(s).resolve() for s in scripts]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen[path] = True
+        for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            for name in names:
+                for folder in (path.parent, *_LOCAL_MODULE_DIRS):
+                    module = folder / (name.split(".")[0] + ".py")
+                    if module.is_file():
+                        todo.append(module.resolve())
+                        break
+    return sorted(seen, key=lambda p: str(p.relative_to(TESTS_DIR)))
+
+
+@functools.cache
+def environment_lines() -> tuple[str, ...]:
+    """What of the running environment shapes a generator's output: the Python version, every
+    installed distribution's version, the machine and its CPU features, GENERATION_ENV."""
+    lines = [f"python {platform.python_version()} {platform.machine()}", f"cpu {cpu_features()}"]
+    lines += sorted({f"{d.metadata['Name'].lower().replace('_', '-')}=={d.version}"
+                     for d in importlib.metadata.distributions()
+                     if d.metadata["Name"] and d.metadata["Name"].lower() not in _UNKEYED_DISTRIBUTIONS})
+    lines += [f"{k}={v}" for k, v in sorted(GENERATION_ENV.items())]
+    return tuple(lines)
+
+
+def cpu_features() -> str:
+    """The CPU flags torch's CPU kernels choose their code by (its dispatch levels and oneDNN's)."""
+    wanted = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "avx512_vnni",
+              "amx_bf16", "amx_tile", "amx_int8", "fma", "f16c")
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return " ".join(sorted(set(wanted) & set(flags)))
 
 
 def overlay_requirements(overlay: str) -> Path:
@@ -74,15 +135,15 @@ def overlay_python(overlay: str) -> str:
     return str(Path(done.stdout.strip()) / "bin" / "python")
 
 
-def cached_fixtures(generator: Path, timeout_s: float = GENERATE_TIMEOUT_S, packages=KEYED_PACKAGES,
-                    overlay: str | None = None, inputs=()) -> Path:
-    """The folder `python GENERATOR OUT` filled, from the cache; generated first if absent,
-    keyed by GENERATOR's content and the versions of PACKAGES (and the pins of OVERLAY, the
-    environment of scripts/setup-venv.sh OVERLAY that runs it when given, and the content of
-    the files INPUTS, scripts whose code or fixtures the generator uses). Raises
-    FixtureGenerationError (naming the generator's log) if it fails or runs past TIMEOUT_S."""
+def cached_fixtures(generator: Path, timeout_s: float = GENERATE_TIMEOUT_S, overlay: str | None = None,
+                    inputs=()) -> Path:
+    """The folder `python GENERATOR OUT` filled, from the cache; generated first if absent
+    (by the environment of scripts/setup-venv.sh OVERLAY when given, else this one), under
+    the key entry_name() makes (INPUTS: scripts whose code or fixtures the generator uses).
+    Raises FixtureGenerationError (naming the generator's log) if it fails or runs past
+    TIMEOUT_S."""
     root = cache_root()
-    name = entry_name(generator, packages, overlay, inputs)
+    name = entry_name(generator, overlay, inputs)
     entry = root / name
     if entry.is_dir():
         return entry
@@ -118,7 +179,7 @@ def _lock(lock, timeout_s: float, entry: Path) -> None:
 def _generate(generator: Path, out: Path, timeout_s: float, failed_log: Path, python: str) -> None:
     """Run GENERATOR into OUT; on failure keep its log as FAILED_LOG, remove OUT and raise."""
     log_path = out / "generate.log"
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    env = dict(os.environ, **GENERATION_ENV)
     started = time.monotonic()
     with open(log_path, "wb") as log:
         # A new session, so that a hang is ended by killing the generator and every rank it

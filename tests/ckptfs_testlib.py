@@ -238,6 +238,39 @@ def zero_fixtures_root() -> Path:
     return cached_fixtures_or_fail(ZERO_CHECKPOINTS)
 
 
+# How every test that compares a model loaded from a mount with a reference model loads both:
+# float32, eager attention, eager experts (a mixture of experts' grouped matmul and the
+# default attention pick kernels by what the machine has), in one process with one thread
+# count. Two models loaded so from equal tensors give equal logits, bit for bit; a model made
+# another way (built in memory, in another process, by another transformers, on other
+# threads) need not, and proves nothing about ckptfs when it differs.
+CAUSAL_LM_LOAD = {"dtype": torch.float32, "attn_implementation": "eager", "experts_implementation": "eager"}
+
+
+def causal_lm(folder, **checked):
+    """transformers' AutoModelForCausalLM.from_pretrained(FOLDER) loaded as CAUSAL_LM_LOAD
+    says, in eval mode; CHECKED: output_loading_info=True gives (model, info)."""
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(folder), **CAUSAL_LM_LOAD, **checked)
+    model = loaded[0] if isinstance(loaded, tuple) else loaded
+    model.eval()
+    return loaded
+
+
+def logits_of(model, input_ids) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=input_ids).logits
+
+
+def assert_same_logits(model, reference_folder, input_ids, what: str) -> None:
+    """MODEL's logits on INPUT_IDS equal, bit for bit, those of the model from_pretrained loads
+    from REFERENCE_FOLDER (the reference tool's own files) the same way in this process."""
+    reference = causal_lm(reference_folder)
+    assert type(model) is type(reference), f"{what}: {type(model).__name__} != {type(reference).__name__}"
+    assert_bitwise_equal(logits_of(model, input_ids), logits_of(reference, input_ids), what)
+
+
 def flatten_tensors_with_paths(obj, path=()) -> dict:
     """{flattened key: (path, tensor)} for every tensor in a nested checkpoint, keyed the way
     doc/CLI.md flattens them (containers joined with '.', ints in decimal)."""

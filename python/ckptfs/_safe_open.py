@@ -113,6 +113,71 @@ def slice_plan(shape: Sequence[int], item: int, index) -> tuple[Any, Any, list[i
     return offsets, np.full(len(offsets), run, np.uint64), out_shape
 
 
+def numpy_index(shape: Sequence[int], index) -> tuple:
+    """INDEX on a tensor of SHAPE as safetensors' numpy framework reads it: integers (negative
+    ones counted from the end), slices with positive steps and one Ellipsis; anything else,
+    and any index outside the tensor, raises SafetensorError with safetensors' own message.
+    Unlike numpy, a slice's stop past the end is an error there too. Returns the index with
+    every integer made non-negative and the Ellipsis expanded, for slice_plan."""
+    index = index if isinstance(index, tuple) else (index,)
+    if sum(1 for i in index if i is Ellipsis) > 1:
+        raise SafetensorError("Only one ellipsis (...) is allowed in slice index")
+    expanded, ndim = [], len(shape)
+    for position, i in enumerate(index):
+        if i is Ellipsis:
+            expanded += [slice(None)] * max(ndim - (len(index) - 1), 0)
+            continue
+        if isinstance(i, slice):
+            if i.step is not None and operator.index(i.step) <= 0:
+                raise SafetensorError(f"Slice step must be a positive integer, got {i.step}")
+            expanded.append(i)
+            continue
+        try:
+            k = operator.index(i)
+        except TypeError:
+            k = None
+        if k is None or not -2**63 <= k < 2**63:
+            raise SafetensorError(f"Unsupported slice index at position {position}: expected slice, int, or ellipsis")
+        dim = len(expanded)
+        size = shape[dim] if dim < ndim else 0
+        if k < 0:
+            if k < -size:
+                raise SafetensorError(f"Invalid index {k} for dimension {dim} of size {size}")
+            k += size
+        expanded.append(k)
+
+    def text(i) -> str:
+        if not isinstance(i, slice):
+            return str(i)
+        part = lambda v: "" if v is None else str(v)  # noqa: E731
+        return f"{part(i.start)}:{part(i.stop)}" + ("" if i.step is None else f":{i.step}")
+
+    def failure(why: str) -> SafetensorError:
+        return SafetensorError(f"Error during slicing [{', '.join(map(text, expanded))}] with shape "
+                               f"[{', '.join(map(str, shape))}]: {why}")
+
+    if len(expanded) > ndim:
+        raise failure("more slicing indexes than dimensions in tensor")
+    for dim, (i, size) in enumerate(zip(expanded, shape)):
+        if isinstance(i, slice):
+            start, stop = i.start, i.stop
+            # A negative bound keeps Python's meaning (safetensors fails to convert it).
+            start = 0 if start is None else operator.index(start)
+            stop = size if stop is None else operator.index(stop)
+            if start >= size:
+                bad = start
+            elif stop > size:
+                bad = stop - 1
+            else:
+                continue
+        elif i >= size:
+            bad = i
+        else:
+            continue
+        raise failure(f"index {bad} out of bounds for tensor dimension #{dim} of size {size}")
+    return tuple(expanded)
+
+
 class safe_open:
     """Opens a checkpoint lazily and returns tensors as asked: safetensors' safe_open (its
     arguments, methods, errors and behaviour after close), for every source ckptfs reads:
@@ -335,7 +400,17 @@ class TensorSlice:
     def __getitem__(self, index):
         entry = self._entry
         shape = torch_shape(entry)
-        basic, new_axes, gather = _split_index(index, len(shape))
+        if self._framework == "numpy":
+            # safetensors' numpy slices: no None, no integer lists (an empty one reads nothing).
+            if isinstance(index, list):
+                if index:
+                    raise SafetensorError("Non empty lists are not implemented")
+                import numpy as np
+
+                return np.empty([0, *shape[1:]], numpy_dtype(entry))
+            basic, new_axes, gather = numpy_index(shape, index), [], None
+        else:
+            basic, new_axes, gather = _split_index(index, len(shape))
         if gather is not None:
             size = shape[gather[1]] if gather[1] < len(shape) else 0
             for k in gather[2]:

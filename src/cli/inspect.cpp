@@ -180,7 +180,7 @@ int RunInfo(const Args& args) {
     const json& m = fields["map"];
     info["map"] = {{"name", m["name"]}, {"reason", m["reason"]}, {"parameters", m["parameters"]},
                    {"map_file", m["map_file"]}, {"model_config_source", m["model_config_source"]},
-                   {"key_prefix", m["key_prefix"]}};
+                   {"key_prefix", m["key_prefix"]}, {"model_config_from_tensors", m["model_config_from_tensors"]}};
   }
   info["tensor_count"] = served.size();
   info["total_bytes"] = total;
@@ -207,8 +207,12 @@ int RunInfo(const Args& args) {
   std::string text;
   text += "source:       " + catalog->source + "\n";
   text += "format:       " + catalog->format + "\n";
-  if (info.contains("map"))
+  if (info.contains("map")) {
     text += "map:          " + info["map"]["name"].get<std::string>() + " (" + info["map"]["reason"].get<std::string>() + ")\n";
+    // The config's facts that its source left unsaid and the stored tensors proved.
+    for (const auto& [field, fact] : info["map"]["model_config_from_tensors"].items())
+      text += "from tensors: " + field + " = " + fact["value"].dump() + " (" + fact["why"].get<std::string>() + ")\n";
+  }
   text += "tensors:      " + std::to_string(served.size()) + "\n";
   text += "tensor bytes: " + std::to_string(total) + "\n";
   text += "files:\n";

@@ -17,6 +17,7 @@
 #include "format/dcp_metadata.hpp"
 #include "format/megatron_config.hpp"
 #include "format/megatron_framework_config.hpp"
+#include "format/megatron_tensor_facts.hpp"
 #include "format/megatron_fragments.hpp"
 #include "format/readers.hpp"
 #include "format/safetensors_header.hpp"
@@ -569,6 +570,8 @@ Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, C
   // The checkpoint's own objects keep their keys; the reader's summary goes beside them.
   catalog->metadata[catalog->metadata.contains("dcp") ? "$dcp" : "dcp"] = std::move(info);
   AddMegatronModelConfig(folder, options.limits, catalog);
+  // What the config leaves unsaid (an older Megatron-LM's args), the tensors may prove.
+  AddMegatronTensorFacts(catalog);
   return Status::OK();
 }
 

@@ -117,7 +117,7 @@ bool IsDcpFolder(Env& env, const std::string& dir);
 // the Env of catalog->files. Tensor chunks become boxes of the full tensors; non-tensor
 // entries are decoded into the catalog's metadata; metadata["dcp"] says what was served.
 Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);
-inline constexpr uint32_t kDcpFormat = 4;
+inline constexpr uint32_t kDcpFormat = 5;
 
 // A veRL FSDP checkpoint: an actor or critic folder (model_world_size_W_rank_R.pt, ...), the
 // global_step_N/ folder holding it or the run folder naming the step

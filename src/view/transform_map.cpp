@@ -1227,6 +1227,23 @@ Status MapTransform::Apply(ServedTensors* served) const {
   if (!has_config) config_source = config_error.empty() ? "no model_config" : "no model_config: " + config_error;
   for (const auto& [name, value] : settings_) config[name] = SettingValue(value);
   NormalizeModelConfig(&config);
+  // A config that says otherwise than the stored tensors (format/megatron_tensor_facts.hpp)
+  // would have the map serve a model the weights do not make; a setting of the user's decides.
+  auto set_by_user = [&](const std::string& field) {
+    return std::any_of(settings_.begin(), settings_.end(), [&](const auto& s) { return s.first == field; });
+  };
+  const std::string where = spec_ == "auto" ? "map=auto" : "map " + spec_;
+  if (metadata.is_object() && metadata.contains("model_config_conflicts") && metadata["model_config_conflicts"].is_object())
+    for (const auto& [field, why] : metadata["model_config_conflicts"].items())
+      if (!set_by_user(field) && why.is_string())
+        return Status::NotSupported(where, config_source + " disagrees with the stored tensors on " + field + ": " +
+                                               why.get<std::string>() + " (give map." + field + "=VALUE to decide)");
+  // The facts of the config that the tensors gave (and no setting overrode), for info.
+  json from_tensors = json::object();
+  if (metadata.is_object() && metadata.contains("model_config_from_tensors") &&
+      metadata["model_config_from_tensors"].is_object())
+    for (const auto& [field, why] : metadata["model_config_from_tensors"].items())
+      if (!set_by_user(field) && config.contains(field)) from_tensors[field] = {{"value", config[field]}, {"why", why}};
   auto make = [&](const KeyMap& map) {
     auto m = std::make_unique<Mapping>(map, config, "map " + map.name, *served);
     for (const auto& [name, value] : settings_) m->Set(name, SettingValue(value));
@@ -1319,7 +1336,16 @@ Status MapTransform::Apply(ServedTensors* served) const {
     if (s.ok() || has_config || config_error.empty() || s.message().find(config_error) != std::string::npos) return s;
     return Status::NotSupported("", s.message() + " (" + config_source + ")");
   };
-  CKPTFS_RETURN_IF_ERROR(with_config_error(mapping->CheckRequirements(config_source)));
+  // A requirement that fails on a fact the tensors gave names the tensor that gave it.
+  auto with_evidence = [&](const Status& s) {
+    if (s.ok()) return s;
+    std::string evidence;
+    for (const auto& [field, fact] : from_tensors.items())
+      if (s.message().find(field) != std::string::npos)
+        evidence += (evidence.empty() ? "" : "; ") + field + " from the tensors: " + fact["why"].get<std::string>();
+    return evidence.empty() ? s : Status::NotSupported("", s.message() + " (" + evidence + ")");
+  };
+  CKPTFS_RETURN_IF_ERROR(with_evidence(with_config_error(mapping->CheckRequirements(config_source))));
   bool found = false;
   for (const std::string& prefix : used_map.key_prefixes)
     if ((found = mapping->FindsUnder(prefix))) break;
@@ -1340,6 +1366,7 @@ Status MapTransform::Apply(ServedTensors* served) const {
                  {"reason", reason},
                  {"map_file", used_map.origin},
                  {"model_config_source", config_source},
+                 {"model_config_from_tensors", from_tensors},
                  {"key_prefix", mapping->prefix()},
                  {"parameters", mapping->Parameters()}};
   (*served->mutable_manifest_fields())["map"] = std::move(record);

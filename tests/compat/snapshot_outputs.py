@@ -61,7 +61,7 @@ def sources(max_mb: int) -> tuple[dict, list]:
     parallel = cached_fixtures(PARALLEL_CHECKPOINTS)
     for case in sorted(p for p in parallel.iterdir() if p.is_dir()):
         found[f"parallel/{case.name}"] = case / "checkpoint" if (case / "checkpoint").is_dir() else case
-    dcp = cached_fixtures(DCP_CHECKPOINTS, packages=("torch", "transformers"))
+    dcp = cached_fixtures(DCP_CHECKPOINTS)
     for case in sorted(dcp.iterdir()):
         if case.is_dir() or case.suffix == ".pt":
             found[f"dcp/{case.name}"] = case

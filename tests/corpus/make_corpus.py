@@ -1912,7 +1912,7 @@ def main(argv=None) -> int:
         return 0
     ZERO_DIR = cached_fixtures(ZERO_CHECKPOINTS)
     UNIVERSAL_DIR = cached_fixtures(UNIVERSAL_CHECKPOINTS, inputs=(ZERO_CHECKPOINTS,))
-    DCP_DIR = cached_fixtures(DCP_CHECKPOINTS, packages=("torch", "transformers"))
+    DCP_DIR = cached_fixtures(DCP_CHECKPOINTS)
     if CASES_DIR.exists():
         shutil.rmtree(CASES_DIR)
     CASES_DIR.mkdir()

@@ -39,15 +39,12 @@ from ckptfs_testlib import (  # noqa: E402,F401  (shared fixtures)
 )
 from make_dcp_checkpoints import LLAMA_CONFIG_DIR, REFERENCE_SUFFIX  # noqa: E402
 
-# The generator builds a transformers Llama, so its version keys the cache entry too.
-DCP_KEYED_PACKAGES = ("torch", "transformers")
-
 
 @pytest.fixture(scope="session")
 def dcp_fixtures_root() -> Path:
     """The folder make_dcp_checkpoints.py filled (<case>/, <case>.reference.pt, cases.json),
     generated once per machine."""
-    return cached_fixtures_or_fail(DCP_CHECKPOINTS, packages=DCP_KEYED_PACKAGES)
+    return cached_fixtures_or_fail(DCP_CHECKPOINTS)
 
 
 def non_tensor_leaves(obj, path=()) -> dict:

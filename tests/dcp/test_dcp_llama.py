@@ -1,12 +1,14 @@
 """transformers loads the Llama case straight from a mount (`-o root=model`, config.json beside
-it) and computes exactly the logits of the same model loaded from dcp_to_torch_save's
-output; with `-o dtype=bf16`, exactly those of that model cast to bfloat16."""
+it) and computes exactly the logits of the same model loaded, in the same process and the same
+way, from dcp_to_torch_save's output; with `-o dtype=bf16`, exactly those of that model loaded
+as bfloat16."""
 
 import shutil
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
 
 from make_dcp_checkpoints import LLAMA_CASE
 
@@ -17,17 +19,15 @@ def input_ids(vocab_size: int) -> torch.Tensor:
     return torch.randint(0, vocab_size, (2, 11), generator=torch.Generator().manual_seed(3))
 
 
-def reference_model(case, dtype: torch.dtype):
-    """The model of dcp_to_torch_save's state dict, its weights cast to DTYPE. Built in DTYPE
-    rather than cast with .to(DTYPE) afterwards: .to() would also cast the rotary embedding's
-    inv_freq buffer, which transformers keeps in fp32 when it builds a bf16 model (as
-    from_pretrained does), and the logits would differ for a reason that is not ckptfs's."""
-    config = AutoConfig.from_pretrained(case.config_dir)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION, dtype=dtype)
-    weights = {key: tensor.to(dtype) for key, tensor in case.reference["model"].items()}
-    missing, unexpected = model.load_state_dict(weights, strict=True)
-    assert not missing and not unexpected
-    return model.eval()
+def reference_model(case, dtype: torch.dtype, tmp_path):
+    """The model of dcp_to_torch_save's state dict, loaded as the mount's is (from_pretrained
+    of a folder: the generator's config.json and those tensors, converted to DTYPE on load)."""
+    folder = tmp_path / "reference"
+    folder.mkdir()
+    shutil.copy2(case.config_dir / "config.json", folder / "config.json")
+    save_file({key: tensor.contiguous().clone() for key, tensor in case.reference["model"].items()},
+              folder / "model.safetensors")
+    return AutoModelForCausalLM.from_pretrained(folder, attn_implementation=ATTENTION, dtype=dtype).eval()
 
 
 def model_folder(mnt, case, tmp_path):
@@ -45,7 +45,7 @@ def model_folder(mnt, case, tmp_path):
 @pytest.mark.parametrize("dtype, options", [(torch.float32, ()), (torch.bfloat16, ("-o", "dtype=bf16"))], ids=["fp32", "bf16"])
 def test_llama_from_mount_gives_the_reference_logits(dcp_case, mounts, tmp_path, dtype, options):
     case = dcp_case(LLAMA_CASE)
-    want_model = reference_model(case, dtype)
+    want_model = reference_model(case, dtype, tmp_path)
     mnt = mounts.mount(case.checkpoint_dir, None, "-o", "root=model", *options)
     got_model = AutoModelForCausalLM.from_pretrained(
         model_folder(mnt, case, tmp_path), attn_implementation=ATTENTION, dtype=dtype

@@ -38,7 +38,7 @@ def framework_fixtures() -> tuple[Path, Path]:
         return Path(packed) / "zero", Path(packed) / "dcp"
     from ckptfs_fixture_cache import DCP_CHECKPOINTS, ZERO_CHECKPOINTS, cached_fixtures
 
-    return cached_fixtures(ZERO_CHECKPOINTS), cached_fixtures(DCP_CHECKPOINTS, packages=("torch", "transformers"))
+    return cached_fixtures(ZERO_CHECKPOINTS), cached_fixtures(DCP_CHECKPOINTS)
 
 
 def make_sources(root: Path) -> dict:

@@ -28,7 +28,7 @@ from minilm import minilm_dir  # noqa: E402,F401
 @pytest.fixture(scope="session")
 def dcp_fixtures_root() -> Path:
     """make_dcp_checkpoints.py's folder (<case>/, <case>.reference.pt, <case>.torch_save/)."""
-    return cached_fixtures_or_fail(DCP_CHECKPOINTS, packages=("torch", "transformers"))
+    return cached_fixtures_or_fail(DCP_CHECKPOINTS)
 
 
 @pytest.fixture(scope="session")

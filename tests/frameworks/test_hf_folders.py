@@ -16,10 +16,6 @@ from safetensors.torch import load_file
 from ckptfs_testlib import assert_bitwise_equal, cached_fixtures_or_fail
 
 GENERATOR = Path(__file__).resolve().parent / "make_hf_folders.py"
-# The base's transformers shapes what the tf5 overlay writes (the overlay adds accelerate and
-# PEFT over it).
-KEYED = ("torch", "transformers", "safetensors")
-
 TF4_CASES = ["trainer-bin", "trainer-safetensors", "sharded-bin", "sharded-safetensors"]
 TF5_CASES = ["trainer", "accelerate-bin", "accelerate-safetensors", "peft-safetensors", "peft-bin"]
 
@@ -45,12 +41,12 @@ OPTIMIZER_PREFIXES = ("state.", "param_groups.")
 
 @pytest.fixture(scope="module")
 def tf4_root() -> Path:
-    return cached_fixtures_or_fail(GENERATOR, overlay="tf4", packages=KEYED)
+    return cached_fixtures_or_fail(GENERATOR, overlay="tf4")
 
 
 @pytest.fixture(scope="module")
 def tf5_root() -> Path:
-    return cached_fixtures_or_fail(GENERATOR, overlay="tf5", packages=KEYED)
+    return cached_fixtures_or_fail(GENERATOR, overlay="tf5")
 
 
 @pytest.fixture(scope="module")

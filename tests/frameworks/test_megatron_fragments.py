@@ -25,7 +25,7 @@ SHAPE_KEY = "nd_reformulated_orig_global_shape"
 @pytest.fixture(scope="module")
 def megatron_root() -> Path:
     # Four gloo ranks of megatron-core on two cores: about 80 s once per machine.
-    return cached_fixtures_or_fail(GENERATOR, overlay="megatron", packages=("torch",), timeout_s=900)
+    return cached_fixtures_or_fail(GENERATOR, overlay="megatron", timeout_s=900)
 
 
 class Case:

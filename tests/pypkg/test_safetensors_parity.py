@@ -122,6 +122,42 @@ def test_slices_equal(written, index):
     both(read)
 
 
+# safetensors' numpy slices refuse more than torch's: an index or a slice's stop past the end
+# (on any dimension, counted from either end), None, lists, floats; each with its own message.
+NUMPY_INDEXES = [
+    i for i in INDEXES + BAD_INDEXES if not isinstance(i, torch.Tensor)
+] + [
+    (slice(2, None), -6), (slice(2, None), 11), (slice(2, None), 12), slice(None, 20), (Ellipsis, 12), (Ellipsis, -13),
+    (Ellipsis, -12), -5, -6, (1, 2, -9), slice(12, 15), slice(0, 20, 2), slice(5, 5), slice(4, 5),
+    (slice(3, None, 2), slice(None, 13)), (slice(1, 3), 11, Ellipsis), (Ellipsis, Ellipsis), (None, 1), (1, None),
+    (0, 1.5), [], (slice(None), []), 2**70, slice(None, None, 0), True, (1, -1), (-1, slice(2, 12, 3)),
+]
+
+
+@pytest.mark.parametrize("index", NUMPY_INDEXES, ids=repr)
+def test_numpy_slices_equal(written, index):
+    def read(opener):
+        with opener(written["mixed"], "np") as f:
+            array = f.get_slice("z.weight")[index]
+            return (type(array).__name__, array.dtype.str, array.shape, array.tobytes())
+
+    both(read)
+
+
+def test_numpy_slice_out_of_range_is_safetensors_error(tmp_path):
+    """safetensors' own test of numpy slices: [2:, -6] of a [10, 5] tensor."""
+    import numpy as np
+    from safetensors.numpy import save_file as save_numpy
+
+    path = tmp_path / "a.safetensors"
+    save_numpy({"a": np.arange(50, dtype=np.float32).reshape(10, 5)}, str(path))
+    with ckptfs.safe_open(path, "np") as f:
+        with pytest.raises(safetensors.SafetensorError) as raised:
+            f.get_slice("a")[2:, -6]
+    assert str(raised.value) == "Invalid index -6 for dimension 1 of size 5"
+    assert np.array_equal(ckptfs.safe_open(path, "np").get_slice("a")[2:, -5], np.arange(50).reshape(10, 5)[2:, -5])
+
+
 def test_slices_of_every_dtype_equal(written):
     def read(opener):
         with opener(written["mixed"], "pt") as f:

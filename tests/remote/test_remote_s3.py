@@ -12,9 +12,6 @@ from test_remote_http import assert_same_trees
 
 BUCKET = "checkpoints"
 
-# tests/dcp keys its fixtures by these too.
-DCP_KEYED_PACKAGES = ("torch", "transformers")
-
 
 @pytest.fixture(scope="module")
 def bucket(s3):
@@ -40,7 +37,7 @@ def test_zero_folder(s3, bucket, zero_fixtures_root, mounts):  # noqa: F811
 
 @pytest.mark.timeout(180)
 def test_dcp_folder(s3, bucket, mounts):
-    root = cached_fixtures_or_fail(DCP_CHECKPOINTS, packages=DCP_KEYED_PACKAGES)
+    root = cached_fixtures_or_fail(DCP_CHECKPOINTS)
     check_same_as_local(s3, bucket, "dcp/fsdp2_ws2", root / "fsdp2_ws2", mounts, "-o", "dtype=bf16")
 
 

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def million_chunks() -> Path:
-    return cached_fixtures_or_fail(GENERATOR, timeout_s=GENERATE_TIMEOUT_S, packages=("torch",))
+    return cached_fixtures_or_fail(GENERATOR, timeout_s=GENERATE_TIMEOUT_S)
 
 
 def test_million_chunk_listing(million_chunks, ckptfs_bin, tmp_path):

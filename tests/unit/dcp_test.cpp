@@ -13,6 +13,7 @@
 #include "ckptfs/catalog.hpp"
 #include "format/dcp_metadata.hpp"
 #include "format/megatron_fragments.hpp"
+#include "format/megatron_tensor_facts.hpp"
 #include "test_util.hpp"
 
 using ckptfs::Catalog;
@@ -385,4 +386,84 @@ BOOST_AUTO_TEST_CASE(megatron_reformulation_that_does_not_fit_is_refused) {
   BOOST_TEST(!ckptfs::PlaceMegatronFragment(plan, V{0, 2, 0}, V{1, 1, 1}, 0, 0, 4, &boxes, &why));
   BOOST_TEST(!ckptfs::PlaceMegatronFragment(plan, V{0, 0, 0}, V{1, 1, 1}, 0, ~uint64_t{0}, 4, &boxes, &why));
   BOOST_TEST(boxes.empty());
+}
+
+namespace {
+
+// A catalog of tensors with these keys (shapes [rows, 8]) and this model_config.
+Catalog WithTensors(const std::vector<std::pair<std::string, uint64_t>>& keys, nlohmann::json config) {
+  Catalog c;
+  for (const auto& [key, rows] : keys) {
+    TensorEntry t;
+    t.key = key;
+    t.shape = {rows, 8};
+    c.tensors.push_back(std::move(t));
+  }
+  c.metadata["model_config"] = std::move(config);
+  return c;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(megatron_tensor_facts_fill_what_the_config_leaves_unsaid) {
+  // Per-layer keys under NeMo's module. prefix; q/k norms, no biases, SwiGLU rows, tied.
+  Catalog c = WithTensors({{"module.decoder.layers.0.self_attention.linear_qkv.weight", 48},
+                           {"module.decoder.layers.0.self_attention.k_layernorm.weight", 8},
+                           {"module.decoder.layers.0.self_attention.linear_proj.weight", 32},
+                           {"module.decoder.layers.0.mlp.linear_fc1.weight", 128},
+                           {"module.embedding.word_embeddings.weight", 100}},
+                          {{"ffn_hidden_size", 64}, {"add_bias_linear", nullptr}});
+  ckptfs::AddMegatronTensorFacts(&c);
+  const nlohmann::json& config = c.metadata["model_config"];
+  BOOST_TEST(config["qk_layernorm"] == true);
+  BOOST_TEST(config["add_bias_linear"] == false);  // null counts as unset
+  BOOST_TEST(config["add_qkv_bias"] == false);
+  BOOST_TEST(config["swiglu"] == true);
+  BOOST_TEST(config["untie_embeddings_and_output_weights"] == false);
+  BOOST_TEST(!config.contains("moe_router_enable_expert_bias"));  // no router: nothing proved
+  BOOST_TEST(c.metadata["model_config_from_tensors"].size() == 5u);
+  BOOST_TEST(c.metadata["model_config_from_tensors"]["qk_layernorm"] ==
+             "module.decoder.layers.0.self_attention.k_layernorm.weight is stored");
+  BOOST_TEST(!c.metadata.contains("model_config_conflicts"));
+}
+
+BOOST_AUTO_TEST_CASE(megatron_tensor_facts_decide_only_on_evidence) {
+  // No attention weights: a missing q/k norm proves nothing. Linear biases: the QKV bias
+  // cannot tell add_qkv_bias. An fc1 neither F nor 2F rows long: no SwiGLU answer.
+  Catalog c = WithTensors({{"decoder.layers.self_attention.linear_proj.weight", 32},
+                           {"decoder.layers.self_attention.linear_proj.bias", 32},
+                           {"decoder.layers.self_attention.linear_qkv.bias", 48},
+                           {"decoder.layers.mlp.linear_fc1.weight", 96},
+                           {"optimizer.state.exp_avg.decoder.layers.self_attention.q_layernorm.weight", 8}},
+                          {{"ffn_hidden_size", 64}});
+  ckptfs::AddMegatronTensorFacts(&c);
+  const nlohmann::json& config = c.metadata["model_config"];
+  BOOST_TEST(config["add_bias_linear"] == true);
+  for (const char* undecided : {"qk_layernorm", "add_qkv_bias", "swiglu", "untie_embeddings_and_output_weights"})
+    BOOST_TEST(!config.contains(undecided), undecided);
+  // Without a model_config there is nothing to complete.
+  Catalog bare = WithTensors({{"decoder.layers.self_attention.linear_qkv.weight", 48}}, nullptr);
+  bare.metadata.erase("model_config");
+  ckptfs::AddMegatronTensorFacts(&bare);
+  BOOST_TEST(!bare.metadata.contains("model_config_from_tensors"));
+}
+
+BOOST_AUTO_TEST_CASE(megatron_tensor_facts_note_a_config_the_tensors_contradict) {
+  Catalog c = WithTensors({{"decoder.layers.self_attention.linear_qkv.weight", 48},
+                           {"decoder.layers.self_attention.q_layernorm.weight", 8},
+                           {"decoder.layers.mlp.router.weight", 4},
+                           {"decoder.layers.mlp.router.expert_bias", 4},
+                           {"output_layer.weight", 100},
+                           {"embedding.word_embeddings.weight", 100}},
+                          {{"qk_layernorm", false}, {"moe_router_enable_expert_bias", false},
+                           {"untie_embeddings_and_output_weights", false}});
+  ckptfs::AddMegatronTensorFacts(&c);
+  const nlohmann::json& conflicts = c.metadata["model_config_conflicts"];
+  BOOST_TEST(conflicts.size() == 2u);
+  BOOST_TEST(conflicts["qk_layernorm"] ==
+             "the config says false, but decoder.layers.self_attention.q_layernorm.weight is stored");
+  BOOST_TEST(conflicts.contains("moe_router_enable_expert_bias"));
+  // A tied output layer may be stored as a copy: the config's word stands, unchanged.
+  BOOST_TEST(c.metadata["model_config"]["untie_embeddings_and_output_weights"] == false);
+  BOOST_TEST(c.metadata["model_config"]["qk_layernorm"] == false);
 }

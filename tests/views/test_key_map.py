@@ -4,7 +4,8 @@ own class, seeded) has its state dict rewritten into Megatron's layout (stacked 
 rows interleaved by query group, [gate; up] fused, padded vocabulary, norms inside the fused
 linears), saved with torch.distributed.checkpoint beside a common.pt holding Megatron-LM's
 args Namespace, in Megatron's run-folder layout. The mapped tree must give back the original
-state dict byte for byte, and transformers' from_pretrained of it the original logits.
+state dict byte for byte, and transformers' from_pretrained of it the logits of the original's
+save_pretrained folder loaded the same way (ckptfs_testlib.causal_lm).
 megatron-core's own multi-rank saves are covered by tests/frameworks/test_megatron_hf_map.py;
 here the chunk layout is one box per tensor, and tests/unit/key_map_test.cpp covers boxes
 split by tensor-parallel ranks."""
@@ -14,6 +15,7 @@ import json
 
 import pytest
 
+from ckptfs_testlib import assert_same_logits, causal_lm
 from fusetools import daemon_pids, mount_entry
 
 torch = pytest.importorskip("torch")
@@ -78,8 +80,9 @@ def megatron_state(sd, cfg, prefix=""):
     return {prefix + k: v.contiguous() for k, v in out.items()}
 
 
-def megatron_args(cfg, kind, **over):
-    """Megatron-LM's args as its training loop pickles them into common.pt."""
+def megatron_args(cfg, kind, drop=(), **over):
+    """Megatron-LM's args as its training loop pickles them into common.pt (without the fields
+    DROP names: an older Megatron-LM's, which predate them)."""
     fields = dict(num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size,
                   ffn_hidden_size=cfg.intermediate_size, num_attention_heads=cfg.num_attention_heads,
                   group_query_attention=True, num_query_groups=cfg.num_key_value_heads,
@@ -92,6 +95,8 @@ def megatron_args(cfg, kind, **over):
                   bf16=False, fp16=False, make_vocab_size_divisible_by=128, tensor_model_parallel_size=1,
                   lr=3e-4, train_iters=10)
     fields.update(over)
+    for name in drop:
+        del fields[name]
     return argparse.Namespace(**fields)
 
 
@@ -105,7 +110,9 @@ def save_megatron(folder, state, args):
     return folder
 
 
-def build(tmp_path_factory, kind, tied, prefix="", **over):
+def build(tmp_path_factory, kind, tied, prefix="", drop=(), **over):
+    """(the Megatron run folder, the HF model as from_pretrained loads its save_pretrained
+    folder (model.name_or_path), its state dict)."""
     import transformers
 
     torch.manual_seed({"llama": 1, "qwen2": 2, "qwen3": 3}[kind])
@@ -118,8 +125,10 @@ def build(tmp_path_factory, kind, tied, prefix="", **over):
                 p.uniform_(0.5, 1.5)
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
     folder = save_megatron(tmp_path_factory.mktemp(f"megatron-{kind}"), megatron_state(sd, cfg, prefix),
-                           megatron_args(cfg, kind, **over))
-    return folder, model, sd
+                           megatron_args(cfg, kind, drop, **over))
+    hf = tmp_path_factory.mktemp(f"hf-{kind}")
+    model.save_pretrained(str(hf))
+    return folder, causal_lm(hf), sd
 
 
 @pytest.fixture(scope="module")
@@ -147,17 +156,10 @@ def export(run_ckptfs, source, out, *options):
     return load_file(str(out / "model.safetensors")), json.loads((out / "config.json").read_text())
 
 
-def logits(model, ids):
-    with torch.no_grad():
-        return model(ids).logits
-
-
 @pytest.mark.parametrize("case", ["llama", "qwen2_tied", "qwen3"])
 def test_round_trip_is_the_hf_model(case, request, run_ckptfs, tmp_path):
     """map=auto picks the family from common.pt's args; every served tensor equals the HF
     original bit for bit; from_pretrained of the export gives the original logits."""
-    import transformers
-
     folder, model, sd = request.getfixturevalue(case)
     kind = case.split("_")[0]
     info = run_ckptfs("info", str(folder), "--map", "auto").stdout.decode()
@@ -170,10 +172,63 @@ def test_round_trip_is_the_hf_model(case, request, run_ckptfs, tmp_path):
         assert got[k].dtype == v.dtype and got[k].shape == v.shape and torch.equal(got[k], v), k
     assert config["model_type"] == kind and config["tie_word_embeddings"] == tied
     assert config["vocab_size"] == VOCAB and config["num_key_value_heads"] == 2 and config["torch_dtype"] == "float32"
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
-    assert type(loaded) is type(model)
     ids = torch.tensor([[1, 5, 9, 42, 77, 99, 3]])
-    assert torch.equal(logits(loaded, ids), logits(model, ids))
+    assert_same_logits(causal_lm(tmp_path / "out"), model.name_or_path, ids, f"{case}: the export vs the HF folder")
+
+
+# Megatron-LM args that predate a switch the maps need; what the tensors prove in its place.
+QK_NORMS = "decoder.layers.self_attention.q_layernorm.weight is stored"
+NO_QK_NORMS = "no q_layernorm or k_layernorm weight is stored beside decoder.layers.self_attention.linear_qkv.weight"
+OLDER_ARGS = {
+    "llama": (False, ("qk_layernorm",), {"qk_layernorm": (False, NO_QK_NORMS)}),
+    "qwen3": (False, ("qk_layernorm",), {"qk_layernorm": (True, QK_NORMS)}),
+    # Every switch the tensors prove left out, on a tied model with QKV biases.
+    "qwen2": (True, ("qk_layernorm", "add_qkv_bias", "add_bias_linear", "untie_embeddings_and_output_weights",
+                     "swiglu"),
+              {"qk_layernorm": (False, NO_QK_NORMS),
+               "add_bias_linear": (False, "no bias is stored beside decoder.layers.self_attention.linear_proj.weight"),
+               "add_qkv_bias": (True, "decoder.layers.self_attention.linear_qkv.bias is stored, and no other linear bias is"),
+               "untie_embeddings_and_output_weights": (
+                   False, "no output_layer.weight is stored beside embedding.word_embeddings.weight"),
+               "swiglu": (True, "decoder.layers.mlp.linear_fc1.weight has 160 rows and ffn_hidden_size is 80 "
+                                ": gate and up")}),
+}
+
+
+@pytest.mark.parametrize("kind", OLDER_ARGS)
+def test_args_of_an_older_megatron_are_completed_by_the_tensors(kind, tmp_path_factory, run_ckptfs, tmp_path):
+    """An args Namespace without qk_layernorm (and the other switches Megatron-LM added over
+    time): map=auto decides them from the stored tensors, says so in info, and serves the HF
+    model exactly."""
+    tied, drop, facts = OLDER_ARGS[kind]
+    folder, model, sd = build(tmp_path_factory, kind, tied=tied, drop=drop)
+    text = run_ckptfs("info", str(folder), "--map", "auto").stdout.decode()
+    assert f"map:          {kind} (common.pt args: " in text, text
+    for field, (value, why) in facts.items():
+        assert f"from tensors: {field} = {json.dumps(value)} ({why})" in text, text
+    info = json.loads(run_ckptfs("info", "--json", str(folder), "--map", "auto").stdout)
+    assert info["map"]["model_config_from_tensors"] == {f: {"value": v, "why": w} for f, (v, w) in facts.items()}
+    got, config = export(run_ckptfs, folder, tmp_path / "out", "--map", "auto")
+    want = {k: v for k, v in sd.items() if not (tied and k == "lm_head.weight")}
+    assert list(got) == list(want)
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
+    assert config["tie_word_embeddings"] == tied
+    ids = torch.tensor([[1, 5, 9, 42, 77, 99, 3]])
+    assert_same_logits(causal_lm(tmp_path / "out"), model.name_or_path, ids, f"{kind}: the export vs the HF folder")
+
+
+def test_args_that_contradict_the_tensors_are_refused(tmp_path_factory, run_ckptfs):
+    """args saying there are no q/k norms beside stored q/k norms would make map=auto serve
+    Llama without them: refused in one line, unless the user decides with map.qk_layernorm."""
+    folder, _, _ = build(tmp_path_factory, "qwen3", tied=False, qk_layernorm=False)
+    res = run_ckptfs("ls", str(folder), "--map", "auto", check=False)
+    err = res.stderr.decode()
+    assert res.returncode != 0 and res.stdout == b"" and len(err.strip().splitlines()) == 1, err
+    assert ("map=auto: common.pt args disagrees with the stored tensors on qk_layernorm: the config says false, but "
+            f"{QK_NORMS} (give map.qk_layernorm=VALUE to decide)") in err, err
+    text = run_ckptfs("info", str(folder), "--map", "auto", "--map.qk-layernorm=true").stdout.decode()
+    assert "map:          qwen3 (" in text, text
 
 
 def test_info_json_names_the_map_and_its_parameters(llama, run_ckptfs):
@@ -247,7 +302,13 @@ def test_parameters_that_disagree_with_the_tensors_are_refused(llama, run_ckptfs
     assert message in err, err
 
 
-def test_a_tensor_the_map_does_not_know_is_refused(tmp_path_factory, run_ckptfs, mounts):
+@pytest.mark.parametrize("bias, message", [
+    ("mlp.linear_fc2.bias", "tensor 'decoder.layers.mlp.linear_fc2.bias' [3, 48] is used by no rule"),
+    # A bias the args deny (add_bias_linear false) is caught first, as a config the tensors contradict.
+    ("self_attention.linear_proj.bias", "disagrees with the stored tensors on add_bias_linear: the config says false, "
+                                        "but decoder.layers.self_attention.linear_proj.bias is stored"),
+])
+def test_a_tensor_the_map_does_not_know_is_refused(tmp_path_factory, run_ckptfs, mounts, bias, message):
     """A Megatron model with linear biases has tensors Llama has no place for: refused by
     name, at mount too (no mount), never dropped."""
     import transformers
@@ -256,14 +317,14 @@ def test_a_tensor_the_map_does_not_know_is_refused(tmp_path_factory, run_ckptfs,
     cfg = hf_config("llama", False)
     sd = transformers.AutoModelForCausalLM.from_config(cfg).state_dict()
     state = megatron_state(sd, cfg)
-    state["decoder.layers.self_attention.linear_proj.bias"] = torch.zeros(3, 48)
+    state["decoder.layers." + bias] = torch.zeros(3, 48)
     folder = save_megatron(tmp_path_factory.mktemp("bias"), state, megatron_args(cfg, "llama"))
     res = run_ckptfs("ls", str(folder), "--map", "llama", check=False)
     assert res.returncode != 0
-    assert "tensor 'decoder.layers.self_attention.linear_proj.bias' [3, 48] is used by no rule" in res.stderr.decode()
+    assert message in res.stderr.decode(), res.stderr.decode()
     mountpoint, bounded = mounts.try_mount(str(folder), "map=llama")
     assert bounded.returncode == 1 and len(bounded.stderr.splitlines()) == 1, bounded.describe()
-    assert "linear_proj.bias" in bounded.stderr.splitlines()[0]
+    assert bias in bounded.stderr.splitlines()[0]
     assert mount_entry(mountpoint) is None and daemon_pids(mountpoint, mounts.binary) == []
 
 
@@ -387,6 +448,7 @@ def build_moe(tmp_path_factory, kind, pre_softmax, per_expert_keys=False):
                 p.uniform_(0.5, 1.5)
     hf = tmp_path_factory.mktemp(f"hf-{kind}")
     model.save_pretrained(str(hf))
+    model = causal_lm(hf)
     disk = load_file(str(hf / "model.safetensors"))
     ffn = cfg.intermediate_size if kind == "mixtral" else cfg.moe_intermediate_size
     args = megatron_args(cfg, "qwen3" if kind == "qwen3_moe" else "llama", num_layers=2, num_experts=4,
@@ -414,8 +476,6 @@ def test_moe_round_trip_is_the_hf_model(case, request, run_ckptfs, mounts):
     """map=auto picks the MoE map from the experts in common.pt's args; the mount serves the
     router and every expert's gate/up/down as save_pretrained wrote them, bit for bit, and
     from_pretrained of the mount gives the original logits (routing included)."""
-    import transformers
-
     folder, model, disk = request.getfixturevalue(case)
     info = run_ckptfs("info", str(folder), "--map", "auto").stdout.decode()
     assert f"map:          {case} (common.pt args: a mixture of experts" in info
@@ -436,10 +496,8 @@ def test_moe_round_trip_is_the_hf_model(case, request, run_ckptfs, mounts):
         assert config["norm_topk_prob"] is False and config["moe_intermediate_size"] == 40 and config["num_experts"] == 4
     else:
         assert config["num_local_experts"] == 4 and config["intermediate_size"] == 40
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(mnt)).eval()
-    assert type(loaded) is type(model)
     ids = torch.tensor([[1, 5, 9, 42, 77, 99, 3]])
-    assert torch.equal(logits(loaded, ids), logits(model, ids))
+    assert_same_logits(causal_lm(mnt), model.name_or_path, ids, f"{case}: the mount vs the HF folder")
 
 
 def test_moe_per_expert_keys(tmp_path_factory, run_ckptfs, tmp_path, qwen3_moe):
@@ -483,7 +541,14 @@ def test_moe_tensors_a_map_has_no_place_for_are_refused(tmp_path_factory, run_ck
                          moe_ffn_hidden_size=40, ffn_hidden_size=40)
     bias = save_megatron(tmp_path_factory.mktemp("moe-bias"), state, args)
     err = run_ckptfs("ls", str(bias), "--map", "auto", check=False).stderr.decode()
-    assert "tensor 'decoder.layers.mlp.router.expert_bias' [2, 4] is used by no rule" in err, err
+    # The args (older than the switch) say nothing of an expert bias: the stored one proves it.
+    assert ("fails '!(moe_router_enable_expert_bias ?? false)': MixtralForCausalLM's router has no expert bias "
+            "(moe_router_enable_expert_bias from the tensors: decoder.layers.mlp.router.expert_bias is stored)") in err, err
+    # Args that deny it are contradicted by the tensor.
+    args.moe_router_enable_expert_bias = False
+    denied = save_megatron(tmp_path_factory.mktemp("moe-bias-denied"), state, args)
+    err = run_ckptfs("ls", str(denied), "--map", "auto", check=False).stderr.decode()
+    assert "disagrees with the stored tensors on moe_router_enable_expert_bias" in err, err
     # The dense map refuses an MoE config before it looks at tensors.
     err = run_ckptfs("ls", str(folder), "--map", "llama", check=False).stderr.decode()
     assert "fails '(num_experts ?? 0) == 0'" in err, err
