@@ -69,6 +69,15 @@ class Facts {
       conflicts_[field] = "the config says " + std::string(it->get<bool>() ? "true" : "false") + ", but " + why;
     }
   }
+  // `field` is true when `stored` is there; false when it is not but `beside` is (`what`
+  // names the missing tensor); undecided when neither is.
+  void ProveStored(const char* field, const TensorEntry* stored, const TensorEntry* beside, std::string_view what,
+                   std::string_view and_also = "", bool checked = true) {
+    if (stored)
+      Prove(field, true, Stored(stored) + std::string(and_also), checked);
+    else if (beside)
+      Prove(field, false, "no " + std::string(what) + " is stored beside " + beside->key, checked);
+  }
   bool Is(const char* field, bool value) const {
     auto it = config_.find(field);
     return it != config_.end() && it->is_boolean() && it->get<bool>() == value;
@@ -92,41 +101,20 @@ void AddMegatronTensorFacts(Catalog* catalog) {
   Facts facts(&metadata["model_config"]);
   const auto& layer = t.layer;
 
-  if (const TensorEntry* qkv = layer[kQkvWeight]) {
-    if (const TensorEntry* norm = layer[kQNorm] ? layer[kQNorm] : layer[kKNorm])
-      facts.Prove("qk_layernorm", true, Stored(norm));
-    else
-      facts.Prove("qk_layernorm", false, "no q_layernorm or k_layernorm weight is stored beside " + qkv->key);
-  }
-  if (const TensorEntry* proj = layer[kProjWeight]) {
-    if (layer[kProjBias])
-      facts.Prove("add_bias_linear", true, Stored(layer[kProjBias]));
-    else
-      facts.Prove("add_bias_linear", false, "no bias is stored beside " + proj->key);
-  }
+  // Each fact: true when its tensor is stored, false when it is not but the tensor it would
+  // sit beside is.
+  facts.ProveStored("qk_layernorm", layer[kQNorm] ? layer[kQNorm] : layer[kKNorm], layer[kQkvWeight],
+                    "q_layernorm or k_layernorm weight");
+  facts.ProveStored("add_bias_linear", layer[kProjBias], layer[kProjWeight], "bias");
   // Megatron gives linear_qkv a bias when add_bias_linear or add_qkv_bias is set: the bias
   // proves add_qkv_bias only in a model without linear biases.
-  if (const TensorEntry* qkv = layer[kQkvWeight]; qkv && facts.Is("add_bias_linear", false)) {
-    if (layer[kQkvBias])
-      facts.Prove("add_qkv_bias", true, Stored(layer[kQkvBias]) + ", and no other linear bias is");
-    else
-      facts.Prove("add_qkv_bias", false, "no bias is stored beside " + qkv->key);
-  }
-  if (const TensorEntry* router = layer[kRouter]) {
-    if (layer[kExpertBias])
-      facts.Prove("moe_router_enable_expert_bias", true, Stored(layer[kExpertBias]));
-    else
-      facts.Prove("moe_router_enable_expert_bias", false, "no expert_bias is stored beside " + router->key);
-  }
+  if (facts.Is("add_bias_linear", false))
+    facts.ProveStored("add_qkv_bias", layer[kQkvBias], layer[kQkvWeight], "bias", ", and no other linear bias is");
+  facts.ProveStored("moe_router_enable_expert_bias", layer[kExpertBias], layer[kRouter], "expert_bias");
   // A tied output layer is saved under the embedding's key. Not checked against the config:
   // a framework may also store a tied copy, whose values are the embedding's.
-  if (const TensorEntry* embedding = t.top[kEmbedding]) {
-    if (t.top[kOutputLayer])
-      facts.Prove("untie_embeddings_and_output_weights", true, Stored(t.top[kOutputLayer]), false);
-    else
-      facts.Prove("untie_embeddings_and_output_weights", false, "no output_layer.weight is stored beside " + embedding->key,
-                  false);
-  }
+  facts.ProveStored("untie_embeddings_and_output_weights", t.top[kOutputLayer], t.top[kEmbedding],
+                    "output_layer.weight", "", /*checked=*/false);
   // SwiGLU's linear_fc1 holds the gate and up projections: twice ffn_hidden_size rows
   // (the second-to-last dimension, per layer or stacked).
   const json ffn = facts.config().value("ffn_hidden_size", json());
