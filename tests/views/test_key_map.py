@@ -190,8 +190,8 @@ OLDER_ARGS = {
                "add_qkv_bias": (True, "decoder.layers.self_attention.linear_qkv.bias is stored, and no other linear bias is"),
                "untie_embeddings_and_output_weights": (
                    False, "no output_layer.weight is stored beside embedding.word_embeddings.weight"),
-               "swiglu": (True, "decoder.layers.mlp.linear_fc1.weight has 160 rows and ffn_hidden_size is 80 "
-                                ": gate and up")}),
+               "swiglu": (True, "decoder.layers.mlp.linear_fc1.weight has 160 rows and ffn_hidden_size is 80: "
+                                "gate and up")}),
 }
 
 
