@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define CKPTFS_C_API_VERSION 7
+#define CKPTFS_C_API_VERSION 8
 
 typedef struct ckptfs_handle ckptfs_handle;
 
@@ -130,7 +130,11 @@ int ckptfs_load_mapped(ckptfs_handle* handle, size_t count, const uint64_t* indi
 
 /* A JSON array parallel to ckptfs_tensor_info (entry i is of tensor i): {"itemsize" (bytes
  * per element as served), "torch_dtype" (torch's name of the served element type:
- * "bfloat16", "float8_e4m3fn"), "cpu": how a CPU load that maps files places the tensor:
+ * "bfloat16", "float8_e4m3fn"), "torch_shape" (the shape torch gives it: the served shape,
+ * but for F4, whose served last dimension counts values, two to each byte torch counts;
+ * since API version 8), "numpy_dtype" (numpy's name of the served element type, null where
+ * numpy has none: bfloat16, float8, F4; since API version 8), "cpu": how a CPU load that
+ * maps files places the tensor:
  * "file_map" (its served bytes are one range of a local file as stored, not empty and aligned
  * for its type: a view of a private map of that file), "region" (ckptfs_load_mapped maps some
  * of its pages) or "copy" (read into new memory)}. Owned by the handle, valid until

@@ -24,6 +24,7 @@ struct DTypeInfo {
   DType dtype;
   std::string_view torch_name;        // "float32": torch.<name>
   std::string_view safetensors_name;  // "F32"; empty when safetensors has no name for it
+  std::string_view numpy_name;        // "float32"; empty when numpy has no such type
   uint8_t itemsize;                   // bytes per element
   bool is_float;                      // a floating type that dtype conversion may touch
 };

@@ -9,8 +9,10 @@
 //                       --name value, --name=value, --switch  source, view
 //   ckptfs export       (the same)                            source, view, export
 //   ckptfs load         (the same)                            source, view, device load, load target
+//   ckptfs diff         (the same)                            source, view, diff, diff summary
 //   ckptfs_open         {"name": value, "switch": true}       source, view
 //   ckptfs_load_into    (the same)                            device load
+//   ckptfs_diff         (the same)                            diff
 //
 // The command line writes '-' for '_' (--shard-size); a switch that is on by default is
 // spelled --no-NAME there (--no-direct-io). Help texts and the C API's description of the
@@ -27,8 +29,9 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/catalog.hpp"
-#include "ckptfs/source.hpp"
 #include "ckptfs/device.hpp"
+#include "ckptfs/diff.hpp"
+#include "ckptfs/source.hpp"
 #include "ckptfs/status.hpp"
 #include "ckptfs/view.hpp"
 
@@ -52,6 +55,8 @@ struct OptionValues {
   // write: what export writes. The model and the small files by default: the per-tensor
   // files would double the bytes written, and a model folder is what loaders open.
   unsigned export_parts = kExportModel | kExportFiles;
+  DiffOptions diff;            // atol, rtol, threads
+  unsigned diff_rows = 20;     // rows: of `ckptfs diff`'s summary table
 };
 
 enum class OptionKind : uint8_t {
@@ -68,6 +73,8 @@ enum OptionGroup : unsigned {
   // arguments (backend, device, the tensor indices), not as options.
   kLoadTargetGroup = 1u << 3,
   kExportGroup = 1u << 4,  // what `ckptfs export` writes (export_parts)
+  kDiffGroup = 1u << 5,    // how two views are compared (DiffOptions)
+  kDiffSummaryGroup = 1u << 6,  // what `ckptfs diff` prints
 };
 
 // The groups each front end takes.
@@ -77,6 +84,10 @@ inline constexpr unsigned kExportCommandGroups = kReadCommandGroups | kExportGro
 inline constexpr unsigned kLoadCommandGroups = kSourceGroup | kViewGroup | kDeviceLoadGroup | kLoadTargetGroup;
 inline constexpr unsigned kOpenGroups = kSourceGroup | kViewGroup;  // ckptfs_open
 inline constexpr unsigned kLoadIntoGroups = kDeviceLoadGroup;       // ckptfs_load_into
+// ckptfs diff: its own options, and those of both sides (--NAME, -a/-b lists, --NAME-a).
+inline constexpr unsigned kDiffOwnGroups = kDiffGroup | kDiffSummaryGroup;
+inline constexpr unsigned kDiffCommandGroups = kReadCommandGroups | kDiffOwnGroups;
+inline constexpr unsigned kDiffGroups = kDiffGroup;  // ckptfs_diff
 
 struct OptionSpec {
   std::string_view name;  // the mount's -o name and the JSON key; the command line writes '-' for '_'
@@ -139,8 +150,8 @@ std::string CommandLineHelp(unsigned groups);
 // The same for the mount: "  -o dtype=T        serve ...".
 std::string MountHelp(unsigned groups);
 // The table as JSON, for ckptfs_options(): [{"name", "kind", "groups", "flag", "value_name",
-// "help", "front_ends"}], front ends named mount, read_command, export_command, load_command, open,
-// load_into.
+// "help", "front_ends"}], front ends named mount, read_command, export_command, load_command,
+// diff_command, open, load_into, diff.
 nlohmann::json DescribeOptions();
 // The formats ckptfs reads, one help line per reader of the registry: the formats `ckptfs
 // info` names its catalogs by, and what it reads ("  torch-zip         torch .pt/.bin: ...").

@@ -1,17 +1,10 @@
 """The element types of tensors as torch and numpy have them. libckptfs gives each tensor's
-torch name and item size (ckptfs_tensor_loading); each framework is imported only when a
-tensor of it is made."""
+torch and numpy names, torch shape and item size (ckptfs_tensor_loading); each framework is
+imported only when a tensor of it is made."""
 
 from __future__ import annotations
 
 from ._lib import SafetensorError
-
-# The torch names of the element types numpy has (numpy names them alike); it has no
-# bfloat16 or float8.
-_IN_NUMPY = frozenset({
-    "float64", "float32", "float16", "int64", "int32", "int16", "int8",
-    "uint64", "uint32", "uint16", "uint8", "bool", "complex64",
-})
 
 
 def torch_dtype(entry: dict):
@@ -25,23 +18,20 @@ def torch_dtype(entry: dict):
 
 
 def torch_shape(entry: dict) -> list:
-    """The torch shape of tensor ENTRY: its shape as served, but for F4, whose served
-    (safetensors) shape counts values, two to each byte that torch's float4_e2m1fn_x2 counts."""
-    shape = list(entry["shape"])
-    if entry["dtype"] == "F4" and shape:
-        shape[-1] //= 2
-    return shape
+    """The torch shape of tensor ENTRY, as libckptfs gives it (its served shape, but F4's
+    last dimension in torch's float4_e2m1fn_x2 elements, two values each)."""
+    return list(entry["torch_shape"])
 
 
 def numpy_dtype(entry: dict):
-    """The numpy dtype (little-endian) of tensor ENTRY as served."""
+    """The numpy dtype (little-endian) of tensor ENTRY as served, as libckptfs names it."""
     import numpy as np
 
-    if entry["torch_dtype"] not in _IN_NUMPY:
+    if entry["numpy_dtype"] is None:
         # F4 has no conversion (dtype= refuses it), so only torch can hold it.
         convert = "" if entry["dtype"] == "F4" else ', or dtype="fp32" to convert'
         raise SafetensorError(f"numpy has no dtype for {entry['dtype']}: use framework=\"pt\"{convert}")
-    return np.dtype(entry["torch_dtype"]).newbyteorder("<")
+    return np.dtype(entry["numpy_dtype"]).newbyteorder("<")
 
 
 def dtype_option(dtype) -> str | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 # ckptfs_map_tensors, ckptfs_unmap and the tensors' "maps" in 4; ckptfs_load_mapped in 5;
 # ckptfs_tensor_loading, ckptfs_select, ckptfs_open_source_file and the load statistics of
 # `ckptfs load --json` in 6.
-REQUIRED_API_VERSION = 6
+REQUIRED_API_VERSION = 8
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _REPO = _PACKAGE_DIR.parents[1]  # python/ckptfs -> the checkout, when run from one

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ._dtypes import torch_dtype, torch_shape
-from ._safe_open import device_spec, load_into_device
+from ._device import device_spec, load_into_device
 from ._source import Source, view_options
 
 

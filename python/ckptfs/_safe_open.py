@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import ctypes
 import operator
 import os
 from typing import Any, Iterator, Sequence
 
+from ._device import device_spec, load_into_device
 from ._dtypes import numpy_dtype, torch_dtype, torch_shape
-from ._lib import CkptfsError, SafetensorError, last_error
-from ._source import Source, options_json, view_options
+from ._lib import CkptfsError, SafetensorError
+from ._load import load_entries
+from ._source import Source, view_options
 
 FRAMEWORKS = ("pt", "torch", "numpy", "np")
 BACKENDS = ("mmap", "pread")
 # The device names safetensors' safe_open accepts, each alone or with ":N".
 _DEVICE_TYPES = ("cpu", "cuda", "mps", "npu", "xpu", "xla", "mlu", "hpu", "musa")
-
-
-def device_spec(device) -> str:
-    """A device as torch names it: 0 -> "cuda:0", "cuda" -> "cuda", "cpu" -> "cpu"."""
-    if isinstance(device, int):
-        return f"cuda:{device}"
-    return str(device)
 
 
 def checked_device(device) -> str:
@@ -34,25 +28,6 @@ def checked_device(device) -> str:
     if kind not in _DEVICE_TYPES or (number and not number.isdigit()) or (kind == "cpu" and number):
         raise SafetensorError(f"device {text} is invalid")
     return text
-
-
-def load_into_device(source: Source, entries: list, tensors: list, backend: str, device_index: int, stream,
-                     load_options: dict) -> None:
-    """Has libckptfs fill TENSORS (allocated, one per entry of ENTRIES) through its pipeline
-    of bounded buffers: BACKEND "host" for CPU memory, else a CUDA back end."""
-    ptrs, indices, sizes = [], [], []
-    for entry, tensor in zip(entries, tensors):
-        if entry["nbytes"]:
-            ptrs.append(tensor.data_ptr())
-            indices.append(entry["index"])
-            sizes.append(entry["nbytes"])
-    n = len(ptrs)
-    rc = source.lib.ckptfs_load_into_stream(
-        source._handle(), n, (ctypes.c_uint64 * n)(*indices), (ctypes.c_void_p * n)(*ptrs),
-        (ctypes.c_uint64 * n)(*sizes), backend.encode(), int(device_index), stream, options_json(load_options),
-    )
-    if rc != 0:
-        raise last_error()
 
 
 def slice_plan(shape: Sequence[int], item: int, index) -> tuple[Any, Any, list[int]]:
@@ -326,8 +301,6 @@ class safe_open:
         source = self._open()
         if self._framework == "numpy":
             return {t["key"]: self.get_tensor(t["key"]) for t in source.tensors}
-        from ._load import load_entries
-
         return load_entries(source, list(source.tensors), self._device, mmap=self._map)
 
     def get_slice(self, name: str) -> "TensorSlice":

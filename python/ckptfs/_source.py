@@ -54,8 +54,8 @@ class Source:
         if not self.ptr:
             raise last_error()
         # Each tensor as ckptfs_tensor_info lists it, with how libckptfs has it loaded
-        # (ckptfs_tensor_loading: "itemsize", "torch_dtype", and "cpu", the map-or-copy
-        # decision of a CPU load).
+        # (ckptfs_tensor_loading: "itemsize", "torch_dtype", "torch_shape", "numpy_dtype",
+        # and "cpu", the map-or-copy decision of a CPU load).
         self.tensors: list[dict] = self.listed()
         for entry, loading in zip(self.tensors, json.loads(self.lib.ckptfs_tensor_loading(self.ptr))):
             entry.update(loading)

@@ -39,8 +39,8 @@ thread_local std::string g_selection;
 
 void SetError(const std::string& message) { g_error = message; }
 
-// The options JSON of ckptfs_open or ckptfs_load_into (NULL or "" for none), parsed through
-// the option table for the groups that call takes.
+// The options JSON of ckptfs_open, ckptfs_load_into or ckptfs_diff (NULL or "" for none),
+// parsed through the option table for the groups that call takes.
 Status ParseOptionsText(const char* text, unsigned groups, OptionValues* out) {
   if (!text || !*text) return Status::OK();
   const nlohmann::json options = nlohmann::json::parse(text, nullptr, false);
@@ -74,8 +74,17 @@ nlohmann::json TensorLoading(const ckptfs::View& view) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const ckptfs::ServedTensor t = tensors[i];
     const ckptfs::DTypeInfo& served = ckptfs::Info(ckptfs::ServedAs(t.dtype).dtype);
+    std::string_view name;
+    std::vector<uint64_t> torch_shape;
+    ckptfs::ServedDTypeAndShape(t, &name, &torch_shape);
+    // The served (safetensors) shape of F4 counts values, two to each byte; torch's
+    // float4_e2m1fn_x2 counts bytes.
+    if (served.dtype == ckptfs::DType::kF4x2 && !torch_shape.empty()) torch_shape.back() /= 2;
     loading.push_back({{"itemsize", served.itemsize},
                        {"torch_dtype", std::string(served.torch_name)},
+                       {"torch_shape", torch_shape},
+                       {"numpy_dtype", served.numpy_name.empty() ? nlohmann::json(nullptr)
+                                                                 : nlohmann::json(std::string(served.numpy_name))},
                        {"cpu", ckptfs::CpuPlacementName(ckptfs::PlaceOnCpu(t, files))}});
   }
   return loading;
@@ -358,23 +367,9 @@ CKPTFS_EXPORT const char* ckptfs_diff(ckptfs_handle* a, ckptfs_handle* b, const 
   using namespace ckptfs;
   try {
     if (!a || !b) return SetError("ckptfs_diff: null handle"), nullptr;
-    DiffOptions options;
-    if (options_json && *options_json) {
-      const nlohmann::json o = nlohmann::json::parse(options_json, nullptr, false);
-      if (o.is_discarded() || !o.is_object())
-        return SetError(std::string("diff options: not a JSON object: ") + options_json), nullptr;
-      for (const auto& [name, value] : o.items()) {
-        if (value.is_null()) continue;
-        const bool count = name == "threads";
-        if ((name != "atol" && name != "rtol" && !count) || !value.is_number() || value.get<double>() < 0 ||
-            (count && !value.is_number_unsigned()))
-          return SetError("diff options: " + name + "=" + value.dump() + ": not atol, rtol or threads, each >= 0"),
-                 nullptr;
-        if (name == "atol") options.atol = value.get<double>();
-        if (name == "rtol") options.rtol = value.get<double>();
-        if (count) options.threads = value.get<unsigned>();
-      }
-    }
+    OptionValues values;
+    if (Status s = ParseOptionsText(options_json, kDiffGroups, &values); !s.ok()) return SetError(s.message()), nullptr;
+    const DiffOptions& options = values.diff;
     DiffResult result;
     DiffSide failed = DiffSide::kNone;
     if (Status s = CompareViews(*a->view, *b->view, options, {}, &result, &failed); !s.ok()) {

@@ -28,11 +28,9 @@ constexpr char kDiffUsage[] =
     "  ckptfs diff --dtype-b bf16 --rtol 0.004 model.pt model.pt     # fp32 against its bf16 view\n"
     "  ckptfs diff --root-a model step100.pt step200.safetensors\n"
     "\n"
-    "  --atol X          elements a, b are equal when |a-b| <= atol + rtol*|b| (default 0)\n"
-    "  --rtol X          (default 0: equal values only)\n"
-    "  --json            the whole result as JSON\n"
-    "  --rows N          rows of the summary table (default 20; the worst tensors first)\n"
-    "  --threads N       worker threads (default: one per core, at most 8)\n"
+    "  --json            the whole result as JSON\n";
+// After the comparison's own options (the option table's diff groups).
+constexpr char kDiffSidesUsage[] =
     "  -a OPT[,OPT...]   options of A only, in the mount's -o spelling (root=model,dtype=bf16)\n"
     "  -b OPT[,OPT...]   options of B only\n"
     "  --NAME-a, --NAME-b\n"
@@ -41,28 +39,52 @@ constexpr char kDiffUsage[] =
 
 struct DiffCommand {
   ReadOptions side[2];
-  DiffOptions diff;
+  OptionValues own;  // the comparison's options (diff, diff_rows)
   bool json = false;
-  size_t rows = 20;
   std::string source[2];
 };
 
 // One argument (with its value, if it takes one) of a side's options.
 using OptionArgs = std::vector<std::string>;
 
-Status ParseNumber(const std::string& flag, const std::string& text, double* out) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || !(v >= 0) || !std::isfinite(v))
-    return Status::InvalidArgument(flag, "needs a finite number >= 0, not '" + text + "'");
-  *out = v;
-  return Status::OK();
-}
-
 // Applies the table option args[0] (and its value) to *options; *known false if it is none.
 Status ApplyTableOption(const OptionArgs& args, ReadOptions* options, bool* known) {
   size_t next = 0;
   return ParseCommandLineOption(args, &next, kReadCommandGroups, options, known);
+}
+
+// -a/-b OPT,...: each entry one -o option of that side.
+void AddSideList(const std::string& list, std::vector<OptionArgs>* side) {
+  for (size_t start = 0; start <= list.size();) {
+    size_t comma = list.find(',', start);
+    if (comma == std::string::npos) comma = list.size();
+    const std::string entry = list.substr(start, comma - start);
+    start = comma + 1;
+    if (!entry.empty()) side->push_back({"-o", entry});
+  }
+}
+
+// Applies the options of both sides, then each side's own, so that a side's own options win
+// whatever their order. Returns -1 to go on, or the exit status of a usage error.
+int ApplySideOptions(const std::vector<OptionArgs>& shared, const std::vector<OptionArgs> (&per_side)[2],
+                     DiffCommand* cmd) {
+  for (int s = 0; s < 2; ++s) {
+    std::vector<const OptionArgs*> all;
+    for (const OptionArgs& o : shared) all.push_back(&o);
+    for (const OptionArgs& o : per_side[s]) all.push_back(&o);
+    for (const OptionArgs* o : all) {
+      bool known = false;
+      Status st;
+      if ((*o)[0] == "-o") {
+        st = ParseMountOption((*o)[1], kReadCommandGroups, &cmd->side[s], &known);
+        if (st.ok() && !known) st = Status::InvalidArgument((*o)[1], "no such option");
+      } else {
+        st = ApplyTableOption(*o, &cmd->side[s], &known);
+      }
+      if (!st.ok()) return UsageError(st.message(), kDiffUsage);
+    }
+  }
+  return -1;
 }
 
 // Parses the command line. Returns -1 to go on, or the exit status (help, usage error).
@@ -74,6 +96,8 @@ int ParseDiffArgs(const Args& args, DiffCommand* cmd) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
       std::fputs(kDiffUsage, stdout);
+      std::fputs(CommandLineHelp(kDiffOwnGroups).c_str(), stdout);
+      std::fputs(kDiffSidesUsage, stdout);
       std::fputs(CommandLineHelp(kReadCommandGroups).c_str(), stdout);
       return 0;
     }
@@ -89,7 +113,18 @@ int ParseDiffArgs(const Args& args, DiffCommand* cmd) {
       cmd->json = true;
       continue;
     }
-    // Flags of this command, and the per-side -a/-b lists: all take a value.
+    // The comparison's own options.
+    {
+      size_t next = i;
+      bool known = false;
+      const Status st = ParseCommandLineOption(args, &next, kDiffOwnGroups, &cmd->own, &known);
+      if (known) {
+        if (!st.ok()) return UsageError(st.message(), kDiffUsage);
+        i = next;
+        continue;
+      }
+    }
+    // The per-side -a/-b lists.
     const size_t eq = a.find('=');
     const std::string flag = a.substr(0, eq);
     const bool inline_value = eq != std::string::npos && a.rfind("--", 0) == 0;
@@ -102,30 +137,10 @@ int ParseDiffArgs(const Args& args, DiffCommand* cmd) {
       *out = args[++i];
       return true;
     };
-    if (flag == "--atol" || flag == "--rtol" || flag == "--rows" || flag == "--threads" || a == "-a" || a == "-b") {
+    if (a == "-a" || a == "-b") {
       std::string v;
       if (!value(&v)) return UsageError("option '" + flag + "' needs a value", kDiffUsage);
-      Status s;
-      if (flag == "--atol") s = ParseNumber(flag, v, &cmd->diff.atol);
-      if (flag == "--rtol") s = ParseNumber(flag, v, &cmd->diff.rtol);
-      if (flag == "--rows" || flag == "--threads") {
-        double n = 0;
-        s = ParseNumber(flag, v, &n);
-        if (s.ok() && (n != std::floor(n) || n > 4096)) s = Status::InvalidArgument(flag, "needs a whole number up to 4096");
-        if (flag == "--rows") cmd->rows = static_cast<size_t>(n);
-        else cmd->diff.threads = static_cast<unsigned>(n);
-      }
-      if (a == "-a" || a == "-b") {
-        for (size_t start = 0; start <= v.size();) {
-          size_t comma = v.find(',', start);
-          if (comma == std::string::npos) comma = v.size();
-          const std::string entry = v.substr(start, comma - start);
-          start = comma + 1;
-          if (entry.empty()) continue;
-          per_side[a == "-a" ? 0 : 1].push_back({"-o", entry});
-        }
-      }
-      if (!s.ok()) return UsageError(s.message(), kDiffUsage);
+      AddSideList(v, &per_side[a == "-a" ? 0 : 1]);
       continue;
     }
     // --NAME-a / --NAME-b: a table option for one side.
@@ -164,24 +179,7 @@ int ParseDiffArgs(const Args& args, DiffCommand* cmd) {
   if (positional.size() != 2) return UsageError("diff takes two sources, A and B", kDiffUsage);
   cmd->source[0] = positional[0];
   cmd->source[1] = positional[1];
-  // Options for both sides first, so that a side's own options win whatever their order.
-  for (int s = 0; s < 2; ++s) {
-    std::vector<const OptionArgs*> all;
-    for (const OptionArgs& o : shared) all.push_back(&o);
-    for (const OptionArgs& o : per_side[s]) all.push_back(&o);
-    for (const OptionArgs* o : all) {
-      bool known = false;
-      Status st;
-      if ((*o)[0] == "-o") {
-        st = ParseMountOption((*o)[1], kReadCommandGroups, &cmd->side[s], &known);
-        if (st.ok() && !known) st = Status::InvalidArgument((*o)[1], "no such option");
-      } else {
-        st = ApplyTableOption(*o, &cmd->side[s], &known);
-      }
-      if (!st.ok()) return UsageError(st.message(), kDiffUsage);
-    }
-  }
-  return -1;
+  return ApplySideOptions(shared, per_side, cmd);
 }
 
 // "ckptfs: SOURCE: REASON": the message names the source when it does not already.
@@ -280,7 +278,7 @@ int RunDiff(const Args& args) {
   Status st;
   {
     ProgressBar bar(0);
-    st = CompareViews(*view[0], *view[1], cmd.diff, [&bar](uint64_t done, uint64_t total) { bar.Set(done, total); },
+    st = CompareViews(*view[0], *view[1], cmd.own.diff, [&bar](uint64_t done, uint64_t total) { bar.Set(done, total); },
                       &result, &failed);
   }
   if (!st.ok()) {
@@ -291,7 +289,7 @@ int RunDiff(const Args& args) {
     return FailSide(cmd.source[failed == DiffSide::kA ? 0 : 1], st);
   }
   if (cmd.json) std::printf("%s\n", DiffToJson(result).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-  else PrintSummary(result, cmd.rows);
+  else PrintSummary(result, cmd.own.diff_rows);
   return result.equal() ? 0 : 1;
 }
 

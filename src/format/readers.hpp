@@ -73,7 +73,7 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, nlohmann::
 inline constexpr uint32_t kSafetensorsFormat = 1;
 
 // Reads the checkpoint in folder `dir` (through the Env of catalog->files): its weights are
-// found by the frameworks' file names (format/folder_weights.hpp: transformers' order, PEFT's
+// found by the frameworks' file names (format/safetensors/folder_weights.hpp: transformers' order, PEFT's
 // adapter, other indexes, then .safetensors files, then torch files that are not training
 // state). Other regular files in the folder become sibling files, served unchanged, and
 // metadata["folder"] says of each file what it is and why. A folder in which no rule finds
@@ -121,11 +121,11 @@ inline constexpr uint32_t kDcpFormat = 5;
 
 // A veRL FSDP checkpoint: an actor or critic folder (model_world_size_W_rank_R.pt, ...), the
 // global_step_N/ folder holding it or the run folder naming the step
-// (latest_checkpointed_iteration.txt); the model rank files consolidated (format/verl.cpp).
+// (latest_checkpointed_iteration.txt); the model rank files consolidated (format/verl/verl.cpp).
 inline constexpr uint32_t kVerlFormat = 1;
 
 // A folder of torch.save rank files (one group of rank-numbered names) holding DTensors or
-// ShardedTensors: consolidated into full tensors (format/rank_shards.hpp).
+// ShardedTensors: consolidated into full tensors (format/torch/rank_shards.hpp).
 inline constexpr uint32_t kTorchRanksFormat = 1;
 
 // True when `dir` holds shard-<rank>-model-<i>-of-<n>.safetensors files: what torch's

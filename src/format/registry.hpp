@@ -3,9 +3,10 @@
 // ReadCatalog (source.cpp) walks the list; help texts, `ckptfs info --help` and the README's
 // table of sources are made from it (or checked against it: tests/unit/registry_test.cpp).
 //
-// Adding a format: a reader file that defines `extern const ReaderEntry kMyReader` (detect
-// and read below), its name in registry.cpp (declaration and list), its file in the format
-// layer's CMake list, its row in the README's table of sources.
+// Adding a format: a reader file in its family's folder (src/format/FAMILY/) that defines
+// `extern const ReaderEntry kMyReader` (detect and read below), its name in registry.cpp
+// (declaration and list), its row in the README's table of sources. The build takes every
+// file of a family's folder.
 #ifndef CKPTFS_FORMAT_REGISTRY_HPP_
 #define CKPTFS_FORMAT_REGISTRY_HPP_
 
@@ -20,7 +21,7 @@
 #include "ckptfs/env.hpp"
 #include "ckptfs/source.hpp"
 #include "ckptfs/status.hpp"
-#include "format/zip.hpp"
+#include "codec/zip.hpp"
 
 namespace ckptfs {
 

@@ -219,17 +219,113 @@ static Status OpenForMount(const std::string& source, const OpenRequest& request
 static void NoteOnStderr(const std::string& line) { std::fprintf(stderr, "ckptfs: %s\n", line.c_str()); }
 static void NoteInLog(const std::string& line) { fuse_log(FUSE_LOG_WARNING, "ckptfs: %s\n", line.c_str()); }
 
+static void PrintMountHelp() {
+  std::fputs(kUsageHead, stdout);
+  std::fputs(FormatsHelp().c_str(), stdout);
+  std::fputs(kUsageFlags, stdout);
+  std::fputs(MountHelp(kMountGroups).c_str(), stdout);
+  std::fputs(kUsageTail, stdout);
+  fuse_cmdline_help();
+  fuse_lowlevel_help();
+}
+
+// libfuse's arguments: the mountpoint, the flags given, and the mount options (read-only, the
+// file system's name, then those given).
+static std::vector<std::string> FuseArgvOf(const ParsedCommandLine& cl, const std::string& source) {
+  std::vector<std::string> fuse_argv = {"ckptfs", cl.mountpoint};
+  for (auto& f : cl.flags) fuse_argv.push_back(f);
+  std::string opts = "ro,default_permissions,subtype=ckptfs,fsname=" + EscapeOptionValue(source);
+  for (auto& o : cl.options) opts += "," + o;
+  fuse_argv.push_back("-o");
+  fuse_argv.push_back(opts);
+  return fuse_argv;
+}
+
+// The kernel accepts a regular file as a FUSE mountpoint, which leaves an unusable mount;
+// libfuse's /dev/fd/N form is checked by libfuse itself. Prints why not.
+static bool MountpointUsable(const char* mountpoint) {
+  if (std::strncmp(mountpoint, "/dev/fd/", 8) == 0) return true;
+  struct stat mst;
+  if (::stat(mountpoint, &mst) != 0) {
+    std::fprintf(stderr, "ckptfs: %s: %s\n", mountpoint, std::strerror(errno));
+    return false;
+  }
+  if (!S_ISDIR(mst.st_mode)) {
+    std::fprintf(stderr, "ckptfs: %s: mountpoint is not a directory\n", mountpoint);
+    return false;
+  }
+  return true;
+}
+
+// The request loop, with what runs beside it: pushing data ahead into the page cache and
+// watching the source files, both stopped when the loop ends. Returns the loop's status.
+static int ServeRequests(fuse_session* se, const fuse_cmdline_opts& fopts, Env& env, Filesystem* fs) {
+  PushAhead push_ahead(PushAheadWindow(env), kMaxRequestBytes, 4 * kMaxRequestBytes,
+                       std::getenv("CKPTFS_TEST_PUSH_REFUSED") != nullptr);
+  if (push_ahead.window() > 0) {
+    push_ahead.Start(se, fs);
+    fs->push_ahead = &push_ahead;
+  }
+  SourceWatcher watcher;
+  if (!watcher.Start(se, fs))
+    fuse_log(FUSE_LOG_WARNING, "ckptfs: cannot watch the source files; changes are caught on read only\n");
+  int status;
+  if (fopts.singlethread) {
+    status = fuse_session_loop(se);
+  } else {
+    fuse_loop_config* config = fuse_loop_cfg_create();
+    fuse_loop_cfg_set_clone_fd(config, static_cast<unsigned>(fopts.clone_fd));
+    fuse_loop_cfg_set_max_threads(config, fopts.max_threads);
+    status = fuse_session_loop_mt(se, config);
+    fuse_loop_cfg_destroy(config);
+  }
+  watcher.Stop();
+  fs->push_ahead = nullptr;
+  push_ahead.Stop();
+  if (push_ahead.window() > 0) {
+    const PushAhead::Counters c = push_ahead.counters();
+    fuse_log(FUSE_LOG_INFO, "ckptfs: pushed %llu bytes in %llu stores%s\n", (unsigned long long)c.pushed_bytes,
+             (unsigned long long)c.stores, c.refused ? " (the kernel refused one; pushing stopped)" : "");
+  }
+  return status;
+}
+
+// Mounts, detaches from the terminal (unless in the foreground), opens the source where that
+// was left to the daemon, serves until unmounted, and unmounts. Returns the loop's status (1
+// when it did not run).
+static int MountAndServe(fuse_session* se, const fuse_cmdline_opts& fopts, const char* mountpoint,
+                         const std::string& source, const OpenRequest& request, bool open_in_daemon, Filesystem* fs) {
+  if (fuse_session_mount(se, mountpoint) != 0) return 1;
+  int status = 1;
+  fs->readahead_knob = ReadaheadKnob(mountpoint);
+  if (!fopts.foreground) fuse_set_log_func(SyslogLog);
+  // In the background case the parent exits only after the child is set up, and the mount
+  // already exists: the command returns with the mount ready (when the catalog is opened in
+  // the daemon, requests wait in the kernel until it is).
+  Status opened;
+  const bool daemonized = fuse_daemonize(fopts.foreground) == 0;
+  if (daemonized && open_in_daemon) {
+    opened = OpenForMount(source, request, fs, NoteInLog);
+    // Not expected after the checks before the mount (the entry could be replaced in between,
+    // and is then read like any source): the mount must not stay with nothing behind it.
+    if (!opened.ok())
+      fuse_log(FUSE_LOG_ERR, "ckptfs: %s; unmounting\n", StatusText(opened, OptionSpelling::kMount).c_str());
+  }
+  if (daemonized && opened.ok()) status = ServeRequests(se, fopts, *request.source.env, fs);
+  fuse_session_unmount(se);
+  if (FetchCounters c; request.source.env->fetch_counters(&c)) {
+    fuse_log(FUSE_LOG_INFO, "ckptfs: unmounted %s: fetched %llu bytes in %llu requests (%llu retries)\n",
+             source.c_str(), static_cast<unsigned long long>(c.bytes), static_cast<unsigned long long>(c.requests),
+             static_cast<unsigned long long>(c.retries));
+  }
+  return status;
+}
+
 int RunMount(int argc, char** argv, bool as_mount_helper) {
   ParsedCommandLine cl;
   if (!Parse(argc, argv, as_mount_helper, &cl)) return cl.bad_value ? 1 : 2;
   if (cl.help) {
-    std::fputs(kUsageHead, stdout);
-    std::fputs(FormatsHelp().c_str(), stdout);
-    std::fputs(kUsageFlags, stdout);
-    std::fputs(MountHelp(kMountGroups).c_str(), stdout);
-    std::fputs(kUsageTail, stdout);
-    fuse_cmdline_help();
-    fuse_lowlevel_help();
+    PrintMountHelp();
     return 0;
   }
 
@@ -239,13 +335,7 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
   OpenRequest request{cl.values.source, cl.values.view, OpenStage::kView, /*trim_heap=*/true};
   const Status env_status = ChooseEnv(cl.source, cl.values.source, &request.source.env);
   const std::string source = request.source.env ? request.source.env->CanonicalName(cl.source) : cl.source;
-  std::vector<std::string> fuse_argv = {"ckptfs", cl.mountpoint};
-  for (auto& f : cl.flags) fuse_argv.push_back(f);
-  std::string opts = "ro,default_permissions,subtype=ckptfs,fsname=" + EscapeOptionValue(source);
-  for (auto& o : cl.options) opts += "," + o;
-  fuse_argv.push_back("-o");
-  fuse_argv.push_back(opts);
-  FuseArgs args(std::move(fuse_argv));
+  FuseArgs args(FuseArgvOf(cl, source));
 
   fuse_cmdline_opts fopts{};
   if (fuse_parse_cmdline(&args.args, &fopts) != 0) return 2;
@@ -255,20 +345,7 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
     fuse_lowlevel_version();
     return 0;
   }
-
-  // The kernel accepts a regular file as a FUSE mountpoint, which leaves an unusable
-  // mount; libfuse's /dev/fd/N form is checked by libfuse itself.
-  struct stat mst;
-  if (std::strncmp(mountpoint.get(), "/dev/fd/", 8) != 0) {
-    if (::stat(mountpoint.get(), &mst) != 0) {
-      std::fprintf(stderr, "ckptfs: %s: %s\n", mountpoint.get(), std::strerror(errno));
-      return 1;
-    }
-    if (!S_ISDIR(mst.st_mode)) {
-      std::fprintf(stderr, "ckptfs: %s: mountpoint is not a directory\n", mountpoint.get());
-      return 1;
-    }
-  }
+  if (!MountpointUsable(mountpoint.get())) return 1;
 
   OccupyStandardFds();
   Filesystem fs;
@@ -298,56 +375,7 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
   if (!se) return 1;
   int status = 1;
   if (fuse_set_signal_handlers(se) == 0) {
-    if (fuse_session_mount(se, mountpoint.get()) == 0) {
-      fs.readahead_knob = ReadaheadKnob(mountpoint.get());
-      if (!fopts.foreground) fuse_set_log_func(SyslogLog);
-      // In the background case the parent exits only after the child is set up, and the
-      // mount already exists: the command returns with the mount ready (when the catalog is
-      // opened in the daemon, requests wait in the kernel until it is).
-      Status opened;
-      const bool daemonized = fuse_daemonize(fopts.foreground) == 0;
-      if (daemonized && open_in_daemon) {
-        opened = OpenForMount(source, request, &fs, NoteInLog);
-        // Not expected after the checks above (the entry could be replaced in between, and
-        // is then read like any source): the mount must not stay with nothing behind it.
-        if (!opened.ok())
-          fuse_log(FUSE_LOG_ERR, "ckptfs: %s; unmounting\n", StatusText(opened, OptionSpelling::kMount).c_str());
-      }
-      if (daemonized && opened.ok()) {
-        PushAhead push_ahead(PushAheadWindow(*request.source.env), kMaxRequestBytes, 4 * kMaxRequestBytes,
-                             std::getenv("CKPTFS_TEST_PUSH_REFUSED") != nullptr);
-        if (push_ahead.window() > 0) {
-          push_ahead.Start(se, &fs);
-          fs.push_ahead = &push_ahead;
-        }
-        SourceWatcher watcher;
-        if (!watcher.Start(se, &fs))
-          fuse_log(FUSE_LOG_WARNING, "ckptfs: cannot watch the source files; changes are caught on read only\n");
-        if (fopts.singlethread) {
-          status = fuse_session_loop(se);
-        } else {
-          fuse_loop_config* config = fuse_loop_cfg_create();
-          fuse_loop_cfg_set_clone_fd(config, static_cast<unsigned>(fopts.clone_fd));
-          fuse_loop_cfg_set_max_threads(config, fopts.max_threads);
-          status = fuse_session_loop_mt(se, config);
-          fuse_loop_cfg_destroy(config);
-        }
-        watcher.Stop();
-        fs.push_ahead = nullptr;
-        push_ahead.Stop();
-        if (push_ahead.window() > 0) {
-          const PushAhead::Counters c = push_ahead.counters();
-          fuse_log(FUSE_LOG_INFO, "ckptfs: pushed %llu bytes in %llu stores%s\n", (unsigned long long)c.pushed_bytes,
-                   (unsigned long long)c.stores, c.refused ? " (the kernel refused one; pushing stopped)" : "");
-        }
-      }
-      fuse_session_unmount(se);
-      if (FetchCounters c; request.source.env->fetch_counters(&c)) {
-        fuse_log(FUSE_LOG_INFO, "ckptfs: unmounted %s: fetched %llu bytes in %llu requests (%llu retries)\n",
-                 source.c_str(), static_cast<unsigned long long>(c.bytes), static_cast<unsigned long long>(c.requests),
-                 static_cast<unsigned long long>(c.retries));
-      }
-    }
+    status = MountAndServe(se, fopts, mountpoint.get(), source, request, open_in_daemon, &fs);
     fuse_remove_signal_handlers(se);
   }
   fuse_session_destroy(se);

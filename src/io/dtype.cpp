@@ -6,31 +6,32 @@ namespace ckptfs {
 namespace {
 
 // Order matches the DType enum. Names: torch/_tensor_str + torch/storage.py for torch,
-// safetensors/src/tensor.rs `Dtype` for safetensors (doc/FORMATS.md, "Dtype names").
+// safetensors/src/tensor.rs `Dtype` for safetensors (doc/FORMATS.md, "Dtype names"), numpy's
+// own for the types numpy has (no bfloat16, float8, complex32 or float4).
 constexpr std::array<DTypeInfo, 22> kInfos = {{
-    {DType::kF64, "float64", "F64", 8, true},
-    {DType::kF32, "float32", "F32", 4, true},
-    {DType::kF16, "float16", "F16", 2, true},
-    {DType::kBF16, "bfloat16", "BF16", 2, true},
-    {DType::kF8_E4M3, "float8_e4m3fn", "F8_E4M3", 1, true},
-    {DType::kF8_E5M2, "float8_e5m2", "F8_E5M2", 1, true},
-    {DType::kF8_E4M3FNUZ, "float8_e4m3fnuz", "F8_E4M3FNUZ", 1, true},
-    {DType::kF8_E5M2FNUZ, "float8_e5m2fnuz", "F8_E5M2FNUZ", 1, true},
-    {DType::kF8_E8M0, "float8_e8m0fnu", "F8_E8M0", 1, true},
-    {DType::kI64, "int64", "I64", 8, false},
-    {DType::kI32, "int32", "I32", 4, false},
-    {DType::kI16, "int16", "I16", 2, false},
-    {DType::kI8, "int8", "I8", 1, false},
-    {DType::kU64, "uint64", "U64", 8, false},
-    {DType::kU32, "uint32", "U32", 4, false},
-    {DType::kU16, "uint16", "U16", 2, false},
-    {DType::kU8, "uint8", "U8", 1, false},
-    {DType::kBool, "bool", "BOOL", 1, false},
-    {DType::kC128, "complex128", "", 16, false},
-    {DType::kC64, "complex64", "C64", 8, false},
-    {DType::kC32, "complex32", "", 4, false},
+    {DType::kF64, "float64", "F64", "float64", 8, true},
+    {DType::kF32, "float32", "F32", "float32", 4, true},
+    {DType::kF16, "float16", "F16", "float16", 2, true},
+    {DType::kBF16, "bfloat16", "BF16", "", 2, true},
+    {DType::kF8_E4M3, "float8_e4m3fn", "F8_E4M3", "", 1, true},
+    {DType::kF8_E5M2, "float8_e5m2", "F8_E5M2", "", 1, true},
+    {DType::kF8_E4M3FNUZ, "float8_e4m3fnuz", "F8_E4M3FNUZ", "", 1, true},
+    {DType::kF8_E5M2FNUZ, "float8_e5m2fnuz", "F8_E5M2FNUZ", "", 1, true},
+    {DType::kF8_E8M0, "float8_e8m0fnu", "F8_E8M0", "", 1, true},
+    {DType::kI64, "int64", "I64", "int64", 8, false},
+    {DType::kI32, "int32", "I32", "int32", 4, false},
+    {DType::kI16, "int16", "I16", "int16", 2, false},
+    {DType::kI8, "int8", "I8", "int8", 1, false},
+    {DType::kU64, "uint64", "U64", "uint64", 8, false},
+    {DType::kU32, "uint32", "U32", "uint32", 4, false},
+    {DType::kU16, "uint16", "U16", "uint16", 2, false},
+    {DType::kU8, "uint8", "U8", "uint8", 1, false},
+    {DType::kBool, "bool", "BOOL", "bool", 1, false},
+    {DType::kC128, "complex128", "", "complex128", 16, false},
+    {DType::kC64, "complex64", "C64", "complex64", 8, false},
+    {DType::kC32, "complex32", "", "", 4, false},
     // Packed: no conversion (torch has none either); dtype= refuses it (transform_dtype.cpp).
-    {DType::kF4x2, "float4_e2m1fn_x2", "F4", 1, false},
+    {DType::kF4x2, "float4_e2m1fn_x2", "F4", "", 1, false},
 }};
 
 struct StorageClass {

@@ -2,7 +2,7 @@
 // damaged or stale entry, or a cache that cannot be written, leaves for the front end.
 #include "open/cached_catalog.hpp"
 
-#include "format/catalog_cache.hpp"
+#include "open/catalog_cache.hpp"
 
 namespace ckptfs {
 namespace {

@@ -1,4 +1,4 @@
-// The catalog cache (format/catalog_cache.hpp) as OpenCatalog uses it.
+// The catalog cache (open/catalog_cache.hpp) as OpenCatalog uses it.
 #ifndef CKPTFS_OPEN_CACHED_CATALOG_HPP_
 #define CKPTFS_OPEN_CACHED_CATALOG_HPP_
 

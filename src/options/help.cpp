@@ -46,14 +46,18 @@ constexpr FrontEnd kFrontEnds[] = {{"mount", kMountGroups},
                                    {"read_command", kReadCommandGroups},
                                    {"export_command", kExportCommandGroups},
                                    {"load_command", kLoadCommandGroups},
+                                   {"diff_command", kDiffCommandGroups},
                                    {"open", kOpenGroups},
-                                   {"load_into", kLoadIntoGroups}};
+                                   {"load_into", kLoadIntoGroups},
+                                   {"diff", kDiffGroups}};
 
 constexpr std::pair<OptionGroup, const char*> kGroupNames[] = {{kSourceGroup, "source"},
                                                                {kViewGroup, "view"},
                                                                {kDeviceLoadGroup, "device_load"},
                                                                {kLoadTargetGroup, "load_target"},
-                                                               {kExportGroup, "export"}};
+                                                               {kExportGroup, "export"},
+                                                               {kDiffGroup, "diff"},
+                                                               {kDiffSummaryGroup, "diff_summary"}};
 
 }  // namespace
 

@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "ckptfs/options.hpp"
@@ -56,6 +58,23 @@ Status ParseCount(std::string_view where, std::string_view value, int* out) {
   return Status::OK();
 }
 
+// atol, rtol: a finite number >= 0.
+Status ParseTolerance(std::string_view where, std::string_view value, double* out) {
+  const std::string text(value);
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !(v >= 0) || !std::isfinite(v))
+    return Status::InvalidArgument(where, "needs a finite number >= 0");
+  *out = v;
+  return Status::OK();
+}
+
+// diff's threads and rows: 0 (threads: one per core, at most 8) to 4096.
+Status ParseDiffCount(std::string_view where, std::string_view value, uint64_t* out) {
+  if (!ParseInteger(value, 0, 4096, out)) return Status::InvalidArgument(where, "needs a whole number up to 4096");
+  return Status::OK();
+}
+
 Status ParseDType(std::string_view where, std::string_view value, OptionValues* out) {
   const std::string v = Lower(value);
   if (v == "bf16" || v == "bfloat16") out->view.dtype = DType::kBF16;
@@ -71,9 +90,20 @@ Status ParseRoot(std::string_view where, std::string_view value, OptionValues* o
   return Status::OK();
 }
 
+// catalog_cache=auto is resolved here, by the front end that parses it: the catalog cache
+// itself reads no environment. $XDG_CACHE_HOME/ckptfs/catalogs, else
+// ~/.cache/ckptfs/catalogs; with neither set (as absolute paths) caching stays off.
 Status ParseCatalogCache(std::string_view where, std::string_view value, OptionValues* out) {
   if (value.empty()) return Status::InvalidArgument(where, "needs a folder, or auto for ~/.cache/ckptfs/catalogs");
-  out->source.catalog_cache.assign(value);
+  if (value != "auto") {
+    out->source.catalog_cache.assign(value);
+  } else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg == '/') {
+    out->source.catalog_cache = std::string(xdg) + "/ckptfs/catalogs";
+  } else if (const char* home = std::getenv("HOME"); home && *home == '/') {
+    out->source.catalog_cache = std::string(home) + "/.cache/ckptfs/catalogs";
+  } else {
+    out->source.catalog_cache.clear();
+  }
   return Status::OK();
 }
 
@@ -297,6 +327,29 @@ const OptionSpec kTable[] = {
      [](OptionValues* o, bool on) { o->load.direct_io = on; }, /*on_by_default=*/true},
     {"verify", kSwitch, kDeviceLoadGroup, "", "read each tensor back from the device and compare with the view",
      nullptr, [](OptionValues* o, bool on) { o->verify = on; }},
+    // How two checkpoints are compared, and what `ckptfs diff` prints of it.
+    {"atol", kValue, kDiffGroup, "X", "elements a, b are equal when |a-b| <= atol + rtol*|b| (default 0)",
+     [](std::string_view where, std::string_view value, OptionValues* o) {
+       return ParseTolerance(where, value, &o->diff.atol);
+     }},
+    {"rtol", kValue, kDiffGroup, "X", "(default 0: equal values only)",
+     [](std::string_view where, std::string_view value, OptionValues* o) {
+       return ParseTolerance(where, value, &o->diff.rtol);
+     }},
+    {"threads", kValue, kDiffGroup, "N", "worker threads (default: one per core, at most 8)",
+     [](std::string_view where, std::string_view value, OptionValues* o) {
+       uint64_t n = 0;
+       CKPTFS_RETURN_IF_ERROR(ParseDiffCount(where, value, &n));
+       o->diff.threads = static_cast<unsigned>(n);
+       return Status::OK();
+     }},
+    {"rows", kValue, kDiffSummaryGroup, "N", "rows of the summary table (default 20; the worst tensors first)",
+     [](std::string_view where, std::string_view value, OptionValues* o) {
+       uint64_t n = 0;
+       CKPTFS_RETURN_IF_ERROR(ParseDiffCount(where, value, &n));
+       o->diff_rows = static_cast<unsigned>(n);
+       return Status::OK();
+     }},
 };
 
 }  // namespace

@@ -132,58 +132,52 @@ bool ContentRangeIs(const std::string& header, uint64_t first, uint64_t last, ui
   return header == expected;
 }
 
-}  // namespace
+Status Failed(const HttpRequest& req, std::string what, std::string* reason) {
+  *reason = std::move(what);
+  return Status::FromErrno(req.display, *reason, EIO);
+}
 
-Status HttpClient::TryOnce(const HttpRequest& req, HttpResponse* resp, bool* transient, std::string* reason) {
-  *transient = false;
-  auto fail = [&](std::string what) {
-    *reason = what;
-    return Status::FromErrno(req.display, what, EIO);
-  };
-  *resp = HttpResponse{};
-  CURL* h = static_cast<CURL*>(Acquire());
-  if (!h) return fail("cannot start an HTTP request");
-  // reset keeps the handle's open connections, so the next request reuses one.
-  curl_easy_reset(h);
-  Attempt a{&req, resp};
-  char error[CURL_ERROR_SIZE] = {0};
+// The handle's options for one request: callbacks into `a`, redirects, timeouts, the range,
+// and the If-Match and S3 signing headers. Returns the header list, which the caller frees
+// after the request; the handle points into `error`, `range` and `sigv4` until then.
+curl_slist* SetRequestOptions(CURL* h, const HttpRequest& req, const RemoteOptions& options,
+                              std::atomic<bool>* aborted, Attempt* a, char* error, std::string* range,
+                              std::string* sigv4) {
   curl_slist* headers = nullptr;
   curl_easy_setopt(h, CURLOPT_URL, req.url.c_str());
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, error);
   curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, &OnHeader);
-  curl_easy_setopt(h, CURLOPT_HEADERDATA, &a);
+  curl_easy_setopt(h, CURLOPT_HEADERDATA, a);
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &OnBody);
-  curl_easy_setopt(h, CURLOPT_WRITEDATA, &a);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, a);
   curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, req.follow_redirects ? 1L : 0L);
   curl_easy_setopt(h, CURLOPT_MAXREDIRS, 8L);
   curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
   // A server that stops sending is abandoned after timeout_seconds without a byte, so no
   // reader waits forever; a slow but moving transfer is never cut.
-  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, static_cast<long>(options_.timeout_seconds));
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, static_cast<long>(options.timeout_seconds));
   curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
-  curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, static_cast<long>(options_.timeout_seconds));
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, static_cast<long>(options.timeout_seconds));
   curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
   // The project's one version number (CMakeLists.txt), so a server's logs tell releases apart.
   curl_easy_setopt(h, CURLOPT_USERAGENT, "ckptfs/" CKPTFS_VERSION);
-  if (!options_.ca_file.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, options_.ca_file.c_str());
+  if (!options.ca_file.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, options.ca_file.c_str());
   // Fewer, larger writes into the block buffers on fast links.
   curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);
   curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, &OnProgress);
-  curl_easy_setopt(h, CURLOPT_XFERINFODATA, &aborted_);
+  curl_easy_setopt(h, CURLOPT_XFERINFODATA, aborted);
   if (req.head) curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
-  std::string range;
   if (req.ranged) {
-    range = std::to_string(req.offset) + "-" + std::to_string(req.offset + req.length - 1);
-    curl_easy_setopt(h, CURLOPT_RANGE, range.c_str());
+    *range = std::to_string(req.offset) + "-" + std::to_string(req.offset + req.length - 1);
+    curl_easy_setopt(h, CURLOPT_RANGE, range->c_str());
   }
   if (!req.if_match.empty()) headers = curl_slist_append(headers, ("If-Match: " + req.if_match).c_str());
-  std::string sigv4;
   if (req.signing && !req.signing->anonymous()) {
-    sigv4 = "aws:amz:" + req.signing->region + ":s3";
-    curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sigv4.c_str());
+    *sigv4 = "aws:amz:" + req.signing->region + ":s3";
+    curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sigv4->c_str());
     curl_easy_setopt(h, CURLOPT_USERNAME, req.signing->access_key_id.c_str());
     curl_easy_setopt(h, CURLOPT_PASSWORD, req.signing->secret_access_key.c_str());
     // S3 wants the payload's hash named; a GET or HEAD has none to sign.
@@ -192,6 +186,74 @@ Status HttpClient::TryOnce(const HttpRequest& req, HttpResponse* resp, bool* tra
       headers = curl_slist_append(headers, ("x-amz-security-token: " + req.signing->session_token).c_str());
   }
   if (headers) curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+  return headers;
+}
+
+// Whether a failed transfer may succeed when tried again: not after an abort, nor for a URL,
+// protocol, host name, certificate or redirect chain that stays what it is.
+bool TransientCurlError(CURLcode rc) {
+  return rc != CURLE_ABORTED_BY_CALLBACK && rc != CURLE_UNSUPPORTED_PROTOCOL && rc != CURLE_URL_MALFORMAT &&
+         rc != CURLE_COULDNT_RESOLVE_HOST && rc != CURLE_SSL_CACERT && rc != CURLE_SSL_CACERT_BADFILE &&
+         rc != CURLE_PEER_FAILED_VERIFICATION && rc != CURLE_TOO_MANY_REDIRECTS;
+}
+
+// The answer to a ranged GET: the object must be the one that was opened, and the bytes
+// exactly the range.
+Status CheckRangedAnswer(const HttpRequest& req, const HttpResponse& resp, const Attempt& a, bool* transient,
+                         std::string* reason) {
+  const long status = resp.status;
+  if (status == 412) return Status::SourceChanged(req.display, "object changed since it was indexed (ETag differs)");
+  if (status == 404 || status == 410)
+    return Status::SourceChanged(req.display, "object was removed since it was indexed");
+  if (status == 200 && !req.if_match.empty() && !resp.etag.empty() && resp.etag != req.if_match)
+    return Status::SourceChanged(req.display, "object changed since it was indexed (ETag differs)");
+  // A server that ignores Range answers 200 with the whole object: that is the range
+  // asked for when the range is the whole object (a small file).
+  if (status == 200 && req.offset == 0 && req.length == req.object_size && !a.overflow &&
+      a.received == req.length && (resp.content_length < 0 || static_cast<uint64_t>(resp.content_length) == req.length))
+    return Status::OK();
+  if (status != 206) {
+    if (status == 200) {
+      *transient = true;
+      return Failed(req, "the server answered a range request with the whole object", reason);
+    }
+    return Failed(req, "HTTP " + std::to_string(status) + " for a range read", reason);
+  }
+  if (!req.if_match.empty() && !resp.etag.empty() && resp.etag != req.if_match)
+    return Status::SourceChanged(req.display, "object changed since it was indexed (ETag differs)");
+  const uint64_t last = req.offset + req.length - 1;
+  if (!ContentRangeIs(resp.content_range, req.offset, last, req.object_size)) {
+    // A different total is a different object; a different range is a faulty answer.
+    const std::string total_suffix = "/" + std::to_string(req.object_size);
+    const std::string& cr = resp.content_range;
+    if (cr.size() > total_suffix.size() && cr.rfind('/') != std::string::npos &&
+        cr.substr(cr.rfind('/')) != total_suffix && cr.substr(cr.rfind('/')) != "/*")
+      return Status::SourceChanged(req.display, "object changed since it was indexed (size differs)");
+    *transient = true;
+    return Failed(req, "answer labelled '" + cr + "' for bytes " + std::to_string(req.offset) + "-" +
+                           std::to_string(last), reason);
+  }
+  if (a.overflow || a.received != req.length) {
+    *transient = true;
+    return Failed(req, "body of " + std::to_string(a.received) + (a.overflow ? "+" : "") + " bytes for a range of " +
+                           std::to_string(req.length), reason);
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status HttpClient::TryOnce(const HttpRequest& req, HttpResponse* resp, bool* transient, std::string* reason) {
+  *transient = false;
+  *resp = HttpResponse{};
+  CURL* h = static_cast<CURL*>(Acquire());
+  if (!h) return Failed(req, "cannot start an HTTP request", reason);
+  // reset keeps the handle's open connections, so the next request reuses one.
+  curl_easy_reset(h);
+  Attempt a{&req, resp};
+  char error[CURL_ERROR_SIZE] = {0};
+  std::string range, sigv4;
+  curl_slist* headers = SetRequestOptions(h, req, options_, &aborted_, &a, error, &range, &sigv4);
 
   CountRequest();
   const CURLcode rc = curl_easy_perform(h);
@@ -207,57 +269,17 @@ Status HttpClient::TryOnce(const HttpRequest& req, HttpResponse* resp, bool* tra
   if (rc != CURLE_OK && !(rc == CURLE_WRITE_ERROR && a.overflow)) {
     // Leave a handle whose connection may be broken out of the pool.
     curl_easy_cleanup(h);
-    *transient = rc != CURLE_ABORTED_BY_CALLBACK && rc != CURLE_UNSUPPORTED_PROTOCOL && rc != CURLE_URL_MALFORMAT && rc != CURLE_COULDNT_RESOLVE_HOST &&
-                 rc != CURLE_SSL_CACERT && rc != CURLE_SSL_CACERT_BADFILE && rc != CURLE_PEER_FAILED_VERIFICATION &&
-                 rc != CURLE_TOO_MANY_REDIRECTS;
-    return fail(error[0] ? std::string(error) : std::string(curl_easy_strerror(rc)));
+    *transient = TransientCurlError(rc);
+    return Failed(req, error[0] ? std::string(error) : std::string(curl_easy_strerror(rc)), reason);
   }
   Release(h);
 
   if (status >= 500 || status == 429 || status == 408) {
     *transient = true;
-    return fail("HTTP " + std::to_string(status) + " from the server");
+    return Failed(req, "HTTP " + std::to_string(status) + " from the server", reason);
   }
   if (!req.ranged) return Status::OK();
-
-  // A ranged GET: the object must be the one that was opened, and the bytes exactly the range.
-  if (status == 412) return Status::SourceChanged(req.display, "object changed since it was indexed (ETag differs)");
-  if (status == 404 || status == 410)
-    return Status::SourceChanged(req.display, "object was removed since it was indexed");
-  if (status == 200 && !req.if_match.empty() && !resp->etag.empty() && resp->etag != req.if_match)
-    return Status::SourceChanged(req.display, "object changed since it was indexed (ETag differs)");
-  // A server that ignores Range answers 200 with the whole object: that is the range
-  // asked for when the range is the whole object (a small file).
-  if (status == 200 && req.offset == 0 && req.length == req.object_size && !a.overflow &&
-      a.received == req.length && (resp->content_length < 0 || static_cast<uint64_t>(resp->content_length) == req.length))
-    return Status::OK();
-  if (status != 206) {
-    if (status == 200) {
-      *transient = true;
-      return fail("the server answered a range request with the whole object");
-    }
-    return fail("HTTP " + std::to_string(status) + " for a range read");
-  }
-  if (!req.if_match.empty() && !resp->etag.empty() && resp->etag != req.if_match)
-    return Status::SourceChanged(req.display, "object changed since it was indexed (ETag differs)");
-  const uint64_t last = req.offset + req.length - 1;
-  if (!ContentRangeIs(resp->content_range, req.offset, last, req.object_size)) {
-    // A different total is a different object; a different range is a faulty answer.
-    const std::string total_suffix = "/" + std::to_string(req.object_size);
-    const std::string& cr = resp->content_range;
-    if (cr.size() > total_suffix.size() && cr.rfind('/') != std::string::npos &&
-        cr.substr(cr.rfind('/')) != total_suffix && cr.substr(cr.rfind('/')) != "/*")
-      return Status::SourceChanged(req.display, "object changed since it was indexed (size differs)");
-    *transient = true;
-    return fail("answer labelled '" + cr + "' for bytes " + std::to_string(req.offset) + "-" +
-                                 std::to_string(last));
-  }
-  if (a.overflow || a.received != req.length) {
-    *transient = true;
-    return fail("body of " + std::to_string(a.received) + (a.overflow ? "+" : "") + " bytes for a range of " +
-                                 std::to_string(req.length));
-  }
-  return Status::OK();
+  return CheckRangedAnswer(req, *resp, a, transient, reason);
 }
 
 Status HttpClient::Send(const HttpRequest& request, HttpResponse* response) {

@@ -195,6 +195,19 @@ class MapTransform : public Transform {
   Status Apply(ServedTensors* served) const override;
 
  private:
+  // What the source says of its model, for a map: the config with the user's settings, where
+  // it came from (or why there is none), and the facts of it the stored tensors gave.
+  struct SourceConfig {
+    json config = json::object();
+    bool has_config = false;
+    std::string source;
+    std::string error;  // why a config beside the weights could not be read
+    json from_tensors = json::object();
+  };
+  Status ReadSourceConfig(const ServedTensors& served, SourceConfig* out) const;
+  Status ChooseShippedMap(const ServedTensors& served, const SourceConfig& c, KeyMap* map, std::string* reason) const;
+  Status LoadMap(const ServedTensors& served, const SourceConfig& c, KeyMap* map, std::string* reason) const;
+
   std::string spec_;
   std::vector<std::pair<std::string, std::string>> settings_;
   std::optional<DType> dtype_;
@@ -733,6 +746,35 @@ class Mapping {
   // The served order (Run): per served tensor, found_ index << 32 | binding index.
   Status Order(const std::vector<uint64_t>& section_of, const std::vector<uint64_t>& block_of, std::vector<uint64_t>* slots);
 
+  // Run's parts, in the order it calls them.
+  using PartSources = std::vector<std::pair<uint32_t, uint32_t>>;  // per part: source tensor, alternative
+  // The served shapes, each stored once (ServedTensors::Deferred::shapes), found by their bytes.
+  struct ShapeTable {
+    std::vector<Shape>* shapes;
+    std::unordered_map<std::string, uint32_t> index;
+    uint32_t Intern(const Shape& shape) {
+      const std::string bytes(reinterpret_cast<const char*>(shape.data()), shape.size() * sizeof(uint64_t));
+      auto [it, added] = index.try_emplace(bytes, static_cast<uint32_t>(shapes->size()));
+      if (added) shapes->push_back(shape);
+      return it->second;
+    }
+  };
+  // A rule's served shape for sources of one shape, where it depends on nothing else.
+  struct ShapeMemo {
+    bool set = false;
+    Shape in;
+    uint32_t shape = 0;
+    uint64_t box_factor = 0;
+  };
+  Status FindRules();
+  Status ServedShape(size_t k, const Binding& binding, std::string_view to, const PartSources& sources,
+                     ShapeMemo* memo, ShapeTable* shapes, uint32_t* shape, uint64_t* box_factor);
+  Status CheckEntryAtMount(size_t k, size_t b, const PartSources& sources, std::string_view to, uint64_t box_factor,
+                           std::vector<bool>* checked);
+  Status CheckEverySourceUsed(const std::vector<bool>& used) const;
+  Status CheckKeysDistinct(const ServedTensors::Deferred& out) const;
+  Status AddModelFiles(std::optional<DType> dtype, std::vector<std::pair<std::string, std::string>>* files);
+
   const KeyMap& map_;
   json config_;
   std::string where_;
@@ -761,6 +803,8 @@ class Mapping {
   std::unordered_map<size_t, Kept> boxed_;
   BoxedTensor scratch_, result_;
   std::vector<BoxedTensor> parts_;
+  std::vector<Shape> part_shapes_;  // ServedShape's, kept between its calls
+  Shape result_shape_;
   // What Run found, kept for MakeEntry: the rules' bindings, each served tensor's (found,
   // binding), and the sources of the parts after the first of a concatenation's tensors.
   std::vector<Found> found_;
@@ -943,11 +987,8 @@ Status Mapping::Order(const std::vector<uint64_t>& section_of, const std::vector
   return Status::OK();
 }
 
-Status Mapping::Run(std::optional<DType> dtype, ServedTensors::Deferred* out,
-                    std::vector<std::pair<std::string, std::string>>* files) {
-  std::vector<bool> used(served_.size(), false);
-  // The rules in use and what each finds, first: every served tensor is counted and ordered
-  // before one is laid out.
+// The rules in use and what each finds.
+Status Mapping::FindRules() {
   found_.clear();
   for (size_t r = 0; r < map_.rules.size(); ++r) {
     const MapRule& rule = map_.rules[r];
@@ -965,6 +1006,154 @@ Status Mapping::Run(std::optional<DType> dtype, ServedTensors::Deferred* out,
     CKPTFS_RETURN_IF_ERROR(CheckCaptures(rule, f));
     found_.push_back(std::move(f));
   }
+  return Status::OK();
+}
+
+// The served shape of one tensor of found_[k] (`to`: its served key; `sources`: its parts'):
+// each part's shape, their concatenation, checked against the map's stated shape, interned in
+// `shapes`; and the factor that bounds its entry's box count. A single-part rule whose shape
+// depends on no captured value gives every source of one shape the same served shape: made
+// once per rule and source shape (`memo`).
+Status Mapping::ServedShape(size_t k, const Binding& binding, std::string_view to, const PartSources& sources,
+                            ShapeMemo* memo, ShapeTable* shapes, uint32_t* shape, uint64_t* box_factor) {
+  const MapRule& rule = map_.rules[found_[k].rule];
+  if (memo->set && memo->in == served_.shape(sources[0].first)) {
+    *shape = memo->shape;
+    *box_factor = memo->box_factor;
+    return Status::OK();
+  }
+  *box_factor = 0;
+  used_binding_ = false;
+  part_shapes_.resize(rule.parts.size());
+  for (size_t p = 0; p < rule.parts.size(); ++p) {
+    uint64_t factor = 0;
+    CKPTFS_RETURN_IF_ERROR(
+        PartShape(rule.parts[p], rule, sources[p].second, sources[p].first, binding, to, &part_shapes_[p], &factor));
+    if (!CheckedAdd(*box_factor, factor, box_factor)) *box_factor = UINT64_MAX;
+  }
+  if (rule.concat) {
+    for (size_t p = 1; p < sources.size(); ++p)
+      if (served_.stored_dtype(sources[p].first) != served_.stored_dtype(sources[0].first))
+        return Status::NotSupported(where_, "'" + std::string(to) + "': concat of '" +
+                                                std::string(served_.key(sources[0].first)) + "' and '" +
+                                                std::string(served_.key(sources[p].first)) + "', of different dtypes");
+    std::string why;
+    if (!ConcatShape(part_shapes_, rule.concat_dim, &result_shape_, &why))
+      return Status::NotSupported(where_, "'" + std::string(to) + "': " + why);
+  } else {
+    result_shape_ = part_shapes_[0];
+  }
+  if (!rule.shape.empty()) {
+    Shape expected;
+    CKPTFS_RETURN_IF_ERROR(Dims(rule.shape, rule.where, ".shape", &expected));
+    if (expected != result_shape_)
+      return Status::NotSupported(where_, "'" + std::string(to) + "' from '" + std::string(served_.key(sources[0].first)) +
+                                              "' has shape " + ShapeText(result_shape_) + ", the map's parameters give [" +
+                                              Texts(rule.shape) + "] = " + ShapeText(expected));
+  }
+  *shape = shapes->Intern(result_shape_);
+  if (rule.parts.size() == 1 && !used_binding_) *memo = ShapeMemo{true, served_.shape(sources[0].first), *shape, *box_factor};
+  return Status::OK();
+}
+
+// Made at mount: a tensor whose boxes could pass the limits, and the first of each rule, its
+// entry checked as every made entry is (a map's error shows at mount, not at a read). The
+// bound with the most boxes any source has first: only past the limit are this tensor's own
+// sources' counted.
+Status Mapping::CheckEntryAtMount(size_t k, size_t b, const PartSources& sources, std::string_view to,
+                                  uint64_t box_factor, std::vector<bool>* checked) {
+  // A made entry's box count is refused past this (ToBoxedTensor, RowGroups).
+  constexpr uint64_t kBoxLimit = std::min<uint64_t>(kMaxBlocksPerTensor, kMaxRowGroupPieces);
+  uint64_t bound = 0;
+  bool past = !CheckedMul(most_boxes_, box_factor, &bound) || bound > kBoxLimit;
+  if (past) {
+    uint64_t boxes = 0;
+    for (const auto& [source, alt] : sources) {
+      const TensorEntry* entry = nullptr;
+      CKPTFS_RETURN_IF_ERROR(served_.Stored(source, &entry));
+      boxes = std::max<uint64_t>(boxes, entry->boxes.size());
+    }
+    past = !CheckedMul(boxes, box_factor, &bound) || bound > kBoxLimit;
+  }
+  if (!past && (*checked)[k]) return Status::OK();
+  (*checked)[k] = true;
+  TensorEntry probe;
+  CKPTFS_RETURN_IF_ERROR(Make(k, b, sources, std::string(to), &probe));
+  std::vector<uint32_t> others;
+  for (size_t p = 1; p < sources.size(); ++p)
+    if (sources[p].first != sources[0].first) others.push_back(static_cast<uint32_t>(served_.source_index(sources[p].first)));
+  return CheckServedEntry(served_.source(), probe, served_.source_index(sources[0].first), others, "map");
+}
+
+// Every source tensor is used or ignored on purpose.
+Status Mapping::CheckEverySourceUsed(const std::vector<bool>& used) const {
+  for (size_t i = 0; i < served_.size(); ++i) {
+    if (used[i]) continue;
+    const std::string_view key = served_.key(i);
+    const std::string_view rest = key.starts_with(prefix_) ? key.substr(prefix_.size()) : key;
+    bool ignored = false;
+    for (const std::string& glob : map_.ignore) ignored = ignored || GlobMatch(glob, rest) || GlobMatch(glob, key);
+    if (!ignored)
+      return Status::NotSupported(where_, "tensor '" + std::string(key) + "' " + ShapeText(served_.shape(i)) +
+                                              " is used by no rule of the map and not ignored by it: the map does not "
+                                              "describe this checkpoint");
+  }
+  return Status::OK();
+}
+
+// Two served tensors of one key: only possible among rules whose keys have one digit-run
+// shape (KeyShape), or within a rule whose captures run together; only those are compared.
+Status Mapping::CheckKeysDistinct(const ServedTensors::Deferred& out) const {
+  std::map<std::string, std::vector<size_t>> rules_of_shape;  // shape -> found_ indices
+  std::vector<bool> compare(found_.size(), false);
+  for (size_t k = 0; k < found_.size(); ++k) {
+    bool distinct = true;
+    const std::string shape = KeyShape(map_.rules[found_[k].rule].to, &distinct);
+    compare[k] = !distinct;
+    rules_of_shape[shape].push_back(k);
+  }
+  for (size_t k = 0; k < found_.size(); ++k)
+    for (const std::string& literal : map_.rules[found_[k].rule].to.literals)
+      if (literal.find('#') != std::string::npos) compare.assign(found_.size(), true);
+  for (const auto& [shape, ks] : rules_of_shape)
+    if (ks.size() > 1)
+      for (size_t k : ks) compare[k] = true;
+  std::vector<uint32_t> compared;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (compare[slots_[i] >> 32]) compared.push_back(static_cast<uint32_t>(i));
+  auto key_at = [&](size_t i) -> std::string_view {
+    const uint64_t begin = i == 0 ? 0 : out.key_end[i - 1];
+    return std::string_view(out.key_text).substr(begin, out.key_end[i] - begin);
+  };
+  if (std::optional<size_t> twice = FindRepeatedKey(compared.size(), [&](size_t c) { return key_at(compared[c]); }))
+    return Status::NotSupported(where_, "two rules serve the key '" + std::string(key_at(compared[*twice])) + "'");
+  return Status::OK();
+}
+
+// config.json and generation_config.json from the map's templates; what config.json says of
+// the dtype is the type the first tensor is served in.
+Status Mapping::AddModelFiles(std::optional<DType> dtype, std::vector<std::pair<std::string, std::string>>* files) {
+  if (!slots_.empty()) {
+    DType d = served_.stored_dtype(found_[slots_[0] >> 32].sources[slots_[0] & 0xFFFFFFFF]);
+    if (dtype && Info(d).is_float && d != DType::kF4x2) d = *dtype;
+    served_dtype_ = std::string(Info(d).torch_name);
+  }
+  for (const auto& [name, templ] : {std::pair<const char*, const json*>{"config.json", &map_.config},
+                                    std::pair<const char*, const json*>{"generation_config.json", &map_.generation_config}}) {
+    if (templ->is_null()) continue;
+    json content;
+    bool keep = true;
+    CKPTFS_RETURN_IF_ERROR(MakeFile(*templ, name == std::string("config.json") ? "config" : "generation_config", &content, &keep));
+    files->emplace_back(name, content.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+  }
+  return Status::OK();
+}
+
+Status Mapping::Run(std::optional<DType> dtype, ServedTensors::Deferred* out,
+                    std::vector<std::pair<std::string, std::string>>* files) {
+  // The rules in use and what each finds, first: every served tensor is counted and ordered
+  // before one is laid out.
+  CKPTFS_RETURN_IF_ERROR(FindRules());
   std::vector<uint64_t> section_of(map_.rules.size(), 0), block_of(map_.rules.size(), 0);
   for (size_t r = 1; r < map_.rules.size(); ++r) {
     const auto& prev = map_.rules[r - 1].to.names;
@@ -981,23 +1170,10 @@ Status Mapping::Run(std::optional<DType> dtype, ServedTensors::Deferred* out,
   const size_t total = slots_.size();
 
   // Each served tensor's key, shape and sources, in the served order; its boxes are made on
-  // first use (MakeEntry). A single-part rule whose shape depends on no captured value gives
-  // every source of one shape the same served shape: made once per rule and source shape.
-  struct Memo {
-    bool set = false;
-    Shape in;
-    uint32_t shape = 0;
-    uint64_t box_factor = 0;
-  };
-  std::vector<Memo> memos(found_.size());
+  // first use (MakeEntry).
+  std::vector<ShapeMemo> memos(found_.size());
   std::vector<bool> checked(found_.size(), false);
-  std::unordered_map<std::string, uint32_t> shape_index;
-  auto intern = [&](const Shape& shape) {
-    const std::string bytes(reinterpret_cast<const char*>(shape.data()), shape.size() * sizeof(uint64_t));
-    auto [it, added] = shape_index.try_emplace(bytes, static_cast<uint32_t>(out->shapes.size()));
-    if (added) out->shapes.push_back(shape);
-    return it->second;
-  };
+  ShapeTable shapes{&out->shapes, {}};
   // The key text sized once (grown by doubling it would be copied and faulted in twice).
   uint64_t key_bytes = 0;
   for (const Found& f : found_) key_bytes += f.size() * (map_.rules[f.rule].to.text.size() + 8);
@@ -1005,13 +1181,8 @@ Status Mapping::Run(std::optional<DType> dtype, ServedTensors::Deferred* out,
   out->key_end.reserve(total);
   out->shape_of.reserve(total);
   out->from_sources.reserve(total);
-  std::vector<std::pair<uint32_t, uint32_t>> sources;  // per part: source tensor, alternative
-  std::vector<Shape> part_shapes;
-  Shape result;
-  std::string why;
-  // A made entry's box count is refused past this (ToBoxedTensor, RowGroups): a tensor whose
-  // bound exceeds it has its entry made here, so that refusal too is at mount.
-  constexpr uint64_t kBoxLimit = std::min<uint64_t>(kMaxBlocksPerTensor, kMaxRowGroupPieces);
+  std::vector<bool> used(served_.size(), false);
+  PartSources sources;
   for (size_t i = 0; i < total; ++i) {
     const size_t k = slots_[i] >> 32, b = slots_[i] & 0xFFFFFFFF;
     const Found& f = found_[k];
@@ -1020,77 +1191,19 @@ Status Mapping::Run(std::optional<DType> dtype, ServedTensors::Deferred* out,
     binding_ = &binding;
     const size_t key_begin = out->key_text.size();
     AppendSubstituted(rule.to, binding, &out->key_text);
-    // The key just written (a view valid until the next key is appended).
-    auto to = [&] { return std::string_view(out->key_text).substr(key_begin); };
+    // The key just written (valid until the next key is appended).
+    const std::string_view to = std::string_view(out->key_text).substr(key_begin);
     sources.assign(1, {f.sources[b], static_cast<uint32_t>(f.alt)});
     Status s;
     for (size_t p = 1; s.ok() && p < rule.parts.size(); ++p) {
       uint32_t source = 0, alt = 0;
-      s = FindPart(rule.parts[p], binding, to(), &source, &alt);
+      s = FindPart(rule.parts[p], binding, to, &source, &alt);
       sources.emplace_back(source, alt);
     }
     uint32_t shape = 0;
     uint64_t box_factor = 0;
-    Memo& memo = memos[k];
-    if (s.ok() && memo.set && memo.in == served_.shape(sources[0].first)) {
-      shape = memo.shape;
-      box_factor = memo.box_factor;
-    } else if (s.ok()) {
-      used_binding_ = false;
-      part_shapes.resize(rule.parts.size());
-      for (size_t p = 0; s.ok() && p < rule.parts.size(); ++p) {
-        uint64_t factor = 0;
-        s = PartShape(rule.parts[p], rule, sources[p].second, sources[p].first, binding, to(), &part_shapes[p], &factor);
-        if (s.ok() && !CheckedAdd(box_factor, factor, &box_factor)) box_factor = UINT64_MAX;
-      }
-      if (s.ok() && rule.concat) {
-        for (size_t p = 1; s.ok() && p < sources.size(); ++p)
-          if (served_.stored_dtype(sources[p].first) != served_.stored_dtype(sources[0].first))
-            s = Status::NotSupported(where_, "'" + std::string(to()) + "': concat of '" + std::string(served_.key(sources[0].first)) +
-                                                 "' and '" + std::string(served_.key(sources[p].first)) + "', of different dtypes");
-        if (s.ok() && !ConcatShape(part_shapes, rule.concat_dim, &result, &why))
-          s = Status::NotSupported(where_, "'" + std::string(to()) + "': " + why);
-      } else if (s.ok()) {
-        result = part_shapes[0];
-      }
-      if (s.ok() && !rule.shape.empty()) {
-        Shape expected;
-        s = Dims(rule.shape, rule.where, ".shape", &expected);
-        if (s.ok() && expected != result)
-          s = Status::NotSupported(where_, "'" + std::string(to()) + "' from '" + std::string(served_.key(sources[0].first)) +
-                                               "' has shape " + ShapeText(result) + ", the map's parameters give [" +
-                                               Texts(rule.shape) + "] = " + ShapeText(expected));
-      }
-      if (s.ok()) {
-        shape = intern(result);
-        if (rule.parts.size() == 1 && !used_binding_) memo = Memo{true, served_.shape(sources[0].first), shape, box_factor};
-      }
-    }
-    // Made here: a tensor whose boxes could pass the limits, and the first of each rule, its
-    // entry checked as every made entry is (a map's error shows at mount, not at a read).
-    // The bound with the most boxes any source has first: only past the limit are this
-    // tensor's own sources' counted.
-    uint64_t bound = 0;
-    bool past = !CheckedMul(most_boxes_, box_factor, &bound) || bound > kBoxLimit;
-    if (s.ok() && past) {
-      uint64_t boxes = 0;
-      for (const auto& [source, alt] : sources) {
-        const TensorEntry* entry = nullptr;
-        s = served_.Stored(source, &entry);
-        if (!s.ok()) break;
-        boxes = std::max<uint64_t>(boxes, entry->boxes.size());
-      }
-      past = !CheckedMul(boxes, box_factor, &bound) || bound > kBoxLimit;
-    }
-    if (s.ok() && (past || !checked[k])) {
-      checked[k] = true;
-      TensorEntry probe;
-      s = Make(k, b, sources, std::string(to()), &probe);
-      std::vector<uint32_t> others;
-      for (size_t p = 1; p < sources.size(); ++p)
-        if (sources[p].first != sources[0].first) others.push_back(static_cast<uint32_t>(served_.source_index(sources[p].first)));
-      if (s.ok()) s = CheckServedEntry(served_.source(), probe, served_.source_index(sources[0].first), others, "map");
-    }
+    if (s.ok()) s = ServedShape(k, binding, to, sources, &memos[k], &shapes, &shape, &box_factor);
+    if (s.ok()) s = CheckEntryAtMount(k, b, sources, to, box_factor, &checked);
     binding_ = nullptr;
     if (!s.ok()) return s;
     out->key_end.push_back(out->key_text.size());
@@ -1109,58 +1222,10 @@ Status Mapping::Run(std::optional<DType> dtype, ServedTensors::Deferred* out,
           out->others[i].push_back(static_cast<uint32_t>(served_.source_index(sources[p].first)));
     }
   }
-  // Every source tensor is used or ignored on purpose.
-  for (size_t i = 0; i < served_.size(); ++i) {
-    if (used[i]) continue;
-    const std::string_view key = served_.key(i);
-    const std::string_view rest = key.starts_with(prefix_) ? key.substr(prefix_.size()) : key;
-    bool ignored = false;
-    for (const std::string& glob : map_.ignore) ignored = ignored || GlobMatch(glob, rest) || GlobMatch(glob, key);
-    if (!ignored)
-      return Status::NotSupported(where_, "tensor '" + std::string(key) + "' " + ShapeText(served_.shape(i)) +
-                                              " is used by no rule of the map and not ignored by it: the map does not "
-                                              "describe this checkpoint");
-  }
-  // Two served tensors of one key: only possible among rules whose keys have one digit-run
-  // shape (KeyShape), or within a rule whose captures run together; only those are compared.
-  std::map<std::string, std::vector<size_t>> rules_of_shape;  // shape -> found_ indices
-  std::vector<bool> compare(found_.size(), false);
-  for (size_t k = 0; k < found_.size(); ++k) {
-    bool distinct = true;
-    const std::string shape = KeyShape(map_.rules[found_[k].rule].to, &distinct);
-    compare[k] = !distinct;
-    rules_of_shape[shape].push_back(k);
-  }
-  for (size_t k = 0; k < found_.size(); ++k)
-    for (const std::string& literal : map_.rules[found_[k].rule].to.literals)
-      if (literal.find('#') != std::string::npos) compare.assign(found_.size(), true);
-  for (const auto& [shape, ks] : rules_of_shape)
-    if (ks.size() > 1)
-      for (size_t k : ks) compare[k] = true;
-  std::vector<uint32_t> compared;
-  for (size_t i = 0; i < total; ++i)
-    if (compare[slots_[i] >> 32]) compared.push_back(static_cast<uint32_t>(i));
-  auto key_at = [&](size_t i) -> std::string_view {
-    const uint64_t begin = i == 0 ? 0 : out->key_end[i - 1];
-    return std::string_view(out->key_text).substr(begin, out->key_end[i] - begin);
-  };
-  if (std::optional<size_t> twice = FindRepeatedKey(compared.size(), [&](size_t c) { return key_at(compared[c]); }))
-    return Status::NotSupported(where_, "two rules serve the key '" + std::string(key_at(compared[*twice])) + "'");
+  CKPTFS_RETURN_IF_ERROR(CheckEverySourceUsed(used));
+  CKPTFS_RETURN_IF_ERROR(CheckKeysDistinct(*out));
   by_key_ = {};  // the last of the key index (MakeEntry has each tensor's sources)
-  // What config.json says of the dtype: the type the first tensor is served in.
-  if (total > 0) {
-    DType d = served_.stored_dtype(found_[slots_[0] >> 32].sources[slots_[0] & 0xFFFFFFFF]);
-    if (dtype && Info(d).is_float && d != DType::kF4x2) d = *dtype;
-    served_dtype_ = std::string(Info(d).torch_name);
-  }
-  for (const auto& [name, templ] : {std::pair<const char*, const json*>{"config.json", &map_.config},
-                                    std::pair<const char*, const json*>{"generation_config.json", &map_.generation_config}}) {
-    if (templ->is_null()) continue;
-    json content;
-    bool keep = true;
-    CKPTFS_RETURN_IF_ERROR(MakeFile(*templ, name == std::string("config.json") ? "config" : "generation_config", &content, &keep));
-    files->emplace_back(name, content.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
-  }
+  CKPTFS_RETURN_IF_ERROR(AddModelFiles(dtype, files));
   out->transform = "map";
   return Status::OK();
 }
@@ -1208,26 +1273,24 @@ Status LoadShippedMap(std::string_view name, KeyMap* out) {
                                                                  "; a map file is given by its absolute path)");
 }
 
-Status MapTransform::Apply(ServedTensors* served) const {
-  const json& metadata = served->source().metadata;
-  json config = metadata.is_object() && metadata.contains("model_config") && metadata["model_config"].is_object()
-                    ? metadata["model_config"]
-                    : json::object();
-  const bool has_config = !config.empty();
-  std::string config_source = metadata.is_object() && metadata.contains("model_config_source") &&
-                                      metadata["model_config_source"].is_string()
-                                  ? metadata["model_config_source"].get<std::string>()
-                                  : "model_config";
-  // Why a config beside the weights could not be read (format/megatron_framework_config.hpp),
+Status MapTransform::ReadSourceConfig(const ServedTensors& served, SourceConfig* out) const {
+  const json& metadata = served.source().metadata;
+  auto string_field = [&](const char* name) {
+    return metadata.is_object() && metadata.contains(name) && metadata[name].is_string() ? metadata[name].get<std::string>()
+                                                                                         : std::string();
+  };
+  if (metadata.is_object() && metadata.contains("model_config") && metadata["model_config"].is_object())
+    out->config = metadata["model_config"];
+  out->has_config = !out->config.empty();
+  out->source = string_field("model_config_source");
+  if (out->source.empty()) out->source = "model_config";
+  // Why a config beside the weights could not be read (format/megatron/megatron_framework_config.hpp),
   // for every refusal that needed it.
-  const std::string config_error = metadata.is_object() && metadata.contains("model_config_error") &&
-                                           metadata["model_config_error"].is_string()
-                                       ? metadata["model_config_error"].get<std::string>()
-                                       : "";
-  if (!has_config) config_source = config_error.empty() ? "no model_config" : "no model_config: " + config_error;
-  for (const auto& [name, value] : settings_) config[name] = SettingValue(value);
-  NormalizeModelConfig(&config);
-  // A config that says otherwise than the stored tensors (format/megatron_tensor_facts.hpp)
+  out->error = string_field("model_config_error");
+  if (!out->has_config) out->source = out->error.empty() ? "no model_config" : "no model_config: " + out->error;
+  for (const auto& [name, value] : settings_) out->config[name] = SettingValue(value);
+  NormalizeModelConfig(&out->config);
+  // A config that says otherwise than the stored tensors (format/megatron/megatron_tensor_facts.hpp)
   // would have the map serve a model the weights do not make; a setting of the user's decides.
   auto set_by_user = [&](const std::string& field) {
     return std::any_of(settings_.begin(), settings_.end(), [&](const auto& s) { return s.first == field; });
@@ -1236,116 +1299,129 @@ Status MapTransform::Apply(ServedTensors* served) const {
   if (metadata.is_object() && metadata.contains("model_config_conflicts") && metadata["model_config_conflicts"].is_object())
     for (const auto& [field, why] : metadata["model_config_conflicts"].items())
       if (!set_by_user(field) && why.is_string())
-        return Status::NotSupported(where, config_source + " disagrees with the stored tensors on " + field + ": " +
+        return Status::NotSupported(where, out->source + " disagrees with the stored tensors on " + field + ": " +
                                                why.get<std::string>() + " (give map." + field + "=VALUE to decide)");
   // The facts of the config that the tensors gave (and no setting overrode), for info.
-  json from_tensors = json::object();
   if (metadata.is_object() && metadata.contains("model_config_from_tensors") &&
       metadata["model_config_from_tensors"].is_object())
     for (const auto& [field, why] : metadata["model_config_from_tensors"].items())
-      if (!set_by_user(field) && config.contains(field)) from_tensors[field] = {{"value", config[field]}, {"why", why}};
-  auto make = [&](const KeyMap& map) {
-    auto m = std::make_unique<Mapping>(map, config, "map " + map.name, *served);
-    for (const auto& [name, value] : settings_) m->Set(name, SettingValue(value));
-    return m;
-  };
+      if (!set_by_user(field) && out->config.contains(field))
+        out->from_tensors[field] = {{"value", out->config[field]}, {"why", why}};
+  return Status::OK();
+}
 
-  KeyMap map;
-  std::string reason;
-  if (spec_ == "auto") {
-    if (!has_config)
-      return Status::NotSupported("map=auto", "the checkpoint has no model_config (" + served->source().format + " source" +
-                                                  (config_error.empty() ? "" : ": " + config_error) +
-                                                  "): name a map with map=NAME (" + ShippedNames() +
-                                                  ") and give its parameters with map.NAME=VALUE");
-    const std::string family = config.contains("model_family") && config["model_family"].is_string()
-                                   ? config["model_family"].get<std::string>()
-                                   : metadata.value("model_family", json()).is_string() ? metadata["model_family"].get<std::string>() : "";
-    std::vector<KeyMap> all;
-    for (const ShippedMap& m : ShippedMaps()) {
-      all.emplace_back();
-      CKPTFS_RETURN_IF_ERROR(LoadShippedMap(m.name, &all.back()));
+// map=auto: a config that names its family picks the map listing the longest match; among
+// maps the family names equally (qwen3 and qwen3_moe for NeMo's Qwen3Model), the first whose
+// auto.when holds, so the config's experts choose between the dense and the MoE map. A config
+// that names none takes the first map whose auto.when holds.
+Status MapTransform::ChooseShippedMap(const ServedTensors& served, const SourceConfig& c, KeyMap* map,
+                                      std::string* reason) const {
+  const json& metadata = served.source().metadata;
+  if (!c.has_config)
+    return Status::NotSupported("map=auto", "the checkpoint has no model_config (" + served.source().format + " source" +
+                                                (c.error.empty() ? "" : ": " + c.error) +
+                                                "): name a map with map=NAME (" + ShippedNames() +
+                                                ") and give its parameters with map.NAME=VALUE");
+  const std::string family = c.config.contains("model_family") && c.config["model_family"].is_string()
+                                 ? c.config["model_family"].get<std::string>()
+                                 : metadata.value("model_family", json()).is_string() ? metadata["model_family"].get<std::string>() : "";
+  std::vector<KeyMap> all;
+  for (const ShippedMap& m : ShippedMaps()) {
+    all.emplace_back();
+    CKPTFS_RETURN_IF_ERROR(LoadShippedMap(m.name, &all.back()));
+  }
+  // Whether `candidate`'s auto.when holds for this config; *why is the evaluation's status.
+  auto when_holds = [&](const KeyMap& candidate, Status* why) {
+    Mapping m(candidate, c.config, "map " + candidate.name, served);
+    for (const auto& [name, value] : settings_) m.Set(name, SettingValue(value));
+    json v;
+    *why = candidate.auto_when.Evaluate([&](std::string_view n, json* out, bool* f) { return m.Resolve(n, out, f); }, &v);
+    return why->ok() && v == true;
+  };
+  size_t best = all.size(), best_length = 0;
+  bool best_holds = false;
+  if (!family.empty()) {
+    const std::string f = Lower(family);
+    for (size_t k = 0; k < all.size(); ++k) {
+      size_t length = 0;
+      for (const std::string& entry : all[k].families) {
+        const std::string e = Lower(entry);
+        if ((f == e || f.starts_with(e)) && e.size() > length) length = e.size();
+      }
+      if (length == 0) continue;
+      Status why;
+      const bool holds = all[k].auto_when.empty() || when_holds(all[k], &why);
+      if (length > best_length || (length == best_length && holds && !best_holds))
+        best = k, best_length = length, best_holds = holds;
     }
-    // A config that names its family picks the map listing the longest match; among maps
-    // the family names equally (qwen3 and qwen3_moe for NeMo's Qwen3Model), the first whose
-    // auto.when holds, so the config's experts choose between the dense and the MoE map.
-    // Whether `candidate`'s auto.when holds for this config; *why is the evaluation's status.
-    auto when_holds = [&](const KeyMap& candidate, Status* why) {
-      auto m = make(candidate);
-      json v;
-      *why = candidate.auto_when.Evaluate([&](std::string_view n, json* out, bool* f) { return m->Resolve(n, out, f); }, &v);
-      return why->ok() && v == true;
-    };
-    size_t best = all.size(), best_length = 0;
-    bool best_holds = false;
-    if (!family.empty()) {
-      const std::string f = Lower(family);
-      for (size_t k = 0; k < all.size(); ++k) {
-        size_t length = 0;
-        for (const std::string& entry : all[k].families) {
-          const std::string e = Lower(entry);
-          if ((f == e || f.starts_with(e)) && e.size() > length) length = e.size();
-        }
-        if (length == 0) continue;
-        Status why;
-        const bool holds = all[k].auto_when.empty() || when_holds(all[k], &why);
-        if (length > best_length || (length == best_length && holds && !best_holds))
-          best = k, best_length = length, best_holds = holds;
+  }
+  if (best < all.size()) {
+    *reason = c.source + " names the family " + family;
+  } else {
+    std::string tried;
+    for (size_t k = 0; k < all.size() && best == all.size(); ++k) {
+      if (all[k].auto_when.empty()) continue;
+      Status why;
+      if (when_holds(all[k], &why)) {
+        best = k;
+        *reason = c.source + ": " + all[k].auto_why;
+      } else {
+        tried += (tried.empty() ? "" : "; ") + all[k].name + " needs " + all[k].auto_why +
+                 (why.ok() ? "" : " (" + why.message() + ")");
       }
     }
-    if (best < all.size()) {
-      reason = config_source + " names the family " + family;
-    } else {
-      std::string tried;
-      for (size_t k = 0; k < all.size() && best == all.size(); ++k) {
-        if (all[k].auto_when.empty()) continue;
-        Status why;
-        if (when_holds(all[k], &why)) {
-          best = k;
-          reason = config_source + ": " + all[k].auto_why;
-        } else {
-          tried += (tried.empty() ? "" : "; ") + all[k].name + " needs " + all[k].auto_why +
-                   (why.ok() ? "" : " (" + why.message() + ")");
-        }
-      }
-      if (best == all.size())
-        return Status::NotSupported("map=auto", "no shipped map fits the checkpoint's config (" + config_source +
-                                                    (family.empty() ? "" : ", family " + family) + "): " + tried);
-    }
-    map = std::move(all[best]);
-  } else if (spec_.find('/') != std::string::npos || spec_.ends_with(".json")) {
+    if (best == all.size())
+      return Status::NotSupported("map=auto", "no shipped map fits the checkpoint's config (" + c.source +
+                                                  (family.empty() ? "" : ", family " + family) + "): " + tried);
+  }
+  *map = std::move(all[best]);
+  return Status::OK();
+}
+
+// The map map= names: chosen by the config (auto), a map file, or a shipped map.
+Status MapTransform::LoadMap(const ServedTensors& served, const SourceConfig& c, KeyMap* map,
+                             std::string* reason) const {
+  if (spec_ == "auto") return ChooseShippedMap(served, c, map, reason);
+  *reason = "given as map=" + spec_;
+  if (spec_.find('/') != std::string::npos || spec_.ends_with(".json")) {
     std::string text;
     CKPTFS_RETURN_IF_ERROR(ReadMapFile(spec_, &text));
-    CKPTFS_RETURN_IF_ERROR(ParseKeyMap(text, "map " + spec_, &map));
-    map.origin = spec_;
-    reason = "given as map=" + spec_;
-  } else {
-    CKPTFS_RETURN_IF_ERROR(LoadShippedMap(spec_, &map));
-    reason = "given as map=" + spec_;
+    CKPTFS_RETURN_IF_ERROR(ParseKeyMap(text, "map " + spec_, map));
+    map->origin = spec_;
+    return Status::OK();
   }
+  return LoadShippedMap(spec_, map);
+}
+
+Status MapTransform::Apply(ServedTensors* served) const {
+  SourceConfig c;
+  CKPTFS_RETURN_IF_ERROR(ReadSourceConfig(*served, &c));
+  KeyMap map;
+  std::string reason;
+  CKPTFS_RETURN_IF_ERROR(LoadMap(*served, c, &map, &reason));
 
   auto state = std::make_shared<MapState>();
   state->map = std::move(map);
   state->before = *served;
-  state->mapping = std::make_unique<Mapping>(state->map, config, "map " + state->map.name, state->before);
+  state->mapping = std::make_unique<Mapping>(state->map, c.config, "map " + state->map.name, state->before);
   for (const auto& [name, value] : settings_) state->mapping->Set(name, SettingValue(value));
   const KeyMap& used_map = state->map;
   Mapping* mapping = state->mapping.get();
   // Without a config, a map's refusal (a name it needs is unset) says why there is none.
   auto with_config_error = [&](const Status& s) {
-    if (s.ok() || has_config || config_error.empty() || s.message().find(config_error) != std::string::npos) return s;
-    return Status::NotSupported("", s.message() + " (" + config_source + ")");
+    if (s.ok() || c.has_config || c.error.empty() || s.message().find(c.error) != std::string::npos) return s;
+    return Status::NotSupported("", s.message() + " (" + c.source + ")");
   };
   // A requirement that fails on a fact the tensors gave names the tensor that gave it.
   auto with_evidence = [&](const Status& s) {
     if (s.ok()) return s;
     std::string evidence;
-    for (const auto& [field, fact] : from_tensors.items())
+    for (const auto& [field, fact] : c.from_tensors.items())
       if (s.message().find(field) != std::string::npos)
         evidence += (evidence.empty() ? "" : "; ") + field + " from the tensors: " + fact["why"].get<std::string>();
     return evidence.empty() ? s : Status::NotSupported("", s.message() + " (" + evidence + ")");
   };
-  CKPTFS_RETURN_IF_ERROR(with_evidence(with_config_error(mapping->CheckRequirements(config_source))));
+  CKPTFS_RETURN_IF_ERROR(with_evidence(with_config_error(mapping->CheckRequirements(c.source))));
   bool found = false;
   for (const std::string& prefix : used_map.key_prefixes)
     if ((found = mapping->FindsUnder(prefix))) break;
@@ -1365,8 +1441,8 @@ Status MapTransform::Apply(ServedTensors* served) const {
   json record = {{"name", used_map.name},
                  {"reason", reason},
                  {"map_file", used_map.origin},
-                 {"model_config_source", config_source},
-                 {"model_config_from_tensors", from_tensors},
+                 {"model_config_source", c.source},
+                 {"model_config_from_tensors", c.from_tensors},
                  {"key_prefix", mapping->prefix()},
                  {"parameters", mapping->Parameters()}};
   (*served->mutable_manifest_fields())["map"] = std::move(record);

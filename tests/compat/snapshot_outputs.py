@@ -7,7 +7,9 @@ leaves every entry identical.
     python tests/compat/snapshot_outputs.py compare before.json after.json
 
 Per source (tests/data, the committed corpus of malformed files, and the fixture cache's real
-DeepSpeed, DCP and parallel saves, generated first where absent): `ls --json`, `info`,
+DeepSpeed, DCP and parallel saves, generated first where absent; and, served through
+`map=auto`, megatron-core's saves of every shipped model family in every layout the
+frameworks write, which need the megatron16 overlay): `ls --json`, `info`,
 `info --json`, `hash`, the files `export --write all` writes (mode, size, BLAKE2 hash),
 and the tree a mount serves (every path, its mode, size and a BLAKE2 hash of its bytes), each with the exit
 status and stderr. Sources whose tensor bytes exceed --max-mb are left out, and the left-out
@@ -38,6 +40,8 @@ from ckptfs_fixture_cache import (  # noqa: E402
 from fusetools import teardown_mount, wait_for_mount  # noqa: E402
 
 COMMAND_TIMEOUT_S = 120
+MEGATRON_GPT_CHECKPOINTS = TESTS / "frameworks" / "make_megatron_gpt.py"
+MAP_SUFFIX = "+map=auto"
 
 
 def sources(max_mb: int) -> tuple[dict, list]:
@@ -65,6 +69,13 @@ def sources(max_mb: int) -> tuple[dict, list]:
     for case in sorted(dcp.iterdir()):
         if case.is_dir() or case.suffix == ".pt":
             found[f"dcp/{case.name}"] = case
+    # Through the key maps: the name ends in "+map=auto" (Snapshot.of reads it).
+    megatron = cached_fixtures(MEGATRON_GPT_CHECKPOINTS, overlay="megatron16", timeout_s=900)
+    for case in sorted(p for p in megatron.iterdir() if (p / "fixture.json").is_file()):
+        nemo_name = json.loads((case / "fixture.json").read_text())["nemo_name"]
+        for layout in ("megatron_lm", "bridge", f"nemo2/{nemo_name}", "nemo_rl/step_1"):
+            if (case / layout).is_dir():
+                found[f"megatron/{case.name}/{layout.split('/')[0]}{MAP_SUFFIX}"] = case / layout
     left_out = []
     for name, path in list(found.items()):
         size = sum(p.stat().st_size for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file())
@@ -115,17 +126,17 @@ class Snapshot:
                 entries[str(rel / name)] = f"{oct(st.st_mode)} {st.st_size} {digest}"
         return entries
 
-    def export(self, source: Path) -> dict:
+    def export(self, source: Path, view: tuple) -> dict:
         out = self.work / "export"
-        result = self.run(source, "export", "--write", "all", source, out)
+        result = self.run(source, "export", "--write", "all", *view, source, out)
         result["files"] = self.tree(out) if out.is_dir() else {}
         subprocess.run(["rm", "-rf", str(out)], check=True)
         return result
 
-    def mount(self, source: Path) -> dict:
+    def mount(self, source: Path, options: tuple) -> dict:
         mnt = self.work / "mnt"
         mnt.mkdir(exist_ok=True)
-        daemon = subprocess.Popen([str(self.binary), str(source), str(mnt), "-f"], stdout=subprocess.DEVNULL,
+        daemon = subprocess.Popen([str(self.binary), str(source), str(mnt), "-f", *options], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE)
         try:
             if wait_for_mount(mnt, daemon=daemon) is None:
@@ -139,14 +150,15 @@ class Snapshot:
                 daemon.kill()
             daemon.wait()
 
-    def of(self, source: Path) -> dict:
+    def of(self, name: str, source: Path) -> dict:
+        view, options = (("--map", "auto"), ("-o", "map=auto")) if name.endswith(MAP_SUFFIX) else ((), ())
         return {
-            "ls": self.run(source, "ls", "--json", source),
-            "info": self.run(source, "info", source),
-            "info_json": self.run(source, "info", "--json", source),
-            "hash": self.run(source, "hash", source),
-            "export": self.export(source),
-            "mount": self.mount(source),
+            "ls": self.run(source, "ls", "--json", *view, source),
+            "info": self.run(source, "info", *view, source),
+            "info_json": self.run(source, "info", "--json", *view, source),
+            "hash": self.run(source, "hash", *view, source),
+            "export": self.export(source, view),
+            "mount": self.mount(source, options),
         }
 
 
@@ -157,7 +169,7 @@ def snapshot(args) -> int:
     with tempfile.TemporaryDirectory(prefix="ckptfs-snapshot-") as work:
         snap = Snapshot(args.bin.resolve(), Path(work))
         for i, (name, path) in enumerate(sorted(found.items())):
-            result["sources"][name] = snap.of(path)
+            result["sources"][name] = snap.of(name, path)
             if (i + 1) % 25 == 0:
                 print(f"snapshot: {i + 1}/{len(found)} sources ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     args.out.write_text(json.dumps(result, indent=1, sort_keys=True))

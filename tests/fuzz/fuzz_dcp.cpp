@@ -1,5 +1,5 @@
-// libFuzzer target: the torch.distributed.checkpoint reader (src/format/dcp_metadata.cpp
-// and src/format/dcp.cpp) on a fuzzed `.metadata` pickle.
+// libFuzzer target: the torch.distributed.checkpoint reader (src/format/dcp/dcp_metadata.cpp
+// and src/format/dcp/dcp.cpp) on a fuzzed `.metadata` pickle.
 //
 // The folder is the unit tests' sample (tests/data/dcp-sharded/: two rank files of
 // torch.save chunks, see tests/data/make_dcp_sample.py) copied into a MemoryEnv; each

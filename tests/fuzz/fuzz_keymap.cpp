@@ -1,6 +1,6 @@
 // libFuzzer target: key maps (src/view/transform_map.cpp) over a Megatron GPT catalog whose
 // model config comes from a fuzzed run_config.yaml, read as the DCP reader reads it
-// (format/megatron_framework_config.hpp, the YAML subset reader).
+// (format/megatron/megatron_framework_config.hpp, the YAML subset reader).
 //
 // Input: 16 control bytes, then the text of run_config.yaml.
 //   byte 0   the map: auto, llama, mistral, qwen2, qwen3, mixtral, qwen3_moe
@@ -24,7 +24,7 @@
 
 #include "ckptfs/catalog.hpp"
 #include "ckptfs/view.hpp"
-#include "format/megatron_framework_config.hpp"
+#include "format/megatron/megatron_framework_config.hpp"
 #include "fuzz_common.hpp"
 
 using namespace ckptfs;

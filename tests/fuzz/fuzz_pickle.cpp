@@ -1,4 +1,4 @@
-// libFuzzer target: the symbolic pickle machine (src/format/pickle.*) on arbitrary bytes.
+// libFuzzer target: the symbolic pickle machine (src/codec/pickle.*) on arbitrary bytes.
 // Invariants: a successful parse has a root; every value reachable from it (values may
 // be shared or cyclic) is well-formed for its kind and its string views are readable
 // (ASan catches views into freed or foreign memory); parsing is deterministic.
@@ -7,7 +7,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "format/pickle.hpp"
+#include "codec/pickle.hpp"
 #include "fuzz_common.hpp"
 
 using namespace ckptfs;

@@ -1,6 +1,7 @@
-// libFuzzer target: the safetensors header reader (src/format/safetensors.cpp) on arbitrary
-// bytes. Invariants: catalog invariants (valid layouts, every box inside the file, boxes
-// adding up to the tensor), and an accepted header's tensors tile the data buffer exactly.
+// libFuzzer target: the safetensors reader (src/format/safetensors/safetensors.cpp, its header
+// parser src/codec/safetensors_header.cpp) on arbitrary bytes. Invariants: catalog invariants
+// (valid layouts, every box inside the file, boxes adding up to the tensor), and an accepted
+// header's tensors tile the data buffer exactly.
 #include <cstdint>
 #include <string>
 

@@ -1,5 +1,5 @@
 // libFuzzer target: the whole OpenCatalog path on a torch.save file (zip directory, data.pkl
-// pickle, tensor rebuild calls: src/format/torch.cpp, torch_archive.*) from arbitrary bytes.
+// pickle, tensor rebuild calls: src/format/torch/torch.cpp, torch_archive.*) from arbitrary bytes.
 // Invariants: catalog invariants (ckptfs_fuzz::CheckCatalog: valid layouts, every element
 // of every box inside the file, boxes adding up to the tensor), unique keys, and a
 // metadata tree that serializes.

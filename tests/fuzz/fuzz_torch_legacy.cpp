@@ -1,6 +1,6 @@
 // libFuzzer target: the whole OpenCatalog path on a legacy torch.save stream (the pickles
 // before the storages, the walk over the storages' 8-byte element counts, tensor rebuild
-// calls: src/format/torch_legacy.cpp, torch_archive.*, pickle.*) from arbitrary bytes.
+// calls: src/format/torch/torch_legacy.cpp, torch_archive.*, pickle.*) from arbitrary bytes.
 // Invariants: catalog invariants (ckptfs_fuzz::CheckCatalog: valid layouts, every element
 // of every box inside the file, boxes adding up to the tensor), unique keys, and a
 // metadata tree that serializes.

@@ -1,4 +1,4 @@
-// libFuzzer target: the DeepSpeed ZeRO reader (src/format/zero.cpp) on a fuzzed pickle.
+// libFuzzer target: the DeepSpeed ZeRO reader (src/format/deepspeed/zero.cpp) on a fuzzed pickle.
 //
 // The folder is a small real ZeRO-2 checkpoint (data/zero/: world size 2, written by
 // DeepSpeed, see make_seeds.py --zero-template) copied into a MemoryEnv. Each input
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "ckptfs/catalog.hpp"
-#include "format/zip.hpp"
+#include "codec/zip.hpp"
 #include "fuzz_common.hpp"
 
 using namespace ckptfs;

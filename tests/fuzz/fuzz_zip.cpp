@@ -1,11 +1,11 @@
-// libFuzzer target: the zip central-directory reader (src/format/zip.*) on arbitrary bytes.
+// libFuzzer target: the zip central-directory reader (src/codec/zip.*) on arbitrary bytes.
 // Invariants: every entry Open() accepts is findable by name and lies inside the file;
 // a DataOffset() it grants leaves the whole record inside the file; ReadStored() returns
 // exactly the record's size.
 #include <cstdint>
 #include <string>
 
-#include "format/zip.hpp"
+#include "codec/zip.hpp"
 #include "fuzz_common.hpp"
 
 using namespace ckptfs;

@@ -25,7 +25,7 @@ A pair (A, B) is allowed when A sees all of B's items, forbidden when it sees no
 when it sees some (a front end that sees a layer's public header but not its sources).
 
 --plant runs the check on planted faults instead and exits 0 only if the check catches each:
-in a copy of the layer folders, a header in a low layer's own folder that includes a header
+in a copy of the layer folders, in every layer's own folder, a header that includes a header
 of a later layer it may not see; and forbidden probes that fail for another reason (each
 includes a missing header of no layer before the one it checks)."""
 
@@ -99,7 +99,11 @@ def item_headers(layer: Layer, item: str) -> list:
     header itself, or every header of a src/ folder."""
     if not item.endswith("/"):
         return [item]
-    return sorted(f"{item}{p.name}" for p in (layer.folder / item).iterdir() if p.name.endswith(HEADER_SUFFIXES))
+    root = layer.folder / item
+    # Subfolders too (format/torch/), through links (a planted copy links each entry).
+    return sorted(f"{item}{(Path(folder) / name).relative_to(root)}"
+                  for folder, _, names in os.walk(root, followlinks=True) for name in names
+                  if name.endswith(HEADER_SUFFIXES))
 
 
 def item_probe_header(owner: Layer, item: str) -> str:
@@ -263,49 +267,52 @@ def copy_layers(layers: list, layer_root: Path, into: Path) -> list:
     return copied
 
 
-def plant_bad_include(layers: list) -> tuple:
-    """In the first layer that owns a src/ folder and may not see a header of a later layer,
-    a header of its own folder that includes that header. Returns (layer, planted header,
-    the header it includes)."""
+def plant_bad_includes(layers: list) -> list:
+    """In every layer that owns a src/ folder and may not see a header of a later layer, a
+    header of its own folder that includes that header. Returns [(layer, planted header, the
+    header it includes)]."""
     assign_owners(layers)
+    plants = []
     for i, low in enumerate(layers):
         own_dirs = [item for item in low.owns if item.endswith("/")]
         if not own_dirs:
             continue
-        for high in layers[i + 1:]:
-            for item in high.owns:
-                if item in low.sees:
-                    continue
-                target = item_probe_header(high, item)
-                # The own folder becomes a real folder of links to the sources, plus the plant.
-                link = low.folder / own_dirs[0]
-                source = link.resolve()
-                link.unlink()
-                link.mkdir()
-                for entry in source.iterdir():
-                    (link / entry.name).symlink_to(entry)
-                planted = link / "planted_bad_include.hpp"
-                planted.write_text(f'#pragma once\n#include "{target}"\n')
-                return low, f"{own_dirs[0]}planted_bad_include.hpp", target
-    sys.exit("layering --plant: no layer owns a src/ folder below another layer's header")
+        target = next((item_probe_header(high, item) for high in layers[i + 1:] for item in high.owns
+                       if item not in low.sees), None)
+        if target is None:
+            continue
+        # The own folder becomes a real folder of links to the sources, plus the plant.
+        link = low.folder / own_dirs[0]
+        source = link.resolve()
+        link.unlink()
+        link.mkdir()
+        for entry in source.iterdir():
+            (link / entry.name).symlink_to(entry)
+        (link / "planted_bad_include.hpp").write_text(f'#pragma once\n#include "{target}"\n')
+        plants.append((low, f"{own_dirs[0]}planted_bad_include.hpp", target))
+    if not plants:
+        sys.exit("layering --plant: no layer owns a src/ folder below another layer's header")
+    return plants
 
 
 def run_plant(layers: list, layer_root: Path, cxx: str, std: str, jobs: int) -> int:
     problems = []
     with tempfile.TemporaryDirectory(prefix="ckptfs-layering-plant-") as tmp:
         planted_layers = copy_layers(layers, layer_root, Path(tmp) / "layers")
-        low, planted, target = plant_bad_include(planted_layers)
-        print(f"plant 1: {low.folder.name}/{planted} includes {target}, which {low.name} may not see")
-        # Only the planted layer's folder differs from the real ones.
-        failures = run_check(planted_layers, cxx, std, jobs, quiet=True, only=low)
-        caught = [f for f in failures if planted in f and target in f]
-        for line in caught:
-            print("  detected: " + "\n  ".join(line.splitlines()[:3]))
-        if not caught:
-            problems.append(f"plant 1 not detected: no failure names {planted} and {target}; "
-                            f"failures: {failures or 'none'}")
-        elif any(planted not in f for f in failures):
-            problems.append("plant 1: failures beyond the planted header:\n" + "\n".join(f for f in failures if planted not in f))
+        # Each plant is in its own layer's folder; the other layers' folders link to the
+        # sources, so each layer's check sees its own plant only.
+        for n, (low, planted, target) in enumerate(plant_bad_includes(planted_layers), 1):
+            print(f"plant 1.{n}: {low.folder.name}/{planted} includes {target}, which {low.name} may not see")
+            failures = run_check(planted_layers, cxx, std, jobs, quiet=True, only=low)
+            caught = [f for f in failures if planted in f and target in f]
+            for line in caught:
+                print("  detected: " + "\n  ".join(line.splitlines()[:3]))
+            if not caught:
+                problems.append(f"plant 1.{n} not detected: no failure names {planted} and {target} "
+                                f"in {low.name}; failures: {failures or 'none'}")
+            elif any(planted not in f for f in failures):
+                problems.append(f"plant 1.{n}: failures beyond the planted header:\n" +
+                                "\n".join(f for f in failures if planted not in f))
 
     # Forbidden probes that include a header of no layer first: they still fail, with the
     # same kind of error, but not on the header they check; a check that took any failure

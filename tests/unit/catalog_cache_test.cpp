@@ -1,4 +1,4 @@
-// The catalog cache's entries (src/format/catalog_cache.cpp): a catalog comes back from an
+// The catalog cache's entries (src/open/catalog_cache.cpp): a catalog comes back from an
 // entry exactly as it was stored, also when its tensors span several chunks that threads
 // decode; an entry whose chunk table is damaged (its checksum made right again, so that
 // only the table's own checks or the decoding can catch it), of an older version, or
@@ -14,8 +14,8 @@
 #include <filesystem>
 #include <random>
 
-#include "format/catalog_cache.hpp"
 #include "format/readers.hpp"
+#include "open/catalog_cache.hpp"
 #include "test_util.hpp"
 
 using ckptfs::Box;

@@ -11,9 +11,9 @@
 #include <map>
 
 #include "ckptfs/catalog.hpp"
-#include "format/dcp_metadata.hpp"
-#include "format/megatron_fragments.hpp"
-#include "format/megatron_tensor_facts.hpp"
+#include "format/dcp/dcp_metadata.hpp"
+#include "format/megatron/megatron_fragments.hpp"
+#include "format/megatron/megatron_tensor_facts.hpp"
 #include "test_util.hpp"
 
 using ckptfs::Catalog;

@@ -1,4 +1,4 @@
-// Which files of a folder are its weights (src/format/folder_weights.hpp), by name alone: the
+// Which files of a folder are its weights (src/format/safetensors/folder_weights.hpp), by name alone: the
 // file lists of the folders transformers' Trainer, save_pretrained, accelerate's save_state
 // and PEFT write, and the orders and exclusions doc/FORMATS.md ("Checkpoint folders") states.
 #define BOOST_TEST_MODULE folder_weights_test
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "format/folder_weights.hpp"
+#include "format/safetensors/folder_weights.hpp"
 
 using ckptfs::ChooseFolderWeights;
 using ckptfs::FolderWeights;

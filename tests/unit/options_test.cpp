@@ -200,8 +200,9 @@ BOOST_AUTO_TEST_CASE(export_write_parts) {
 }
 
 BOOST_AUTO_TEST_CASE(help_lists_every_option_of_its_front_end) {
-  // Every option is on some command's help: load's, or export's (write).
-  const std::string cli = ckptfs::CommandLineHelp(ckptfs::kLoadCommandGroups | ckptfs::kExportCommandGroups);
+  // Every option is on some command's help: load's, export's (write) or diff's.
+  const std::string cli = ckptfs::CommandLineHelp(ckptfs::kLoadCommandGroups | ckptfs::kExportCommandGroups |
+                                                  ckptfs::kDiffCommandGroups);
   const std::string mount = ckptfs::MountHelp(ckptfs::kMountGroups);
   for (const OptionSpec& spec : OptionTable()) {
     BOOST_TEST_CONTEXT(spec.name) {
@@ -217,6 +218,37 @@ BOOST_AUTO_TEST_CASE(help_lists_every_option_of_its_front_end) {
     BOOST_TEST(end - start <= 94u, cli.substr(start, end - start));
     start = end + 1;
   }
+}
+
+BOOST_AUTO_TEST_CASE(diff_options_in_every_spelling) {
+  OptionValues o;
+  bool known = false;
+  BOOST_TEST(CommandLine({"--atol", "0.5"}, ckptfs::kDiffCommandGroups, &o, &known).ok());
+  BOOST_TEST(CommandLine({"--rtol=1e-3"}, ckptfs::kDiffCommandGroups, &o, &known).ok());
+  BOOST_TEST(CommandLine({"--threads", "3"}, ckptfs::kDiffCommandGroups, &o, &known).ok());
+  BOOST_TEST(CommandLine({"--rows", "0"}, ckptfs::kDiffCommandGroups, &o, &known).ok());
+  BOOST_TEST(o.diff.atol == 0.5);
+  BOOST_TEST(o.diff.rtol == 1e-3);
+  BOOST_TEST(o.diff.threads == 3u);
+  BOOST_TEST(o.diff_rows == 0u);
+  for (const char* bad : {"-1", "nan", "inf", "", "1x"}) {
+    BOOST_TEST_CONTEXT(bad) {
+      BOOST_TEST(CommandLine({"--atol", bad}, ckptfs::kDiffCommandGroups, &o, &known).message() ==
+                 "atol=" + std::string(bad) + ": needs a finite number >= 0");
+    }
+  }
+  BOOST_TEST(CommandLine({"--rows", "4097"}, ckptfs::kDiffCommandGroups, &o, &known).message() ==
+             "rows=4097: needs a whole number up to 4096");
+  BOOST_TEST(o.diff.atol == 0.5);  // a bad value changes nothing
+  // ckptfs_diff takes the comparison's options, not the summary's; no other front end takes them.
+  BOOST_TEST(ckptfs::ParseJsonOptions({{"atol", 0.25}, {"threads", 2}}, ckptfs::kDiffGroups, &o).ok());
+  BOOST_TEST(o.diff.atol == 0.25);
+  BOOST_TEST(ckptfs::ParseJsonOptions({{"rows", 5}}, ckptfs::kDiffGroups, &o).message() ==
+             "options: unknown option 'rows'");
+  BOOST_TEST(CommandLine({"--atol", "1"}, ckptfs::kReadCommandGroups, &o, &known).ok());
+  BOOST_TEST(!known);
+  BOOST_TEST(ckptfs::ParseMountOption("atol=1", ckptfs::kMountGroups, &o, &known).message() ==
+             "atol: not a mount option (see --help)");
 }
 
 BOOST_AUTO_TEST_CASE(map_settings_are_a_family_in_every_spelling) {

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <functional>
 
-#include "format/pickle.hpp"
+#include "codec/pickle.hpp"
 #include "test_util.hpp"
 
 using ckptfs::ParsePickle;

@@ -4,8 +4,8 @@
 #include <boost/test/unit_test.hpp>
 
 #include "ckptfs/catalog.hpp"
+#include "codec/safetensors_header.hpp"
 #include "format/readers.hpp"
-#include "format/safetensors_header.hpp"
 #include "test_util.hpp"
 
 using ckptfs::Catalog;

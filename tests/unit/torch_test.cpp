@@ -10,8 +10,8 @@
 #include <set>
 
 #include "ckptfs/catalog.hpp"
-#include "format/rank_shards.hpp"
 #include "format/readers.hpp"
+#include "format/torch/rank_shards.hpp"
 #include "test_util.hpp"
 
 using ckptfs::Catalog;
@@ -645,7 +645,7 @@ BOOST_AUTO_TEST_CASE(tensor_subclasses_without_a_plain_storage_are_refused) {
   CheckError(quantized.status, quantized.path, Status::Code::kNotSupported,
              "'w': a tensor of class torchao.dtypes.affine_quantized_tensor.AffineQuantizedTensor rebuilt by "
              "torch._utils._rebuild_wrapper_subclass; ckptfs does not know how to serve it");
-  // A DTensor is recognised (format/torch_distributed.hpp), and refused when its form is not
+  // A DTensor is recognised (format/torch/torch_distributed.hpp), and refused when its form is not
   // the one it knows.
   Built dtensor = Wrapper("torch.distributed.tensor", "DTensor");
   CheckError(dtensor.status, dtensor.path, Status::Code::kNotSupported, "'w': DTensor with malformed wrapper arguments");
@@ -790,7 +790,7 @@ BOOST_AUTO_TEST_CASE(an_archive_with_storage_records_that_serves_no_tensor_is_re
   BOOST_TEST(empty.catalog->tensors.empty());
 }
 
-// ---- DTensor / ShardedTensor (format/torch_distributed.hpp, format/rank_shards.hpp) ----
+// ---- DTensor / ShardedTensor (format/torch/torch_distributed.hpp, format/torch/rank_shards.hpp) ----
 
 namespace {
 

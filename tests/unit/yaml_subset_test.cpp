@@ -1,14 +1,15 @@
-// The YAML-subset reader (format/yaml_subset.hpp) on the forms PyYAML's block style writes
-// and on what it refuses, and the Megatron model-config normalisation built on it
-// (format/megatron_framework_config.hpp). The full files come from tests/frameworks/make_megatron_gpt.py.
+// The YAML-subset reader (codec/yaml_subset.hpp) on the forms PyYAML's block style writes and on
+// what it refuses, and the Megatron model-config normalisation built on it
+// (format/megatron/megatron_framework_config.hpp). The full files come from
+// tests/frameworks/make_megatron_gpt.py.
 #define BOOST_TEST_MODULE yaml_subset
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
 #include <string>
 
-#include "format/megatron_framework_config.hpp"
-#include "format/yaml_subset.hpp"
+#include "codec/yaml_subset.hpp"
+#include "format/megatron/megatron_framework_config.hpp"
 
 using ckptfs::ParseYamlSubset;
 using ckptfs::Status;

@@ -1,4 +1,4 @@
-// The DeepSpeed ZeRO extent arithmetic (src/format/zero_layout.hpp) on hand-made layouts,
+// The DeepSpeed ZeRO extent arithmetic (src/format/deepspeed/zero_layout.hpp) on hand-made layouts,
 // without any file: stage 1/2 with 1, 2 and 3 ranks, parameters straddling rank
 // boundaries, per-parameter alignment pads, the 2·W rounding, the BF16_Optimizer and
 // several groups; stage 3 with ceil(n/W) chunks, a parameter smaller than W and a chunk
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "format/zero_layout.hpp"
+#include "format/deepspeed/zero_layout.hpp"
 
 using ckptfs::Box;
 using ckptfs::DType;

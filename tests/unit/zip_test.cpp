@@ -4,7 +4,7 @@
 #define BOOST_TEST_MODULE zip_test
 #include <boost/test/unit_test.hpp>
 
-#include "format/zip.hpp"
+#include "codec/zip.hpp"
 #include "test_util.hpp"
 
 using ckptfs::Status;

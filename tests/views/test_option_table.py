@@ -1,6 +1,6 @@
 """The option table (include/ckptfs/options.hpp) walked through every front end: each option
 with a valid value is taken by every front end that documents it (`ckptfs ls`, `ckptfs load`,
-a real mount, ckptfs_open and ckptfs_load_into through ctypes), a bad value is refused by each
+`ckptfs diff`, a real mount, ckptfs_open, ckptfs_load_into and ckptfs_diff through ctypes), a bad value is refused by each
 with one line, and a front end that does not document an option refuses it. The table comes
 from libckptfs.so itself (ckptfs_options()); the man page and doc/CLI.md must name every
 option in it."""
@@ -63,6 +63,10 @@ VALUES = {
     "direct_io": None,
     "verify": None,
     "map": ("none", "relative/map.json"),
+    "atol": ("0.01", "-1"),
+    "rtol": ("1e-3", "nan"),
+    "threads": ("2", "many"),
+    "rows": ("5", "4097"),
     # A family of options (map.NAME=V): tried through its member MEMBERS["map."].
     "map.": ("4", ""),
 }
@@ -100,6 +104,16 @@ class Library:
 
     def close(self, handle):
         self.lib.ckptfs_close(handle)
+
+    def diff(self, a, b, options: dict):
+        """(result, None) or (None, error line)."""
+        function = self.lib.ckptfs_diff
+        function.restype = ctypes.c_char_p
+        function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p]
+        text = function(a, b, json.dumps(options).encode())
+        if text is None:
+            return None, self.error()
+        return json.loads(text), None
 
     def load_into(self, handle, info: list, options: dict):
         """Loads every tensor into host buffers (the host back end): (0, stats) or (-1, error)."""
@@ -192,7 +206,7 @@ def test_command_line(name, table, run_ckptfs, tmp_path):
     name, entry = member(name, entry)
     # Each front end's command, and what follows SOURCE.
     commands = {"read_command": (["ls"], []), "export_command": (["export"], [tmp_path / "out"]),
-                "load_command": (LOAD, [])}
+                "load_command": (LOAD, []), "diff_command": (["diff"], [SAMPLE])}
     for front_end, (command, after) in commands.items():
         takes = front_end in entry["front_ends"]
         for form in cli_forms(entry, value) if takes else []:
@@ -298,6 +312,17 @@ def test_c_api(name, table, library, run_ckptfs):
             rc, error = library.load_into(handle, info, {name: wrong})
             assert rc == -1, f"ckptfs_load_into took {name}={wrong!r}"
             one_line(error, f"ckptfs_load_into {name}={wrong!r}")
+        for good in goods:
+            result, error = library.diff(handle, handle, {name: good})
+            if "diff" not in entry["front_ends"]:
+                assert result is None, f"ckptfs_diff took {name}={good!r}"
+                assert f"unknown option '{name}'" in one_line(error, name)
+                continue
+            assert result is not None and result["equal"], f"ckptfs_diff {name}={good!r}: {error}"
+        if "diff" in entry["front_ends"]:
+            result, error = library.diff(handle, handle, {name: wrong})
+            assert result is None, f"ckptfs_diff took {name}={wrong!r}"
+            one_line(error, f"ckptfs_diff {name}={wrong!r}")
     finally:
         library.close(handle)
 
