@@ -81,6 +81,16 @@ struct FolderEntry {
   PathType type = PathType::kOther;
 };
 
+// A whole file's bytes held read-only (Env::MapFile): mapped where the Env can map, else read.
+class MappedFile {
+ public:
+  virtual ~MappedFile() = default;
+  virtual std::string_view bytes() const = 0;
+  // Bytes [begin, end) are done with: the whole pages among them may leave memory (a
+  // large file read once is not held whole). Safe to call from several threads.
+  virtual void Release(size_t begin, size_t end) const {}
+};
+
 class Env {
  public:
   virtual ~Env() = default;
@@ -114,6 +124,18 @@ class Env {
 
   // What the Env fetched so far; false (and *out untouched) for an Env that fetches nothing.
   virtual bool fetch_counters(FetchCounters* out) const { return false; }
+
+  // The whole of file `path`, read-only; kNotFound when there is none. The default reads it
+  // through Open; an Env that can map files maps them.
+  virtual Status MapFile(const std::string& path, std::unique_ptr<MappedFile>* out);
+
+  // Writing, for the files ckptfs keeps of its own (the catalog cache). An Env of sources
+  // only (a URL's) has none: kNotSupported.
+  // Creates folder `path` and its parents, where missing.
+  virtual Status CreateFolders(const std::string& path);
+  // Makes file `path` hold `bytes`: written under another name in its folder, then renamed
+  // over it, so a reader finds the old file or the whole new one, never a part.
+  virtual Status WriteFileAtomically(const std::string& path, std::string_view bytes);
 };
 
 // What ListFolder returns where the Env has no folder listing (a plain HTTP server); readers

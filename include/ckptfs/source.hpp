@@ -38,6 +38,8 @@ struct SourceOptions {
   // A folder for validated catalogs of single-file local sources ("" = off, "auto" = the
   // user's cache folder): reopening an unchanged checkpoint then skips parsing it.
   std::string catalog_cache;
+  // The file system that folder is on; null means the local one.
+  std::shared_ptr<Env> catalog_cache_env;
 };
 
 // Detects the format of `source` (a file or a folder reached through `env`: the first reader of

@@ -4,13 +4,9 @@
 // them through their registry entries (format/registry.hpp); these are the functions the
 // entries and other readers (a folder's weight files, DCP's torch_save values) call.
 //
-// Each reader has a format number (k...Format, beside its declaration; ReaderEntry::number).
-// The catalog cache records the numbers of the readers that built a catalog with it (ReaderStamp) and serves
-// the catalog only while they are the same, so bump a reader's number whenever the catalog
-// it builds from the same bytes changes: a tensor added, dropped, renamed, reshaped or placed
-// at other bytes, metadata or sibling files changed, a file accepted that was refused. A
-// change in code that readers share (the pickle machine, the zip directory, the safetensors
-// header) bumps the number of each reader whose catalogs it changes.
+// The catalog cache serves a catalog only under the reader code stamp that wrote it
+// (ReaderStamp): a hash of these sources, so a change to any reader needs nothing else to
+// retire the catalogs the old code built.
 #ifndef CKPTFS_FORMAT_READERS_HPP_
 #define CKPTFS_FORMAT_READERS_HPP_
 
@@ -37,7 +33,6 @@ Status ReadTorchZip(const std::string& path, Catalog* catalog, nlohmann::json* m
 // (a chunk of a larger file): tensor offsets are offsets in that file.
 Status ReadTorchZip(const FileWindow& window, Catalog* catalog, nlohmann::json* metadata,
                     const ReadLimits& limits = ReadLimits{});
-inline constexpr uint32_t kTorchZipFormat = 2;
 
 // True when a file's first bytes (`head`, the first 512 or all when shorter) start a legacy
 // torch.save stream (a pickle) or a tar archive (torch <= 0.3 saved tar files).
@@ -46,19 +41,16 @@ bool IsTorchLegacy(std::string_view head);
 // like a torch.save zip; the tar-based format of torch <= 0.3 is refused by name.
 Status ReadTorchLegacy(const std::string& path, std::string_view head, Catalog* catalog, nlohmann::json* metadata,
                        const ReadLimits& limits = ReadLimits{});
-inline constexpr uint32_t kTorchLegacyFormat = 2;
 
 // A TorchScript archive (torch.jit.save): the module tree's tensors under the names
 // Module.state_dict() gives them, constants under "CONSTANTS.c<i>"; code is never read.
 Status ReadTorchScript(const std::string& path, Catalog* catalog, nlohmann::json* metadata,
                        const ReadLimits& limits = ReadLimits{});
-inline constexpr uint32_t kTorchScriptFormat = 2;
 
 // A torch.export.save package (.pt2): parameters, buffers and constants by their
 // state-dict names, from the package's weight and constant configs.
 Status ReadTorchExport(const std::string& path, Catalog* catalog, nlohmann::json* metadata,
                        const ReadLimits& limits = ReadLimits{});
-inline constexpr uint32_t kTorchExportFormat = 1;
 
 // Which reader a zip file needs: "torchscript" (it holds <archive>/constants.pkl),
 // "torch-export" (<archive>/archive_format says pt2) or "torch-zip". The directory it reads
@@ -70,7 +62,6 @@ Status IsTorchZipOfKind(SourceProbe& probe, std::string_view kind, bool* is_kind
 // One .safetensors file; its "__metadata__" strings go to `*metadata`.
 Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, nlohmann::json* metadata,
                            const ReadLimits& limits = ReadLimits{});
-inline constexpr uint32_t kSafetensorsFormat = 1;
 
 // Reads the checkpoint in folder `dir` (through the Env of catalog->files): its weights are
 // found by the frameworks' file names (format/safetensors/folder_weights.hpp: transformers' order, PEFT's
@@ -84,7 +75,6 @@ inline constexpr uint32_t kSafetensorsFormat = 1;
 // Hugging Face layout give.
 Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const ReadLimits& limits = ReadLimits{},
                             const std::string& index_name = {});
-inline constexpr uint32_t kCheckpointFolderFormat = 2;
 
 // True when `dir` is a DeepSpeed save folder (it has `latest`) or tag folder (it holds
 // ZeRO rank files or pipeline layer files).
@@ -95,7 +85,6 @@ bool IsDeepSpeedFolder(Env& env, const std::string& dir);
 // Consolidates ZeRO 1/2/3 partitions (one subtree per model-parallel rank when there are
 // several) or pipeline per-layer files.
 Status ReadDeepSpeedCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);
-inline constexpr uint32_t kDeepSpeedFormat = 1;
 
 // True when `dir` is a DeepSpeed universal checkpoint: a step folder of ds_to_universal
 // (model-states files beside a zero/ folder, no optimizer rank files), or a folder holding
@@ -106,7 +95,6 @@ bool IsDeepSpeedUniversalFolder(Env& env, const std::string& dir);
 // the Env of catalog->files: the fp32 weights of zero/<param>/fp32.pt with the names, order and
 // model-states tensors of the ZeRO reader; the Adam moments too with options.zero_moments.
 Status ReadDeepSpeedUniversal(const std::string& dir, const SourceOptions& options, Catalog* catalog);
-inline constexpr uint32_t kDeepSpeedUniversalFormat = 1;
 
 // True when `dir` holds a torch.distributed.checkpoint `.metadata` file, or is a parent
 // whose step folders (step-N/, iter_NNNNNNN/, ...) hold one.
@@ -117,16 +105,13 @@ bool IsDcpFolder(Env& env, const std::string& dir);
 // the Env of catalog->files. Tensor chunks become boxes of the full tensors; non-tensor
 // entries are decoded into the catalog's metadata; metadata["dcp"] says what was served.
 Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, Catalog* catalog);
-inline constexpr uint32_t kDcpFormat = 5;
 
 // A veRL FSDP checkpoint: an actor or critic folder (model_world_size_W_rank_R.pt, ...), the
 // global_step_N/ folder holding it or the run folder naming the step
 // (latest_checkpointed_iteration.txt); the model rank files consolidated (format/verl/verl.cpp).
-inline constexpr uint32_t kVerlFormat = 1;
 
 // A folder of torch.save rank files (one group of rank-numbered names) holding DTensors or
 // ShardedTensors: consolidated into full tensors (format/torch/rank_shards.hpp).
-inline constexpr uint32_t kTorchRanksFormat = 1;
 
 // True when `dir` holds shard-<rank>-model-<i>-of-<n>.safetensors files: what torch's
 // HuggingFaceStorageWriter(save_distributed=True) writes, with no .metadata.
@@ -136,7 +121,6 @@ bool IsDcpHfShardFolder(Env& env, const std::string& dir);
 // saved_offsets of their DCP_SHARDING_INFO (the full shape is where the chunks end). Other
 // files in the folder are served as they are.
 Status ReadDcpHfShards(const std::string& dir, const SourceOptions& options, Catalog* catalog);
-inline constexpr uint32_t kDcpHfShardsFormat = 1;
 
 }  // namespace ckptfs
 

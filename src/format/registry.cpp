@@ -28,32 +28,14 @@ constexpr const ReaderEntry* kReaders[] = {
     &kTorchScriptReader,        &kTorchExportReader, &kTorchZipReader,    &kSafetensorsReader, &kTorchLegacyReader,
 };
 
-// The number of the detection order: bump it whenever which reader a source goes to changes
-// (a format told apart differently, a reader added), so that no catalog cached from a reader a
-// source no longer goes to is served.
-constexpr uint32_t kDetectionFormat = 5;
-
-const ReaderEntry* FindReader(std::string_view name) {
-  for (const ReaderEntry* r : kReaders)
-    if (r->name == name) return r;
-  return nullptr;
-}
-
 }  // namespace
 
 std::span<const ReaderEntry* const> Readers() { return kReaders; }
 
 std::string ReaderStamp(std::string_view format) {
-  if (format.empty()) return "";
-  for (const ReaderEntry* r : kReaders) {
-    if (std::find(std::begin(r->formats), std::end(r->formats), format) == std::end(r->formats)) continue;
-    std::string stamp = std::string("ckptfs ") + CKPTFS_VERSION + "; detection " + std::to_string(kDetectionFormat);
-    stamp += std::string("; ").append(r->name) + " " + std::to_string(r->number);
-    for (std::string_view other : r->reads_through)
-      if (const ReaderEntry* o = other.empty() ? nullptr : FindReader(other))
-        stamp += std::string("; ").append(o->name) + " " + std::to_string(o->number);
-    return stamp;
-  }
+  for (const ReaderEntry* r : kReaders)
+    if (!format.empty() && std::find(std::begin(r->formats), std::end(r->formats), format) != std::end(r->formats))
+      return std::string("ckptfs ") + CKPTFS_VERSION + "; readers " + kReaderCodeStamp;
   return "";
 }
 

@@ -2,6 +2,7 @@
 #include "ckptfs/env.hpp"
 
 #include <cerrno>
+#include <utility>
 
 namespace ckptfs {
 
@@ -21,6 +22,37 @@ Status Env::ReadSmallFile(const std::string& path, uint64_t max_bytes, std::stri
         .WithLimitOption(limit_option);
   out->resize(size);
   return file->Read(0, size, out->data());
+}
+
+namespace {
+
+// A file read whole into memory: MapFile of an Env that cannot map.
+class ReadFile final : public MappedFile {
+ public:
+  explicit ReadFile(std::string bytes) : bytes_(std::move(bytes)) {}
+  std::string_view bytes() const override { return bytes_; }
+
+ private:
+  std::string bytes_;
+};
+
+}  // namespace
+
+Status Env::MapFile(const std::string& path, std::unique_ptr<MappedFile>* out) {
+  std::unique_ptr<SourceFile> file;
+  CKPTFS_RETURN_IF_ERROR(Open(path, &file));
+  std::string bytes(file->size(), '\0');
+  CKPTFS_RETURN_IF_ERROR(file->Read(0, bytes.size(), bytes.data()));
+  *out = std::make_unique<ReadFile>(std::move(bytes));
+  return Status::OK();
+}
+
+Status Env::CreateFolders(const std::string& path) {
+  return Status::NotSupported(path, "this source's file system takes no writes");
+}
+
+Status Env::WriteFileAtomically(const std::string& path, std::string_view) {
+  return Status::NotSupported(path, "this source's file system takes no writes");
 }
 
 Status FolderNotListable(std::string_view path) {

@@ -2,6 +2,7 @@
 // their identity taken from fstat(2) and re-checked on demand.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +10,9 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <system_error>
 
 #include "ckptfs/env.hpp"
 #include "io/full_pread.hpp"
@@ -70,6 +74,41 @@ class LocalFile final : public SourceFile {
   FileIdentity identity_;
 };
 
+// A local file mapped read-only; released pages are dropped (madvise), so a file read once
+// from start to end does not stay in the process's memory whole.
+class MappedLocalFile final : public MappedFile {
+ public:
+  MappedLocalFile(void* base, size_t size) : base_(base), size_(size) {}
+  ~MappedLocalFile() override {
+    if (base_) ::munmap(base_, size_);
+  }
+  MappedLocalFile(const MappedLocalFile&) = delete;
+  MappedLocalFile& operator=(const MappedLocalFile&) = delete;
+
+  std::string_view bytes() const override { return std::string_view(static_cast<const char*>(base_), size_); }
+  void Release(size_t begin, size_t end) const override {
+    static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    begin = (begin + page - 1) / page * page;
+    end = std::min(end, size_) / page * page;
+    if (base_ && end > begin) ::madvise(static_cast<char*>(base_) + begin, end - begin, MADV_DONTNEED);
+  }
+
+ private:
+  void* base_;  // null for an empty file
+  size_t size_;
+};
+
+// Writes all of `bytes` to `fd`.
+Status WriteAll(int fd, std::string_view bytes, const std::string& path) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::FromErrno(path, "cannot write", n < 0 ? errno : EIO);
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return Status::OK();
+}
+
 class LocalEnv final : public Env {
  public:
   // The page cache is all the readahead a local file gets from the kernel's side of a mount.
@@ -123,6 +162,54 @@ class LocalEnv final : public Env {
     ::closedir(d);
     std::sort(out->begin(), out->end(), [](const FolderEntry& a, const FolderEntry& b) { return a.name < b.name; });
     return Status::OK();
+  }
+
+  Status MapFile(const std::string& path, std::unique_ptr<MappedFile>* out) override {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(path, "cannot open", errno);
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::FromErrno(path, "cannot stat", err);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return Status::InvalidArgument(path, "not a regular file");
+    }
+    void* base = nullptr;
+    const size_t size = static_cast<size_t>(st.st_size);
+    if (size > 0) {
+      base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (base == MAP_FAILED) {
+        const int err = errno;
+        ::close(fd);
+        return Status::FromErrno(path, "cannot map", err);
+      }
+    }
+    ::close(fd);  // the mapping holds the file
+    *out = std::make_unique<MappedLocalFile>(base, size);
+    return Status::OK();
+  }
+
+  Status CreateFolders(const std::string& path) override {
+    std::error_code ec;
+    std::filesystem::create_directories(path, ec);
+    return ec ? Status::FromErrno(path, "cannot create the folder", ec.value()) : Status::OK();
+  }
+
+  // The temporary name holds the process id, so two processes writing the same file each
+  // rename a whole file of their own.
+  Status WriteFileAtomically(const std::string& path, std::string_view bytes) override {
+    const std::string temp = path + ".tmp-" + std::to_string(::getpid());
+    const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return Status::FromErrno(temp, "cannot create", errno);
+    Status written = WriteAll(fd, bytes, temp);
+    if (::close(fd) != 0 && written.ok()) written = Status::FromErrno(temp, "cannot write", errno);
+    if (written.ok() && ::rename(temp.c_str(), path.c_str()) != 0)
+      written = Status::FromErrno(path, "cannot rename a new file into place", errno);
+    if (!written.ok()) ::unlink(temp.c_str());
+    return written;
   }
 };
 

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckptfs/env.hpp"
@@ -33,6 +34,10 @@ class MemoryEnv final : public Env {
   Status ListFolder(const std::string& path, std::vector<FolderEntry>* out) override;
   // Files only this process sees: nothing to record for a later run, nothing to push.
   EnvTraits traits() const override { return EnvTraits{}; }
+  Status CreateFolders(const std::string& path) override { return AddFolder(path); }
+  Status WriteFileAtomically(const std::string& path, std::string_view bytes) override {
+    return WriteFile(path, std::string(bytes));
+  }
 
  private:
   struct Tree;      // the files and folders, shared with the files opened from them

@@ -1,15 +1,9 @@
 #include "open/catalog_cache.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -127,6 +121,11 @@ std::string EntryPath(const std::string& folder, const std::string& source, cons
   return JoinPath(folder, name);
 }
 
+// The file system the cache folder is on.
+Env& CacheEnv(const SourceOptions& options) {
+  return options.catalog_cache_env ? *options.catalog_cache_env : *Env::Local();
+}
+
 std::string OptionsBytes(const SourceOptions& options) {
   Writer w;
   WriteOptions(&w, options);
@@ -223,7 +222,7 @@ bool HeadMatches(const EntryHead& head, const std::string& source, const std::st
     return false;
   }
   // A reader that is fixed or changed builds another catalog from the same bytes: an entry
-  // of another ckptfs version or reader format number is stale, like one of a changed file.
+  // of another ckptfs version or reader code stamp is stale, like one of a changed file.
   if (head.reader != ReaderStamp(head.format)) {
     *why = "it was written by " + head.reader + ", not " + ReaderStamp(head.format);
     return false;
@@ -289,34 +288,21 @@ std::pair<uint64_t, uint64_t> ChunkTensors(const EntryTensors& t, size_t c) {
   return {first, std::min(t.count, first + t.chunk_tensors)};
 }
 
-// An entry mapped read-only. Pages already read can be dropped.
+// An entry mapped read-only (Env::MapFile). Pages already read can be dropped.
 class MappedEntry {
  public:
-  ~MappedEntry() {
-    if (base_) ::munmap(base_, size_);
-  }
   // Maps the entry and checks its magic and version (not its checksum: ChecksumMatches).
   // False with *note empty: no entry; with *note set: one that cannot be used.
-  bool Map(const std::string& path, std::string* note) {
+  bool Map(Env& env, const std::string& path, std::string* note) {
     // The entry is mapped, and the pages already checked or parsed are dropped as the
     // reading goes on: held whole, a million tensors' entry (~150 MB) added its size to the
-    // peak memory of the mount that loads it. (Read into a string through
-    // istreambuf_iterator, a byte at a time, it took longer than parsing the source's pickle.)
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;  // no entry yet
-    struct stat st;
-    void* mapped = MAP_FAILED;
-    const bool stated = ::fstat(fd, &st) == 0;
-    if (stated && st.st_size > 0)
-      mapped = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-    ::close(fd);
-    if (!stated || (st.st_size > 0 && mapped == MAP_FAILED)) {
-      *note = "cannot read the catalog cache entry " + path + "; reading the source";
+    // peak memory of the mount that loads it.
+    const Status mapped = env.MapFile(path, &file_);
+    // No entry yet, or no folder to hold one (it is made, or refused, when one is stored).
+    if (mapped.code() == Status::Code::kNotFound || mapped.sys_errno() == ENOTDIR) return false;
+    if (!mapped.ok()) {
+      *note = "cannot read the catalog cache entry " + path + " (" + mapped.message() + "); reading the source";
       return false;
-    }
-    if (mapped != MAP_FAILED) {
-      base_ = mapped;
-      size_ = static_cast<size_t>(st.st_size);
     }
     const std::string_view bytes = this->bytes();
     uint32_t version = 0;
@@ -346,31 +332,24 @@ class MappedEntry {
     return intact;
   }
   // Map and ChecksumMatches.
-  bool Open(const std::string& path, std::string* note) {
-    if (!Map(path, note)) return false;
+  bool Open(Env& env, const std::string& path, std::string* note) {
+    if (!Map(env, path, note)) return false;
     if (ChecksumMatches()) return true;
     *note = Damaged(path);
     return false;
   }
-  std::string_view bytes() const { return std::string_view(static_cast<const char*>(base_), size_); }
+  std::string_view bytes() const { return file_->bytes(); }
   // The fields between the header and the checksum.
-  std::string_view body() const { return bytes().substr(kHeader, size_ - 8 - kHeader); }
-  // The whole pages of entry bytes [begin, end) are read and may leave memory. Safe to
-  // call from several threads.
-  void Drop(size_t begin, size_t end) const {
-    static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-    begin = (begin + page - 1) / page * page;
-    end = end / page * page;
-    if (end > begin) ::madvise(static_cast<char*>(base_) + begin, end - begin, MADV_DONTNEED);
-  }
+  std::string_view body() const { return bytes().substr(kHeader, bytes().size() - 8 - kHeader); }
+  // Entry bytes [begin, end) are read and may leave memory. Safe to call from several threads.
+  void Drop(size_t begin, size_t end) const { file_->Release(begin, end); }
   static constexpr size_t kHeader = sizeof kMagic + 4;
 
  private:
   static std::string Damaged(const std::string& path) {
     return "ignoring the catalog cache entry " + path + ": damaged or of another version; reading the source";
   }
-  void* base_ = nullptr;
-  size_t size_ = 0;
+  std::unique_ptr<MappedFile> file_;
 };
 
 // A catalog of at least this many tensors has the pages of its tensor vector faulted in on
@@ -418,7 +397,7 @@ bool CachedCatalogUsable(const std::string& source, const SourceOptions& options
   const std::string options_bytes = OptionsBytes(options);
   MappedEntry entry;
   std::string note;
-  if (!entry.Open(EntryPath(folder, source, options_bytes), &note)) return false;
+  if (!entry.Open(CacheEnv(options), EntryPath(folder, source, options_bytes), &note)) return false;
   Catalog head_only;
   head_only.files = std::make_shared<SourceFiles>(options.env ? options.env : Env::Local());
   EntryHead head;
@@ -442,7 +421,7 @@ void LoadCachedCatalog(const std::string& source, const SourceOptions& options, 
   const std::string options_bytes = OptionsBytes(options);
   const std::string path = EntryPath(folder, source, options_bytes);
   MappedEntry entry;
-  if (!entry.Map(path, note)) return;
+  if (!entry.Map(CacheEnv(options), path, note)) return;
   const std::string damaged = "ignoring the catalog cache entry " + path + ": its content is damaged; reading the source";
   auto catalog = std::make_shared<Catalog>();
   catalog->source = source;
@@ -506,7 +485,7 @@ Status StoreCachedCatalog(const std::string& source, const SourceOptions& option
   if (chunk_tensors == 0) return Status::InvalidArgument(source, "catalog cache chunks of 0 tensors");
   const std::string reader = ReaderStamp(catalog.format);
   if (reader.empty())
-    return Status::NotSupported(source, "no reader format number for catalogs of format '" + catalog.format + "'");
+    return Status::NotSupported(source, "no reader stamp for catalogs of format '" + catalog.format + "'");
   const std::string options_bytes = OptionsBytes(options);
   Writer w;
   w.bytes().append(kMagic, sizeof kMagic);
@@ -546,24 +525,11 @@ Status StoreCachedCatalog(const std::string& source, const SourceOptions& option
   }
   w.U64(XXH3_64bits(w.bytes().data(), w.bytes().size()));
 
-  std::error_code ec;
-  std::filesystem::create_directories(folder, ec);
-  if (ec) return Status::FromErrno(folder, "cannot create the catalog cache folder", ec.value());
+  Env& env = CacheEnv(options);
+  const Status created = env.CreateFolders(folder);
+  if (!created.ok()) return Status::FromErrno(folder, "cannot create the catalog cache folder", created.ToErrno());
   const std::string path = EntryPath(folder, source, options_bytes);
-  const std::string temp = path + ".tmp-" + std::to_string(::getpid());
-  std::FILE* f = std::fopen(temp.c_str(), "wb");
-  if (!f) return Status::FromErrno(temp, "cannot write a catalog cache entry", errno);
-  const bool written = std::fwrite(w.bytes().data(), 1, w.bytes().size(), f) == w.bytes().size();
-  const int write_errno = errno;
-  if (std::fclose(f) != 0 || !written) {
-    std::remove(temp.c_str());
-    return Status::FromErrno(temp, "cannot write a catalog cache entry", written ? errno : write_errno);
-  }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(temp.c_str());
-    return Status::FromErrno(path, "cannot rename a catalog cache entry into place", e);
-  }
+  CKPTFS_RETURN_IF_ERROR(env.WriteFileAtomically(path, w.bytes()));
   return Status::OK();
 }
 

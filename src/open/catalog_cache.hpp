@@ -4,7 +4,7 @@
 // One file per source and reading options, in the folder options.catalog_cache names (-o
 // catalog_cache=DIR, "auto" resolved by the option table; never beside the source). It holds the
 // identity (device, inode, size, mtime, ctime, version) of every source file the catalog reads
-// and the ckptfs version and reader format numbers that built it (ReaderStamp), and is used only
+// and the ckptfs version and reader code stamp that built it (ReaderStamp), and is used only
 // when each file, opened afresh, still has its identity and the readers of this build would have
 // built it; any difference, a damaged or foreign cache file, or options that differ make
 // OpenCatalog parse the source as if there were no cache, and write a new entry. Written under a

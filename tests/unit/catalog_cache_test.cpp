@@ -11,10 +11,12 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <cctype>
 #include <filesystem>
 #include <random>
 
 #include "format/readers.hpp"
+#include "io/memory_env.hpp"
 #include "open/catalog_cache.hpp"
 #include "test_util.hpp"
 
@@ -195,6 +197,67 @@ BOOST_AUTO_TEST_CASE(round_trip_of_many_chunks) {
   BOOST_TEST(Contains(note, "its content is damaged"), note);
 }
 
+// The cache folder is reached through the Env options.catalog_cache_env names: every entry
+// read and written there (here an in-memory one), none on the local disk.
+BOOST_AUTO_TEST_CASE(entries_live_on_the_cache_env) {
+  TempDir dir;
+  const std::string source = dir.File("data.bin");
+  const Catalog catalog = MakeCatalog(source, 250);
+  auto env = std::make_shared<ckptfs::MemoryEnv>();
+  SourceOptions options = CacheOptions("/caches/catalogs");
+  options.catalog_cache_env = env;
+  std::string note;
+  BOOST_TEST(!Load(source, options, &note));  // no entry yet, and no note for that
+  BOOST_TEST(note.empty(), note);
+  Status s = ckptfs::StoreCachedCatalog(source, options, catalog, 100);
+  BOOST_REQUIRE_MESSAGE(s.ok(), s.message());
+  std::vector<ckptfs::FolderEntry> entries;
+  BOOST_REQUIRE(env->ListFolder("/caches/catalogs", &entries).ok());
+  BOOST_REQUIRE_EQUAL(entries.size(), 1u);
+  BOOST_TEST(entries[0].name.ends_with(".catalog"), entries[0].name);
+  BOOST_TEST(!std::filesystem::exists("/caches"));
+  std::shared_ptr<Catalog> loaded = Load(source, options, &note);
+  BOOST_REQUIRE_MESSAGE(loaded, note);
+  RequireSameCatalog(*loaded, catalog);
+  BOOST_TEST(ckptfs::CachedCatalogUsable(source, options));
+
+  // A damaged entry on that Env is noticed as on disk.
+  const std::string entry = "/caches/catalogs/" + entries[0].name;
+  std::string bytes;
+  BOOST_REQUIRE(env->ReadSmallFile(entry, 1 << 20, &bytes).ok());
+  bytes[bytes.size() / 2] ^= 1;
+  BOOST_REQUIRE(env->WriteFile(entry, bytes).ok());
+  BOOST_TEST(!Load(source, options, &note));
+  BOOST_TEST(Contains(note, "damaged"), note);
+}
+
+// An Env that takes no writes (a URL's) cannot hold the cache: storing says so.
+BOOST_AUTO_TEST_CASE(cache_env_without_writes_is_refused_when_storing) {
+  TempDir dir;
+  const std::string source = dir.File("data.bin");
+  const Catalog catalog = MakeCatalog(source, 3);
+  // Reads as a MemoryEnv does; writes as Env's defaults (none).
+  class ReadOnlyEnv final : public ckptfs::Env {
+   public:
+    Status Open(const std::string& path, std::unique_ptr<ckptfs::SourceFile>* out) override {
+      return files_.Open(path, out);
+    }
+    Status Stat(const std::string& path, ckptfs::PathType* type) override { return files_.Stat(path, type); }
+    Status ListFolder(const std::string& path, std::vector<ckptfs::FolderEntry>* out) override {
+      return files_.ListFolder(path, out);
+    }
+    ckptfs::EnvTraits traits() const override { return files_.traits(); }
+
+   private:
+    ckptfs::MemoryEnv files_;
+  };
+  SourceOptions options = CacheOptions("/caches/catalogs");
+  options.catalog_cache_env = std::make_shared<ReadOnlyEnv>();
+  const Status s = ckptfs::StoreCachedCatalog(source, options, catalog);
+  BOOST_TEST(!s.ok());
+  BOOST_TEST(Contains(s.message(), "cannot create the catalog cache folder"), s.message());
+}
+
 // More tensors than one chunk of the default size: two chunks, the second partly full.
 BOOST_AUTO_TEST_CASE(round_trip_above_one_default_chunk) {
   TempDir dir;
@@ -319,28 +382,29 @@ void ReplaceStamp(std::string* bytes, const std::string& stamp, const std::strin
   Reseal(bytes);
 }
 
-// An entry written by an older safetensors reader, another ckptfs version, or another choice
-// of readers (everything else in it intact, its checksum right) is stale: not used, silently,
-// as for a changed file; the source is read and the entry rewritten with this build's stamp.
+// An entry written by other reader code (another reader code stamp: any edit of the readers'
+// sources) or another ckptfs version, everything else in it intact and its checksum right, is
+// stale: not used, silently, as for a changed file; the source is read and the entry
+// rewritten with this build's stamp.
 BOOST_AUTO_TEST_CASE(entry_of_another_reader_is_replaced) {
   const CachedSafetensors c;
   BOOST_REQUIRE_EQUAL(c.fresh->format, "safetensors");
   const std::string stamp = ckptfs::ReaderStamp("safetensors");
-  const std::string number = "; safetensors " + std::to_string(ckptfs::kSafetensorsFormat);
-  BOOST_REQUIRE_EQUAL(stamp, std::string("ckptfs ") + CKPTFS_VERSION + "; detection 5" + number);
+  const std::string code = std::string("; readers ") + ckptfs::kReaderCodeStamp;
+  BOOST_REQUIRE_EQUAL(stamp, std::string("ckptfs ") + CKPTFS_VERSION + code);
   const std::string written = ReadFile(c.entry);
   std::string note;
   BOOST_REQUIRE(Load(c.source, c.options, &note));  // intact, it is a hit
 
-  // The stamp with the last digit of `part` changed: another number of the same length.
+  // The stamp with the last character of `part` changed: another value of the same length.
   auto changed = [&](std::string_view part) {
     std::string other = stamp;
-    char& digit = other[other.find(part) + part.size() - 1];
-    BOOST_REQUIRE(digit >= '0' && digit <= '9');
-    digit = digit == '0' ? '1' : digit - 1;
+    char& last = other[other.find(part) + part.size() - 1];
+    BOOST_REQUIRE(std::isxdigit(static_cast<unsigned char>(last)));
+    last = last == '0' ? '1' : '0';
     return other;
   };
-  const std::string others[] = {changed(number), changed(CKPTFS_VERSION), changed("detection 5")};
+  const std::string others[] = {changed(code), changed(CKPTFS_VERSION)};
   for (const std::string& other : others) {
     BOOST_TEST_CONTEXT("written by '" << other << "'") {
       std::string bytes = written;
@@ -358,15 +422,17 @@ BOOST_AUTO_TEST_CASE(entry_of_another_reader_is_replaced) {
   }
 }
 
-// Every format a reader sets has a stamp, and readers that read files through others count
-// theirs; a catalog of a format no reader builds is not stored.
+// Every format a reader sets has the build's stamp (the reader code stamp: a hash of 32 hex
+// digits; that it follows the sources is tests/unit/reader_code_stamp_test.cmake's); a
+// catalog of a format no reader builds is not stored.
 BOOST_AUTO_TEST_CASE(reader_stamps) {
+  const std::string code = ckptfs::kReaderCodeStamp;
+  BOOST_TEST(code.size() == 32u);
+  BOOST_TEST(code.find_first_not_of("0123456789abcdef") == std::string::npos, code);
   for (const char* format : {"torch-zip", "torch-legacy", "torchscript", "torch-export", "safetensors",
                              "safetensors-folder", "torch-zip-folder", "deepspeed-zero", "deepspeed-pipeline",
-                             "deepspeed-universal", "dcp", "dcp-hf-shards"})
-    BOOST_TEST(StartsWith(ckptfs::ReaderStamp(format), std::string("ckptfs ") + CKPTFS_VERSION + "; "), format);
-  BOOST_TEST(Contains(ckptfs::ReaderStamp("safetensors-folder"), "; safetensors "));
-  BOOST_TEST(Contains(ckptfs::ReaderStamp("dcp"), "; torch-zip "));
+                             "deepspeed-universal", "dcp", "dcp-hf-shards", "verl", "torch-ranks"})
+    BOOST_TEST(ckptfs::ReaderStamp(format) == std::string("ckptfs ") + CKPTFS_VERSION + "; readers " + code, format);
   BOOST_TEST(ckptfs::ReaderStamp("unknown").empty());
 
   TempDir dir;
@@ -376,7 +442,7 @@ BOOST_AUTO_TEST_CASE(reader_stamps) {
   const SourceOptions options = CacheOptions(dir.File("cache"));
   Status s = ckptfs::StoreCachedCatalog(source, options, catalog);
   BOOST_TEST(!s.ok());
-  BOOST_TEST(Contains(s.message(), "no reader format number"), s.message());
+  BOOST_TEST(Contains(s.message(), "no reader stamp"), s.message());
   BOOST_TEST(!std::filesystem::exists(dir.File("cache")));
 }
 

@@ -575,10 +575,8 @@ Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, C
   return Status::OK();
 }
 
-// The non-tensor values of the torch_save serialization are torch.save archives.
 extern const ReaderEntry kDcpReader = {
-    "dcp", "torch.distributed.checkpoint folder, or a run folder of step folders", {"dcp"}, kDcpFormat,
-    {"torch-zip"}, DetectFolderOf<IsDcpFolder>,
+    "dcp", "torch.distributed.checkpoint folder, or a run folder of step folders", {"dcp"}, DetectFolderOf<IsDcpFolder>,
     [](SourceProbe& p, const SourceOptions& o, Catalog* c) { return ReadDcpCheckpoint(p.source(), o, c); }};
 
 }  // namespace ckptfs

@@ -313,7 +313,7 @@ Status ReadDeepSpeedCheckpoint(const std::string& dir, const SourceOptions& opti
 
 extern const ReaderEntry kDeepSpeedReader = {
     "deepspeed", "DeepSpeed ZeRO 1/2/3 or pipeline folder", {"deepspeed-zero", "deepspeed-pipeline"},
-    kDeepSpeedFormat, {}, DetectFolderOf<IsDeepSpeedFolder>,
+    DetectFolderOf<IsDeepSpeedFolder>,
     [](SourceProbe& p, const SourceOptions& o, Catalog* c) { return ReadDeepSpeedCheckpoint(p.source(), o, c); }};
 
 }  // namespace ckptfs

@@ -297,7 +297,6 @@ Status ReadCheckpointFolderSource(SourceProbe& probe, const SourceOptions& optio
 
 extern const ReaderEntry kCheckpointFolderReader = {
     "folder", "safetensors or torch model folder (Hugging Face layout), or its weight index",
-    {"safetensors-folder", "torch-zip-folder"}, kCheckpointFolderFormat, {"safetensors", "torch-zip", "torch-legacy"},
-    DetectCheckpointFolder, ReadCheckpointFolderSource};
+    {"safetensors-folder", "torch-zip-folder"}, DetectCheckpointFolder, ReadCheckpointFolderSource};
 
 }  // namespace ckptfs

@@ -50,7 +50,7 @@ Status DetectSafetensors(SourceProbe& probe, bool* is_format) {
 }  // namespace
 
 extern const ReaderEntry kSafetensorsReader = {
-    "safetensors", "safetensors file", {"safetensors"}, kSafetensorsFormat, {}, DetectSafetensors,
+    "safetensors", "safetensors file", {"safetensors"}, DetectSafetensors,
     [](SourceProbe& p, const SourceOptions& o, Catalog* c) { return ReadSafetensorsFile(p.source(), c, &c->metadata, o.limits); }};
 
 }  // namespace ckptfs

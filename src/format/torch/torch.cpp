@@ -743,7 +743,7 @@ Status DetectTorchZip(SourceProbe& probe, bool* is_format) {
 }  // namespace
 
 extern const ReaderEntry kTorchZipReader = {
-    "torch-zip", "torch .pt/.bin: a torch.save zip (torch >= 1.6)", {"torch-zip"}, kTorchZipFormat, {}, DetectTorchZip,
+    "torch-zip", "torch .pt/.bin: a torch.save zip (torch >= 1.6)", {"torch-zip"}, DetectTorchZip,
     [](SourceProbe& p, const SourceOptions& o, Catalog* c) {
       return ReadTorchZip(p.source(), c, &c->metadata, o.limits, p.zip());
     }};

@@ -248,7 +248,7 @@ Status DetectTorchExport(SourceProbe& probe, bool* is_format) {
 }  // namespace
 
 extern const ReaderEntry kTorchExportReader = {
-    "torch-export", "torch.export package (.pt2)", {"torch-export"}, kTorchExportFormat, {}, DetectTorchExport,
+    "torch-export", "torch.export package (.pt2)", {"torch-export"}, DetectTorchExport,
     [](SourceProbe& p, const SourceOptions& o, Catalog* c) { return ReadTorchExport(p.source(), c, &c->metadata, o.limits); }};
 
 }  // namespace ckptfs

@@ -301,6 +301,6 @@ Status ReadTorchLegacySource(SourceProbe& probe, const SourceOptions& options, C
 }  // namespace
 
 extern const ReaderEntry kTorchLegacyReader = {"torch-legacy", "legacy torch.save stream (torch < 1.6)", {"torch-legacy"},
-                                               kTorchLegacyFormat, {}, DetectTorchLegacy, ReadTorchLegacySource};
+                                               DetectTorchLegacy, ReadTorchLegacySource};
 
 }  // namespace ckptfs

@@ -90,7 +90,7 @@ Status DetectTorchScript(SourceProbe& probe, bool* is_format) {
 }  // namespace
 
 extern const ReaderEntry kTorchScriptReader = {
-    "torchscript", "TorchScript archive (torch.jit.save)", {"torchscript"}, kTorchScriptFormat, {}, DetectTorchScript,
+    "torchscript", "TorchScript archive (torch.jit.save)", {"torchscript"}, DetectTorchScript,
     [](SourceProbe& p, const SourceOptions& o, Catalog* c) { return ReadTorchScript(p.source(), c, &c->metadata, o.limits); }};
 
 }  // namespace ckptfs
