@@ -1,7 +1,7 @@
 # Writes OUT, a C++ file holding the text of every map file given in MAPS (a |-list), in
-# that order, as the shipped key maps (src/view/shipped_maps.hpp). Run at build time, so
+# that order, as the shipped key maps (src/map/shipped_maps.hpp). Run at build time, so
 # an edited map under maps/ is rebuilt into the binary.
-set(body "// Generated from maps/*.json by cmake/embed_maps.cmake: edit those files.\n#include \"view/shipped_maps.hpp\"\n\nnamespace ckptfs {\n\nstd::span<const ShippedMap> ShippedMaps() {\n  static const ShippedMap kMaps[] = {\n")
+set(body "// Generated from maps/*.json by cmake/embed_maps.cmake: edit those files.\n#include \"map/shipped_maps.hpp\"\n\nnamespace ckptfs {\n\nstd::span<const ShippedMap> ShippedMaps() {\n  static const ShippedMap kMaps[] = {\n")
 string(REPLACE "|" ";" MAPS "${MAPS}")
 foreach(path IN LISTS MAPS)
   get_filename_component(name "${path}" NAME_WE)

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/dtype.hpp"
+#include "ckptfs/model_description.hpp"
 #include "ckptfs/small_vector.hpp"
 #include "ckptfs/source_files.hpp"
 #include "ckptfs/status.hpp"
@@ -239,6 +240,9 @@ struct Catalog {
   // The file that says where tensors lie, when it is not `source` itself (a DCP folder's
   // .metadata): layout errors (ValidateLayout) name it.
   std::string layout_file;
+  // What the checkpoint says of its model, where a reader found it (a Megatron save): what
+  // key maps read (model_description.hpp).
+  std::optional<ModelDescription> model;
 };
 
 // Joins a path into a flattened key: string elements as they are, ints in decimal,

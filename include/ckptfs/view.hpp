@@ -46,6 +46,7 @@ struct ViewOptions {
 };
 
 class ServedTensors;
+struct DeferredTensors;  // src/view/deferred_tensors.hpp
 
 // One tensor as a view serves it: a handle into its ServedTensors, valid while they live.
 class ServedTensor {
@@ -69,7 +70,7 @@ class ServedTensor {
   uint64_t nbytes() const { return numel() * Info(dtype).itemsize; }
   // The served elements as the source stores them: key and shape the served ones, dtype the
   // stored one, and every box a sub-box of a box of its source tensors (transform.hpp). A
-  // key map's tensors have theirs made on first use (ServedTensors::Deferred); an error there
+  // key map's tensors have theirs made on first use (ServedTensors::ReplaceDeferred); an error there
   // fails whatever read needed it.
   Status Stored(const TensorEntry** out) const;
 
@@ -131,31 +132,11 @@ class ServedTensors {
   // transform's before this one (a key map runs on the catalog's own or a selection of them).
   void ReplaceFromSources(std::vector<TensorEntry> stored, std::vector<uint32_t> from_sources,
                           std::vector<std::vector<uint32_t>> others);
-  // What a transform serves when its tensors are many and cheap to describe but not to make
-  // (a key map's: 100,000 per-layer tensors would be ~40 MB of entries, each made in ~1 us):
-  // their keys and shapes up front, for the layout, and each tensor's entry made by `maker`
-  // when something first needs its boxes (a read, a load, a checksum).
-  class EntryMaker {
-   public:
-    virtual ~EntryMaker() = default;
-    // Tensor i's entry: its key and shape those of the Deferred, its stored dtype its source
-    // tensor's. Called from any thread, once per tensor unless threads race to make the same
-    // one (each call must make the same entry; one is kept).
-    virtual Status Make(size_t i, TensorEntry* out) const = 0;
-  };
-  struct Deferred {
-    std::string key_text;                // the keys, one after another
-    std::vector<uint64_t> key_end;       // tensor i's key ends at key_end[i] (and starts at key_end[i - 1])
-    std::vector<Shape> shapes;           // the distinct shapes
-    std::vector<uint32_t> shape_of;      // tensor i's shape: shapes[shape_of[i]]
-    std::vector<uint32_t> from_sources;  // tensor i's source tensor (index into source().tensors)
-    std::vector<std::vector<uint32_t>> others;  // further source tensors of tensor i, or empty for all
-    std::shared_ptr<const EntryMaker> maker;
-    const char* transform = "";  // names the transform in a refusal of a made entry
-  };
-  // The set becomes the tensors of `deferred` (the entries before are not served any more);
-  // each entry is checked for the sub-box invariant when it is made (CheckServedEntry).
-  void ReplaceDeferred(Deferred deferred);
+  // The set becomes the tensors of `deferred`, their entries made on first use
+  // (src/view/deferred_tensors.hpp, for transforms); the entries before are not served any
+  // more, and each entry is checked for the sub-box invariant when it is made
+  // (CheckServedEntry).
+  void ReplaceDeferred(DeferredTensors deferred);
   // Whether the tensors' entries are made on first use (ReplaceDeferred).
   bool deferred() const { return deferred_ != nullptr; }
   void AddFile(std::string name, std::string content) { added_files_.emplace_back(std::move(name), std::move(content)); }

@@ -483,6 +483,9 @@ Status StoreCachedCatalog(const std::string& source, const SourceOptions& option
   const std::string folder = options.catalog_cache;
   if (folder.empty()) return Status::OK();
   if (chunk_tensors == 0) return Status::InvalidArgument(source, "catalog cache chunks of 0 tensors");
+  // Only the DCP reader describes a model, and folders are never cached: an entry has no
+  // place for a description, so a catalog with one is not stored rather than stored without.
+  if (catalog.model) return Status::NotSupported(source, "a catalog with a model description is not cached");
   const std::string reader = ReaderStamp(catalog.format);
   if (reader.empty())
     return Status::NotSupported(source, "no reader stamp for catalogs of format '" + catalog.format + "'");

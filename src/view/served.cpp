@@ -1,10 +1,11 @@
 // ServedTensors: the tensors a view serves, as handles into the catalog's entries, into
 // entries a transform made, or into a transform's description of them whose entries are made
-// on first use (Deferred).
+// on first use (DeferredTensors).
 #include <algorithm>
 #include <atomic>
 
 #include "ckptfs/view.hpp"
+#include "view/deferred_tensors.hpp"
 #include "view/transform.hpp"
 
 namespace ckptfs {
@@ -15,7 +16,7 @@ struct ServedTensors::DeferredState {
   static constexpr size_t kBlock = 1024;
   using Entry = std::atomic<TensorEntry*>;
 
-  explicit DeferredState(Deferred d)
+  explicit DeferredState(DeferredTensors d)
       : deferred(std::move(d)),
         blocks((deferred.key_end.size() + kBlock - 1) / kBlock),
         made(new std::atomic<Entry*>[blocks]) {
@@ -46,7 +47,7 @@ struct ServedTensors::DeferredState {
     return block[i % kBlock];
   }
 
-  Deferred deferred;
+  DeferredTensors deferred;
   size_t blocks;
   std::unique_ptr<std::atomic<Entry*>[]> made;
 };
@@ -68,14 +69,14 @@ size_t ServedTensors::size() const {
 
 std::string_view ServedTensors::key(size_t i) const {
   if (!deferred_) return (*stored_)[i].key;
-  const Deferred& d = deferred_->deferred;
+  const DeferredTensors& d = deferred_->deferred;
   const uint64_t begin = i == 0 ? 0 : d.key_end[i - 1];
   return std::string_view(d.key_text).substr(begin, d.key_end[i] - begin);
 }
 
 const Shape& ServedTensors::shape(size_t i) const {
   if (!deferred_) return (*stored_)[i].shape;
-  const Deferred& d = deferred_->deferred;
+  const DeferredTensors& d = deferred_->deferred;
   return d.shapes[d.shape_of[i]];
 }
 
@@ -105,9 +106,9 @@ Status ServedTensors::Stored(size_t i, const TensorEntry** out) const {
     *out = made;
     return Status::OK();
   }
-  const Deferred& d = deferred_->deferred;
+  const DeferredTensors& d = deferred_->deferred;
   auto made = std::make_unique<TensorEntry>();
-  CKPTFS_RETURN_IF_ERROR(d.maker->Make(i, made.get()));
+  CKPTFS_RETURN_IF_ERROR(d.make(i, made.get()));
   if (made->key != key(i) || made->shape != shape(i) || made->dtype != stored_dtype(i))
     return Status::Corruption(source_->source, std::string("view transform ") + d.transform + ": tensor '" +
                                                    std::string(key(i)) + "' was made with another key, shape or dtype");
@@ -147,7 +148,7 @@ void ServedTensors::ReplaceFromSources(std::vector<TensorEntry> stored, std::vec
     other_sources_.clear();
 }
 
-void ServedTensors::ReplaceDeferred(Deferred deferred) {
+void ServedTensors::ReplaceDeferred(DeferredTensors deferred) {
   source_index_ = std::move(deferred.from_sources);
   other_sources_ = std::move(deferred.others);
   if (std::all_of(other_sources_.begin(), other_sources_.end(), [](const auto& o) { return o.empty(); }))

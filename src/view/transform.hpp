@@ -15,7 +15,7 @@
 // dtype only). So a view reads no byte the catalog did not validate (ValidateLayout), and
 // however transforms combine, the layout and every read route stay those of boxes.
 // ApplyViewOptions checks the invariant after each transform (CheckSubBoxInvariant); a
-// transform that defers its entries (ServedTensors::Deferred, a key map's) has each checked
+// transform that defers its entries (DeferredTensors, a key map's) has each checked
 // as it is made (CheckServedEntry).
 #ifndef CKPTFS_VIEW_TRANSFORM_HPP_
 #define CKPTFS_VIEW_TRANSFORM_HPP_
@@ -69,7 +69,7 @@ bool IsViewOfBox(const Box& box, const Box& of, uint64_t itemsize);
 // catalog's entries: its stored dtype is the source's, each of its boxes is a view of a box of its
 // source tensors (IsViewOfBox), and a changed shape or set of boxes still tiles the served shape
 // (ValidateLayout). The error names `transform`.
-// A set of deferred tensors (ServedTensors::Deferred) is checked tensor by tensor as each is
+// A set of deferred tensors (DeferredTensors) is checked tensor by tensor as each is
 // made, through CheckServedEntry.
 Status CheckSubBoxInvariant(const ServedTensors& served, const char* transform);
 // The same for one served entry `t`, made from source tensor `source_index` and `others` of

@@ -1,4 +1,4 @@
-// libFuzzer target: key maps (src/view/transform_map.cpp) over a Megatron GPT catalog whose
+// libFuzzer target: key maps (src/map/key_map.cpp) over a Megatron GPT catalog whose
 // model config comes from a fuzzed run_config.yaml, read as the DCP reader reads it
 // (format/megatron/megatron_framework_config.hpp, the YAML subset reader).
 //
@@ -212,8 +212,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     catalog->tensors.push_back(std::move(t));
   }
   std::string framework;
-  Status read = AddFrameworkModelConfig(*env, kFolder, kFolder, &catalog->metadata, &framework);
+  ckptfs::ModelDescription model;
+  Status read = AddFrameworkModelConfig(*env, kFolder, kFolder, &model, &framework);
   FUZZ_CHECK(read.ok());  // a config that cannot be read is recorded, not an error of the tensors
+  catalog->model = std::move(model);
   ckptfs_fuzz::CheckCatalog(*catalog);
 
   ViewOptions options;

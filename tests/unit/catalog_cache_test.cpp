@@ -2,7 +2,7 @@
 // entry exactly as it was stored, also when its tensors span several chunks that threads
 // decode; an entry whose chunk table is damaged (its checksum made right again, so that
 // only the table's own checks or the decoding can catch it), of an older version, or
-// written by another ckptfs version or reader format number, is not used: the source is
+// written by another ckptfs version or reader code stamp, is not used: the source is
 // read instead and the entry replaced. A weight index's catalog is never cached (its folder
 // can gain a file served beside the weights); URLs: tests/remote/test_remote_catalog_cache.py.
 #define BOOST_TEST_MODULE catalog_cache_test

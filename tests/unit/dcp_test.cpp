@@ -390,7 +390,8 @@ BOOST_AUTO_TEST_CASE(megatron_reformulation_that_does_not_fit_is_refused) {
 
 namespace {
 
-// A catalog of tensors with these keys (shapes [rows, 8]) and this model_config.
+// A catalog of tensors with these keys (shapes [rows, 8]) and a model description of this
+// configuration (none for null).
 Catalog WithTensors(const std::vector<std::pair<std::string, uint64_t>>& keys, nlohmann::json config) {
   Catalog c;
   for (const auto& [key, rows] : keys) {
@@ -399,7 +400,11 @@ Catalog WithTensors(const std::vector<std::pair<std::string, uint64_t>>& keys, n
     t.shape = {rows, 8};
     c.tensors.push_back(std::move(t));
   }
-  c.metadata["model_config"] = std::move(config);
+  if (!config.is_null()) {
+    c.model.emplace();
+    c.model->source = "the test's config";
+    for (const auto& [name, value] : config.items()) c.model->SetFromConfig(name, value);
+  }
   return c;
 }
 
@@ -414,13 +419,24 @@ BOOST_AUTO_TEST_CASE(megatron_tensor_facts_fill_what_the_config_leaves_unsaid) {
                            {"module.embedding.word_embeddings.weight", 100}},
                           {{"ffn_hidden_size", 64}, {"add_bias_linear", nullptr}});
   ckptfs::AddMegatronTensorFacts(&c);
-  const nlohmann::json& config = c.metadata["model_config"];
+  const nlohmann::json config = c.model->Config();
   BOOST_TEST(config["qk_layernorm"] == true);
   BOOST_TEST(config["add_bias_linear"] == false);  // null counts as unset
   BOOST_TEST(config["add_qkv_bias"] == false);
   BOOST_TEST(config["swiglu"] == true);
   BOOST_TEST(config["untie_embeddings_and_output_weights"] == false);
   BOOST_TEST(!config.contains("moe_router_enable_expert_bias"));  // no router: nothing proved
+  size_t from_tensors = 0;
+  for (const auto& [name, fact] : c.model->facts) from_tensors += fact.origin == ckptfs::ModelFact::Origin::kTensors;
+  BOOST_TEST(from_tensors == 5u);
+  BOOST_TEST(c.model->facts.at("qk_layernorm").why ==
+             "module.decoder.layers.0.self_attention.k_layernorm.weight is stored");
+  BOOST_TEST((c.model->facts.at("ffn_hidden_size").origin == ckptfs::ModelFact::Origin::kConfig));
+  BOOST_TEST(c.model->conflicts.empty());
+  // metadata.json shows the same description.
+  ckptfs::AddModelDescriptionToMetadata(*c.model, &c.metadata);
+  BOOST_TEST(c.metadata["model_config"] == config);
+  BOOST_TEST(c.metadata["model_config_source"] == "the test's config");
   BOOST_TEST(c.metadata["model_config_from_tensors"].size() == 5u);
   BOOST_TEST(c.metadata["model_config_from_tensors"]["qk_layernorm"] ==
              "module.decoder.layers.0.self_attention.k_layernorm.weight is stored");
@@ -437,15 +453,14 @@ BOOST_AUTO_TEST_CASE(megatron_tensor_facts_decide_only_on_evidence) {
                            {"optimizer.state.exp_avg.decoder.layers.self_attention.q_layernorm.weight", 8}},
                           {{"ffn_hidden_size", 64}});
   ckptfs::AddMegatronTensorFacts(&c);
-  const nlohmann::json& config = c.metadata["model_config"];
+  const nlohmann::json config = c.model->Config();
   BOOST_TEST(config["add_bias_linear"] == true);
   for (const char* undecided : {"qk_layernorm", "add_qkv_bias", "swiglu", "untie_embeddings_and_output_weights"})
     BOOST_TEST(!config.contains(undecided), undecided);
   // Without a model_config there is nothing to complete.
   Catalog bare = WithTensors({{"decoder.layers.self_attention.linear_qkv.weight", 48}}, nullptr);
-  bare.metadata.erase("model_config");
   ckptfs::AddMegatronTensorFacts(&bare);
-  BOOST_TEST(!bare.metadata.contains("model_config_from_tensors"));
+  BOOST_TEST(!bare.model.has_value());
 }
 
 BOOST_AUTO_TEST_CASE(megatron_tensor_facts_note_a_config_the_tensors_contradict) {
@@ -458,12 +473,13 @@ BOOST_AUTO_TEST_CASE(megatron_tensor_facts_note_a_config_the_tensors_contradict)
                           {{"qk_layernorm", false}, {"moe_router_enable_expert_bias", false},
                            {"untie_embeddings_and_output_weights", false}});
   ckptfs::AddMegatronTensorFacts(&c);
-  const nlohmann::json& conflicts = c.metadata["model_config_conflicts"];
+  const auto& conflicts = c.model->conflicts;
   BOOST_TEST(conflicts.size() == 2u);
-  BOOST_TEST(conflicts["qk_layernorm"] ==
+  BOOST_TEST(conflicts.at("qk_layernorm") ==
              "the config says false, but decoder.layers.self_attention.q_layernorm.weight is stored");
-  BOOST_TEST(conflicts.contains("moe_router_enable_expert_bias"));
+  BOOST_TEST(conflicts.count("moe_router_enable_expert_bias") == 1u);
   // A tied output layer may be stored as a copy: the config's word stands, unchanged.
-  BOOST_TEST(c.metadata["model_config"]["untie_embeddings_and_output_weights"] == false);
-  BOOST_TEST(c.metadata["model_config"]["qk_layernorm"] == false);
+  BOOST_TEST(c.model->Value("untie_embeddings_and_output_weights") == false);
+  BOOST_TEST(c.model->Value("qk_layernorm") == false);
+  BOOST_TEST((c.model->facts.at("qk_layernorm").origin == ckptfs::ModelFact::Origin::kConfig));
 }

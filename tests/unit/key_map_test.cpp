@@ -13,10 +13,10 @@
 
 #include "ckptfs/view.hpp"
 #include "test_util.hpp"
-#include "view/key_map_ops.hpp"
-#include "view/map_expr.hpp"
-#include "view/map_spec.hpp"
-#include "view/shipped_maps.hpp"
+#include "map/key_map_ops.hpp"
+#include "map/map_expr.hpp"
+#include "map/map_spec.hpp"
+#include "map/shipped_maps.hpp"
 #include "view/transform.hpp"
 
 using ckptfs::Box;

@@ -565,13 +565,16 @@ Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, C
   CKPTFS_RETURN_IF_ERROR(reader.Read(&info));
   std::string framework;
   // The framework's own config file first: Bridge prefers run_config.yaml to common.pt's args.
-  CKPTFS_RETURN_IF_ERROR(AddFrameworkModelConfig(env, dir, folder, &catalog->metadata, &framework));
+  ModelDescription model;
+  CKPTFS_RETURN_IF_ERROR(AddFrameworkModelConfig(env, dir, folder, &model, &framework));
+  if (!model.source.empty() || !model.error.empty()) catalog->model = std::move(model);
   if (!framework.empty()) info["framework"] = step.rfind(kNemoRlWeights, 0) == 0 ? "NeMo-RL" : framework;
   // The checkpoint's own objects keep their keys; the reader's summary goes beside them.
   catalog->metadata[catalog->metadata.contains("dcp") ? "$dcp" : "dcp"] = std::move(info);
   AddMegatronModelConfig(folder, options.limits, catalog);
   // What the config leaves unsaid (an older Megatron-LM's args), the tensors may prove.
   AddMegatronTensorFacts(catalog);
+  if (catalog->model) AddModelDescriptionToMetadata(*catalog->model, &catalog->metadata);
   return Status::OK();
 }
 

@@ -36,7 +36,7 @@ json DTypeName(const json& v) {
 }  // namespace
 
 void AddMegatronModelConfig(const std::string& dir, const ReadLimits& limits, Catalog* catalog) {
-  if (!catalog->metadata.is_object() || catalog->metadata.contains("model_config")) return;
+  if (catalog->model && !catalog->model->source.empty()) return;  // the framework's own config came first
   Env& env = catalog->files->env();
   const std::string path = JoinPath(dir, "common.pt");
   PathType type;
@@ -45,7 +45,8 @@ void AddMegatronModelConfig(const std::string& dir, const ReadLimits& limits, Ca
   scratch.files = std::make_shared<SourceFiles>(catalog->files->shared_env());
   json common;
   if (Status s = ReadTorchZip(path, &scratch, &common, limits); !s.ok()) {
-    catalog->metadata["model_config_error"] = s.message();
+    if (!catalog->model) catalog->model.emplace();
+    catalog->model->error = s.message();
     return;
   }
   if (!common.is_object() || !common.contains("args")) return;
@@ -64,8 +65,9 @@ void AddMegatronModelConfig(const std::string& dir, const ReadLimits& limits, Ca
   }
   if (state.contains("params_dtype")) config["params_dtype"] = DTypeName(state["params_dtype"]);
   if (config.empty()) return;
-  catalog->metadata["model_config"] = std::move(config);
-  catalog->metadata["model_config_source"] = "common.pt args";
+  if (!catalog->model) catalog->model.emplace();
+  for (const auto& [name, value] : config.items()) catalog->model->SetFromConfig(name, value);
+  catalog->model->source = "common.pt args";
 }
 
 }  // namespace ckptfs

@@ -150,7 +150,7 @@ bool IsNemo2Checkpoint(Env& env, const std::string& dir) {
   return IsFolder(env, JoinPath(dir, "weights")) && IsFolder(env, JoinPath(dir, "context"));
 }
 
-Status AddFrameworkModelConfig(Env& env, const std::string& dir, const std::string& folder, json* metadata,
+Status AddFrameworkModelConfig(Env& env, const std::string& dir, const std::string& folder, ModelDescription* model,
                                std::string* framework) {
   framework->clear();
   std::string path, source, section_name;
@@ -163,8 +163,7 @@ Status AddFrameworkModelConfig(Env& env, const std::string& dir, const std::stri
   } else if (folder == JoinPath(dir, "weights") && IsNemo2Checkpoint(env, dir)) {
     *framework = "NeMo 2";
     if (!IsFile(env, JoinPath(dir, kNemoModelYaml))) {
-      (*metadata)["model_config_error"] = JoinPath(dir, kNemoModelYaml) + ": not found (NeMo 2's context/ holds the "
-                                                                          "model's config there)";
+      model->error = JoinPath(dir, kNemoModelYaml) + ": not found (NeMo 2's context/ holds the model's config there)";
       return Status::OK();
     }
     path = JoinPath(dir, kNemoModelYaml);
@@ -183,18 +182,18 @@ Status AddFrameworkModelConfig(Env& env, const std::string& dir, const std::stri
   if (!s.ok()) {
     // Reading failed for a reason of the file (I/O errors are errors of the source).
     if (s.code() == Status::Code::kIOError) return s;
-    (*metadata)["model_config_error"] = s.message();
+    model->error = s.message();
     return Status::OK();
   }
   const json& section = doc[section_name];
   std::string target = Target(section);
   if (nemo && ModelFamilyOfClass(target).empty()) target = Target(doc);  // GPTConfig inside a LlamaModel
-  (*metadata)["model_config"] = NormaliseMegatronConfig(section, nemo);
-  (*metadata)["model_config_source"] = source;
+  const json config = NormaliseMegatronConfig(section, nemo);
+  for (const auto& [name, value] : config.items()) model->SetFromConfig(name, value);
+  model->source = source;
   if (!target.empty()) {
-    (*metadata)["model_class"] = target;
-    const std::string family = ModelFamilyOfClass(target);
-    if (!family.empty()) (*metadata)["model_family"] = family;
+    model->model_class = target;
+    model->family = ModelFamilyOfClass(target);
   }
   return Status::OK();
 }

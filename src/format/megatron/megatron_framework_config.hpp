@@ -6,9 +6,9 @@
 //   - NeMo 2: `context/model.yaml` beside `weights/`, section `config:` (the model's config
 //     dataclass with its defaults).
 // The section is normalised to Megatron-LM's argument names (the names of common.pt's `args`)
-// and put in the catalog metadata as "model_config", with "model_config_source" (which file
-// and section), "model_class" (the `_target_` class) and "model_family" (the Hugging Face
-// model_type the class names, when it names one).
+// and becomes the catalog's ModelDescription: its facts, its source (which file and section),
+// its model_class (the `_target_` class) and family (the Hugging Face model_type the class
+// names, when it names one).
 #ifndef CKPTFS_FORMAT_MEGATRON_MEGATRON_FRAMEWORK_CONFIG_HPP_
 #define CKPTFS_FORMAT_MEGATRON_MEGATRON_FRAMEWORK_CONFIG_HPP_
 
@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/env.hpp"
+#include "ckptfs/model_description.hpp"
 #include "ckptfs/status.hpp"
 
 namespace ckptfs {
@@ -29,13 +30,13 @@ inline constexpr const char* kNemoRlWeights = "policy/weights";
 bool IsNemo2Checkpoint(Env& env, const std::string& dir);
 
 // Finds the model config of the DCP folder `folder` served for SOURCE `dir` (run_config.yaml
-// in `folder`; context/model.yaml of `dir` when `folder` is its weights/), and adds it to
-// `*metadata`. `*framework` names the layout recognised ("Megatron-Bridge", "NeMo 2", "" when
+// in `folder`; context/model.yaml of `dir` when `folder` is its weights/), and describes it
+// in `*model`. `*framework` names the layout recognised ("Megatron-Bridge", "NeMo 2", "" when
 // neither). A config file that cannot be read is no refusal of the tensors (they are served
-// as saved): its one-line reason goes into metadata "model_config_error", which a map that
-// needs the config reports.
-Status AddFrameworkModelConfig(Env& env, const std::string& dir, const std::string& folder,
-                               nlohmann::json* metadata, std::string* framework);
+// as saved): its one-line reason goes into model->error, which a map that needs the config
+// reports.
+Status AddFrameworkModelConfig(Env& env, const std::string& dir, const std::string& folder, ModelDescription* model,
+                               std::string* framework);
 
 // The normalisation itself, for tests: a provider / config `section` (TransformerConfig field
 // names) to Megatron-LM argument names. `nemo`: NeMo 2's rules (its vocab_size is the rows

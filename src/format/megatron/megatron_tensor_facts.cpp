@@ -56,17 +56,16 @@ std::string Stored(const TensorEntry* t) { return t->key + " is stored"; }
 
 class Facts {
  public:
-  explicit Facts(json* config) : config_(*config) {}
+  explicit Facts(ModelDescription* model) : model_(*model) {}
 
   // The tensors prove `field` is `value` (`why` says how). `checked`: a config that says the
   // opposite is a conflict (false for facts a framework may legitimately store otherwise).
   void Prove(const char* field, bool value, std::string why, bool checked = true) {
-    auto it = config_.find(field);
-    if (it == config_.end() || it->is_null()) {
-      config_[field] = value;
-      from_tensors_[field] = std::move(why);
-    } else if (checked && it->is_boolean() && it->get<bool>() != value) {
-      conflicts_[field] = "the config says " + std::string(it->get<bool>() ? "true" : "false") + ", but " + why;
+    const json& stated = model_.Value(field);
+    if (stated.is_null()) {
+      model_.facts[field] = ModelFact{value, ModelFact::Origin::kTensors, std::move(why)};
+    } else if (checked && stated.is_boolean() && stated.get<bool>() != value) {
+      model_.conflicts[field] = "the config says " + std::string(stated.get<bool>() ? "true" : "false") + ", but " + why;
     }
   }
   // `field` is true when `stored` is there; false when it is not but `beside` is (`what`
@@ -79,26 +78,21 @@ class Facts {
       Prove(field, false, "no " + std::string(what) + " is stored beside " + beside->key, checked);
   }
   bool Is(const char* field, bool value) const {
-    auto it = config_.find(field);
-    return it != config_.end() && it->is_boolean() && it->get<bool>() == value;
+    const json& v = model_.Value(field);
+    return v.is_boolean() && v.get<bool>() == value;
   }
-  const json& config() const { return config_; }
-  json& from_tensors() { return from_tensors_; }
-  json& conflicts() { return conflicts_; }
+  const json& Value(const char* field) const { return model_.Value(field); }
 
  private:
-  json& config_;
-  json from_tensors_ = json::object();
-  json conflicts_ = json::object();
+  ModelDescription& model_;
 };
 
 }  // namespace
 
 void AddMegatronTensorFacts(Catalog* catalog) {
-  json& metadata = catalog->metadata;
-  if (!metadata.is_object() || !metadata.contains("model_config") || !metadata["model_config"].is_object()) return;
+  if (!catalog->model || catalog->model->source.empty()) return;
   const ModelTensors t = FindModelTensors(*catalog);
-  Facts facts(&metadata["model_config"]);
+  Facts facts(&*catalog->model);
   const auto& layer = t.layer;
 
   // Each fact: true when its tensor is stored, false when it is not but the tensor it would
@@ -117,7 +111,7 @@ void AddMegatronTensorFacts(Catalog* catalog) {
                     "output_layer.weight", "", /*checked=*/false);
   // SwiGLU's linear_fc1 holds the gate and up projections: twice ffn_hidden_size rows
   // (the second-to-last dimension, per layer or stacked).
-  const json ffn = facts.config().value("ffn_hidden_size", json());
+  const json& ffn = facts.Value("ffn_hidden_size");
   if (const TensorEntry* fc1 = layer[kFc1Weight];
       fc1 && ffn.is_number_integer() && ffn.get<int64_t>() > 0 && fc1->shape.size() >= 2) {
     const uint64_t f = ffn.get<uint64_t>(), rows = fc1->shape[fc1->shape.size() - 2];
@@ -125,9 +119,6 @@ void AddMegatronTensorFacts(Catalog* catalog) {
     if (rows % 2 == 0 && rows / 2 == f) facts.Prove("swiglu", true, why + ": gate and up");
     else if (rows == f) facts.Prove("swiglu", false, why);
   }
-
-  if (!facts.from_tensors().empty()) metadata["model_config_from_tensors"] = std::move(facts.from_tensors());
-  if (!facts.conflicts().empty()) metadata["model_config_conflicts"] = std::move(facts.conflicts());
 }
 
 }  // namespace ckptfs

@@ -11,11 +11,10 @@
 
 namespace ckptfs {
 
-// For catalog->metadata["model_config"] (an object; nothing happens without one): each
-// provable boolean the config does not set is set from the tensors and named, with its
-// evidence, in metadata["model_config_from_tensors"] ({field: "why"}); each one the config
-// sets to the opposite of what the tensors prove is named in
-// metadata["model_config_conflicts"] ({field: "why"}). A fact is only decided when the
+// For catalog->model (a description with a configuration; nothing happens without one):
+// each provable boolean the config does not set becomes a fact of origin kTensors, with its
+// evidence as its why; each one the config sets to the opposite of what the tensors prove
+// is named in model->conflicts ({field: why}). A fact is only decided when the
 // tensors it rests on are there (a q/k norm's absence proves nothing without the attention
 // weights it would sit beside). doc/MAPS.md lists the facts.
 void AddMegatronTensorFacts(Catalog* catalog);

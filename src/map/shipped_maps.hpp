@@ -1,7 +1,7 @@
 // The key maps built into ckptfs: the files of maps/ (doc/MAPS.md, "Shipped maps"),
 // embedded at build time by cmake/embed_maps.cmake, in the order `map=auto` tries them.
-#ifndef CKPTFS_VIEW_SHIPPED_MAPS_HPP_
-#define CKPTFS_VIEW_SHIPPED_MAPS_HPP_
+#ifndef CKPTFS_MAP_SHIPPED_MAPS_HPP_
+#define CKPTFS_MAP_SHIPPED_MAPS_HPP_
 
 #include <span>
 #include <string_view>
@@ -17,4 +17,4 @@ std::span<const ShippedMap> ShippedMaps();
 
 }  // namespace ckptfs
 
-#endif  // CKPTFS_VIEW_SHIPPED_MAPS_HPP_
+#endif  // CKPTFS_MAP_SHIPPED_MAPS_HPP_

@@ -1,5 +1,5 @@
 // model_config as a key map reads it (model_config.hpp).
-#include "view/model_config.hpp"
+#include "map/model_config.hpp"
 
 #include <charconv>
 

@@ -1,6 +1,6 @@
 // The key-map expression parser and evaluator (map_expr.hpp): a recursive-descent parser
 // over a bounded text, a tree evaluated with checked integer arithmetic.
-#include "view/map_expr.hpp"
+#include "map/map_expr.hpp"
 
 #include <cctype>
 #include <charconv>

@@ -2,8 +2,8 @@
 // null, 'text', names, + - * / (exact integer division), comparisons, && || !, `a ?? b`,
 // `c ? a : b`, has(NAME), parentheses. Parsed once when a map is read, evaluated against
 // names a caller resolves (parameters, captured values, model_config fields).
-#ifndef CKPTFS_VIEW_MAP_EXPR_HPP_
-#define CKPTFS_VIEW_MAP_EXPR_HPP_
+#ifndef CKPTFS_MAP_MAP_EXPR_HPP_
+#define CKPTFS_MAP_MAP_EXPR_HPP_
 
 #include <functional>
 #include <memory>
@@ -52,4 +52,4 @@ class Expr {
 
 }  // namespace ckptfs
 
-#endif  // CKPTFS_VIEW_MAP_EXPR_HPP_
+#endif  // CKPTFS_MAP_MAP_EXPR_HPP_

@@ -2,8 +2,8 @@
 // tensor as boxes of the source files and gives another block of the same bytes, so what a
 // map serves is still a set of sub-boxes of the source's (the sub-box invariant of
 // transform.hpp). No operation reads or copies a tensor byte.
-#ifndef CKPTFS_VIEW_KEY_MAP_OPS_HPP_
-#define CKPTFS_VIEW_KEY_MAP_OPS_HPP_
+#ifndef CKPTFS_MAP_KEY_MAP_OPS_HPP_
+#define CKPTFS_MAP_KEY_MAP_OPS_HPP_
 
 #include <cstdint>
 #include <string>
@@ -69,4 +69,4 @@ bool Concat(std::vector<BoxedTensor>& parts, size_t dim, BoxedTensor* out, std::
 
 }  // namespace ckptfs
 
-#endif  // CKPTFS_VIEW_KEY_MAP_OPS_HPP_
+#endif  // CKPTFS_MAP_KEY_MAP_OPS_HPP_

@@ -1,5 +1,5 @@
 // Box operations of key maps (key_map_ops.hpp).
-#include "view/key_map_ops.hpp"
+#include "map/key_map_ops.hpp"
 
 #include <algorithm>
 

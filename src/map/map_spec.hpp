@@ -1,7 +1,7 @@
 // A key map as read from its JSON text (the language of doc/MAPS.md), checked for shape
 // and bounds before anything uses it: every error is one line naming the map and the entry.
-#ifndef CKPTFS_VIEW_MAP_SPEC_HPP_
-#define CKPTFS_VIEW_MAP_SPEC_HPP_
+#ifndef CKPTFS_MAP_MAP_SPEC_HPP_
+#define CKPTFS_MAP_MAP_SPEC_HPP_
 
 #include <string>
 #include <string_view>
@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/status.hpp"
-#include "view/map_expr.hpp"
+#include "map/map_expr.hpp"
 
 namespace ckptfs {
 
@@ -85,4 +85,4 @@ bool GlobMatch(std::string_view glob, std::string_view key);
 
 }  // namespace ckptfs
 
-#endif  // CKPTFS_VIEW_MAP_SPEC_HPP_
+#endif  // CKPTFS_MAP_MAP_SPEC_HPP_

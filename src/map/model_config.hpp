@@ -1,8 +1,8 @@
 // The model configuration a key map reads: the catalog's "model_config" (readers write it
 // with Megatron's argument names, doc/MAPS.md) with the values Megatron derives filled in,
 // and the user's map.NAME=VALUE settings over it.
-#ifndef CKPTFS_VIEW_MODEL_CONFIG_HPP_
-#define CKPTFS_VIEW_MODEL_CONFIG_HPP_
+#ifndef CKPTFS_MAP_MODEL_CONFIG_HPP_
+#define CKPTFS_MAP_MODEL_CONFIG_HPP_
 
 #include <string>
 #include <utility>
@@ -22,4 +22,4 @@ nlohmann::json SettingValue(const std::string& text);
 
 }  // namespace ckptfs
 
-#endif  // CKPTFS_VIEW_MODEL_CONFIG_HPP_
+#endif  // CKPTFS_MAP_MODEL_CONFIG_HPP_

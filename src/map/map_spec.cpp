@@ -1,6 +1,6 @@
 // Reading a key map's JSON (map_spec.hpp). Unknown fields, wrong types and oversized
 // entries are refused by name: a map is code-like input, and a typo must not silently drop a rule.
-#include "view/map_spec.hpp"
+#include "map/map_spec.hpp"
 
 #include <cctype>
 #include <set>
