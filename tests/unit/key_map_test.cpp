@@ -1,7 +1,8 @@
-// Key maps (src/view/transform_map.cpp and its parts): the box operations read back through a
-// View against an independent computation from the source boxes (tensor-parallel chunks, a
-// group straddling two chunks, row-major ranges cut into blocks), the invariant's view check,
-// the expression language, the map file's refusals, and every shipped map parsing.
+// Key maps (src/map/key_map.cpp and its parts, served by src/view/transform_map.cpp): the box
+// operations read back through a View against an independent computation from the source
+// boxes (tensor-parallel chunks, a group straddling two chunks, row-major ranges cut into
+// blocks), the invariant's view check, the expression language, the map file's refusals, and
+// every shipped map parsing.
 #define BOOST_TEST_MODULE key_map_test
 #include <boost/test/unit_test.hpp>
 
