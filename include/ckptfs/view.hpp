@@ -19,7 +19,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <utility>
@@ -179,19 +178,6 @@ inline uint64_t ServedTensor::numel() const {
 // tensor's (transform.hpp).
 Status ApplyViewOptions(std::shared_ptr<const Catalog> catalog, const ViewOptions& options, ServedTensors* out);
 
-// A piece of a small virtual file (metadata.json, the shard index, a sibling file, a
-// checksummed manifest.json). Model files, manifest.json and per-tensor files have none:
-// their bytes are made from the served tensors on read (View::ReadModelFile, ReadManifest,
-// ReadTensorFile); a segment each per tensor would be ~64 MB of a million-tensor View.
-struct Segment {
-  enum class Kind : uint8_t { kLiteral, kExtent };
-  Kind kind = Kind::kLiteral;
-  uint32_t ref = 0;     // kLiteral: literal index; kExtent: source file
-  uint64_t start = 0;   // offset of this segment in the virtual file
-  uint64_t length = 0;
-  uint64_t source_offset = 0;  // kExtent: where the bytes start in the source file
-};
-
 class FileChecks;  // view/gather.hpp
 
 class View {
@@ -216,20 +202,20 @@ class View {
   ~View();
 
   // The catalog it serves (files, format, source path).
-  const Catalog& source() const { return served_.source(); }
+  const Catalog& source() const;
   // The tensors it serves, in order (tensor i is in TensorFile(i)), and their metadata.
-  const ServedTensors& served() const { return served_; }
-  size_t node_count() const { return entries_.size() + served_.size(); }
+  const ServedTensors& served() const;
+  size_t node_count() const;
   Node node(NodeId id) const;
   // Cheaper parts of node(id), for listings.
-  bool IsDir(NodeId id) const { return id < entries_.size() && entries_[id].is_dir; }
+  bool IsDir(NodeId id) const;
   // node(id).size without the name and mtime (the read path asks it on every request).
   uint64_t SizeOf(NodeId id) const;
   std::string NameOf(NodeId id) const;
   // The same, into a caller's buffer (replacing its content): a listing of a million files
   // makes no string each.
   void NameOf(NodeId id, std::string* name) const;
-  NodeId ParentOf(NodeId id) const { return id < entries_.size() ? entries_[id].parent : tensors_dir_; }
+  NodeId ParentOf(NodeId id) const;
   // The children of directory `dir`, sorted by name: ChildAt(dir, k) for k < ChildCount(dir).
   size_t ChildCount(NodeId dir) const;
   NodeId ChildAt(NodeId dir, size_t k) const;
@@ -238,7 +224,7 @@ class View {
   std::optional<NodeId> Lookup(std::string_view path) const;
   std::string PathOf(NodeId id) const;
   // The virtual file that holds tensor `index` on its own ("tensors/<name>").
-  NodeId TensorFile(size_t index) const { return first_tensor_file_ + static_cast<NodeId>(index); }
+  NodeId TensorFile(size_t index) const;
   std::string TensorFilePath(size_t index) const { return PathOf(TensorFile(index)); }
 
   // Reads up to `length` bytes at `offset` of file `id` into `out`; *nread is short only
@@ -254,37 +240,9 @@ class View {
 
  private:
   friend class ViewBuilder;
-  // What a held node's bytes are.
-  enum class Content : uint8_t { kSegments, kModelFile, kManifest };
-  // Every node but the per-tensor files (ids from first_tensor_file_ on).
-  struct Entry {
-    std::string name;
-    NodeId parent = kRoot;
-    bool is_dir = false;
-    Content content = Content::kSegments;
-    std::vector<NodeId> children;  // directories but tensors/: sorted by name
-    uint64_t size = 0;             // kSegments files (the others: their layouts)
-    int64_t mtime_ns = 0;
-    uint32_t first_segment = 0, segment_count = 0;  // kSegments
-    uint32_t model_file = 0;                        // kModelFile: index into model_files_
-  };
-  // A stretch of a model file's header: the entries of members [first_member, next piece's
-  // first) in data order, made again on each read from the served tensors (the header text of a
-  // million tensors is ~70 MB).
-  struct HeaderPiece {
-    uint32_t first_member = 0;
-    uint64_t start = 0;  // offset in the file
-  };
-  // One safetensors model file (model.safetensors or a shard). Its header and the places of
-  // its tensors are laid out on first need (LayOutModelFiles), under model_once_.
-  struct ModelFile {
-    std::string name;
-    NodeId node = kRoot;
-    std::vector<uint32_t> members;     // tensor indices in data order (descending item size)
-    std::vector<HeaderPiece> pieces;   // laid out
-    uint64_t header_size = 0, size = 0;  // laid out
-  };
-
+  // The tree, its small files' segments, and the model files and manifest.json laid out on
+  // first need (src/view/view_impl.hpp).
+  struct Impl;
   View();
   void LayOutModelFiles() const;
   void EnsureModelFiles() const;
@@ -298,8 +256,8 @@ class View {
   Status ReadSegments(NodeId id, uint64_t offset, uint64_t end, char* out) const;
   Status ReadModelFile(NodeId id, uint64_t offset, uint64_t end, char* out) const;
   Status ReadManifest(NodeId id, uint64_t offset, uint64_t end, char* out) const;
-  // Piece `p` of model file `f`'s header, as bytes.
-  void MakeHeaderPiece(const ModelFile& f, size_t p, std::string* out) const;
+  // Piece `p` of model file `file`'s header, as bytes.
+  void MakeHeaderPiece(size_t file, size_t p, std::string* out) const;
   // Bytes [offset, offset+length) of tensor `t` as stored (row-major, before conversion):
   // byte ranges of its files when StoredAsExtents, else gathered. `checks` (may be null):
   // the caller's record of source files already checked unchanged during this read, so a
@@ -313,29 +271,7 @@ class View {
   // `xxh3_hex` (may be null): its file's checksum. Needs the model files laid out.
   void AppendManifestEntry(size_t index, const char* xxh3_hex, std::string* text) const;
 
-  ServedTensors served_;
-  std::vector<Entry> entries_;
-  std::vector<Segment> segments_;
-  std::vector<std::string> literals_;
-  NodeId tensors_dir_ = kRoot;
-  NodeId first_tensor_file_ = 0;
-  std::vector<uint32_t> tensor_file_order_;  // tensor indices in file-name order
-  int64_t newest_mtime_ = 0;
-
-  // Model files. model_file_of_ is empty when there is one model file.
-  std::vector<uint32_t> model_file_of_;      // tensor index -> its model file
-  mutable std::vector<ModelFile> model_files_;
-  mutable std::vector<uint64_t> model_begin_;  // tensor index -> where its bytes start in its model file
-  mutable std::once_flag model_once_;
-
-  // manifest.json without checksums: a head literal, one entry per tensor made again on
-  // each read (kept, a million entries would be ~250 MB), a tail literal; laid out on first need.
-  NodeId manifest_ = kRoot;
-  std::string manifest_head_, manifest_tail_;
-  mutable std::vector<uint64_t> manifest_entry_end_;  // tensor index -> end of its entry in the file
-  mutable std::vector<bool> shares_storage_;          // tensor index -> its storage is shared (tied)
-  mutable uint64_t manifest_size_ = 0;
-  mutable std::once_flag manifest_once_;
+  std::unique_ptr<Impl> impl_;
 };
 
 // How tensor `t` is written in safetensors: dtype string and shape (complex types

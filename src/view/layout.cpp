@@ -17,6 +17,7 @@
 #include "io/json_text.hpp"
 #include "io/parallel.hpp"
 #include "view/safetensors_header.hpp"
+#include "view/view_impl.hpp"
 
 namespace ckptfs {
 
@@ -29,7 +30,7 @@ class ViewBuilder {
  public:
   // Lays out the tensors `view` serves (View::served_, set before).
   ViewBuilder(const ViewOptions& options, View* view)
-      : served_(view->served_), catalog_(view->served_.source()), options_(options), view_(view) {}
+      : served_(view->impl_->served_), catalog_(view->impl_->served_.source()), options_(options), view_(view) {}
 
   Status Build();
 
@@ -55,34 +56,34 @@ class ViewBuilder {
 constexpr const char* kSourceMetadataName = "metadata.source.json";
 
 View::NodeId ViewBuilder::AddEntry(View::NodeId parent, std::string name, bool is_dir) {
-  View::NodeId id = static_cast<View::NodeId>(view_->entries_.size());
-  View::Entry entry;
+  View::NodeId id = static_cast<View::NodeId>(view_->impl_->entries_.size());
+  View::Impl::Entry entry;
   entry.name = std::move(name);
   entry.parent = parent;
   entry.is_dir = is_dir;
-  entry.mtime_ns = view_->newest_mtime_;
-  entry.first_segment = static_cast<uint32_t>(view_->segments_.size());
-  view_->entries_.push_back(std::move(entry));
-  if (id != View::kRoot) view_->entries_[parent].children.push_back(id);
+  entry.mtime_ns = view_->impl_->newest_mtime_;
+  entry.first_segment = static_cast<uint32_t>(view_->impl_->segments_.size());
+  view_->impl_->entries_.push_back(std::move(entry));
+  if (id != View::kRoot) view_->impl_->entries_[parent].children.push_back(id);
   return id;
 }
 
 void ViewBuilder::AddLiteral(std::string bytes, uint64_t* pos) {
   Segment seg;
   seg.kind = Segment::Kind::kLiteral;
-  seg.ref = static_cast<uint32_t>(view_->literals_.size());
+  seg.ref = static_cast<uint32_t>(view_->impl_->literals_.size());
   seg.start = *pos;
   seg.length = bytes.size();
   *pos += bytes.size();
-  view_->literals_.push_back(std::move(bytes));
-  view_->segments_.push_back(seg);
+  view_->impl_->literals_.push_back(std::move(bytes));
+  view_->impl_->segments_.push_back(seg);
 }
 
 void ViewBuilder::FinishFile(View::NodeId id, uint64_t size, int64_t mtime_ns) {
-  View::Entry& n = view_->entries_[id];
+  View::Impl::Entry& n = view_->impl_->entries_[id];
   n.size = size;
   n.mtime_ns = mtime_ns;
-  n.segment_count = static_cast<uint32_t>(view_->segments_.size() - n.first_segment);
+  n.segment_count = static_cast<uint32_t>(view_->impl_->segments_.size() - n.first_segment);
 }
 
 // One safetensors file holding `members` (tensor indices, served order). Only its data
@@ -97,7 +98,7 @@ void ViewBuilder::AddModelFile(View::NodeId root, std::string name, const std::v
   auto served_itemsize = [&](size_t i) { return Info(ServedAs(tensors[i].dtype).dtype).itemsize; };
   std::vector<uint8_t> itemsizes(members.size());  // each looked up once, not once a pass
   for (size_t k = 0; k < members.size(); ++k) itemsizes[k] = static_cast<uint8_t>(std::min<uint64_t>(served_itemsize(members[k]), 255));
-  View::ModelFile file;
+  View::Impl::ModelFile file;
   file.name = name;
   std::vector<uint32_t>& order = file.members;
   order.reserve(members.size());
@@ -110,10 +111,10 @@ void ViewBuilder::AddModelFile(View::NodeId root, std::string name, const std::v
                      [&](uint32_t a, uint32_t b) { return served_itemsize(a) > served_itemsize(b); });
   }
   file.node = AddEntry(root, std::move(name), false);
-  View::Entry& entry = view_->entries_[file.node];
-  entry.content = View::Content::kModelFile;
-  entry.model_file = static_cast<uint32_t>(view_->model_files_.size());
-  view_->model_files_.push_back(std::move(file));
+  View::Impl::Entry& entry = view_->impl_->entries_[file.node];
+  entry.content = View::Impl::Content::kModelFile;
+  entry.model_file = static_cast<uint32_t>(view_->impl_->model_files_.size());
+  view_->impl_->model_files_.push_back(std::move(file));
 }
 
 // model.safetensors, or with a shard size the Hugging Face layout: shards split in served
@@ -168,22 +169,22 @@ void ViewBuilder::BuildModelFiles(View::NodeId root) {
   if (shards.size() <= 1) return AddModelFile(root, "model.safetensors", all);
 
   char name[64];
-  view_->model_file_of_.assign(tensors.size(), 0);
+  view_->impl_->model_file_of_.assign(tensors.size(), 0);
   for (size_t k = 0; k < shards.size(); ++k) {
     std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
-    for (uint32_t i : shards[k]) view_->model_file_of_[i] = static_cast<uint32_t>(k);
+    for (uint32_t i : shards[k]) view_->impl_->model_file_of_[i] = static_cast<uint32_t>(k);
     AddModelFile(root, name, shards[k]);
   }
   json index;
   index["metadata"] = {{"total_size", total_size}};
   json weight_map = json::object();
   for (size_t i = 0; i < tensors.size(); ++i)
-    weight_map[tensors[i].key()] = view_->model_files_[view_->model_file_of_[i]].name;
+    weight_map[tensors[i].key()] = view_->impl_->model_files_[view_->impl_->model_file_of_[i]].name;
   index["weight_map"] = std::move(weight_map);
   View::NodeId id = AddEntry(root, "model.safetensors.index.json", false);
   uint64_t pos = 0;
   AddLiteral(index.dump(2, ' ', false, json::error_handler_t::replace) + "\n", &pos);
-  FinishFile(id, pos, view_->newest_mtime_);
+  FinishFile(id, pos, view_->impl_->newest_mtime_);
 }
 
 // The tensors/ folder in file-name order, and the check that no two keys share a file
@@ -269,7 +270,7 @@ Status ViewBuilder::SortTensorFiles() {
   // Merge the sorted parts into the folder's order, checking neighbours for a shared name.
   std::vector<size_t> at(parts), stop(parts);
   for (size_t w = 0; w < parts; ++w) std::tie(at[w], stop[w]) = PartRange(count, parts, w);
-  view_->tensor_file_order_.resize(count);
+  view_->impl_->tensor_file_order_.resize(count);
   const Keyed* previous = nullptr;
   for (size_t k = 0; k < count; ++k) {
     size_t best = parts;
@@ -278,7 +279,7 @@ Status ViewBuilder::SortTensorFiles() {
     const Keyed& next = keyed[at[best]++];
     if (previous && previous->name() == next.name())
       return Status::NotSupported(catalog_.source, "two tensor keys map to the file name '" + std::string(next.name()) + "'");
-    view_->tensor_file_order_[k] = next.index;
+    view_->impl_->tensor_file_order_[k] = next.index;
     previous = &next;
   }
   return Status::OK();
@@ -294,7 +295,7 @@ Status ViewBuilder::BuildManifest(View::NodeId id) {
                      {"mtime_ns", catalog_.files->identity(f).mtime_ns}});
   m["source"] = {{"path", catalog_.source}, {"format", catalog_.format}, {"files", std::move(files)}};
   // The file a loader opens: the single model file, or the shard index.
-  m["model_file"] = view_->model_files_.size() == 1 ? "model.safetensors" : "model.safetensors.index.json";
+  m["model_file"] = view_->impl_->model_files_.size() == 1 ? "model.safetensors" : "model.safetensors.index.json";
   // What the transforms record of themselves ("dtype", "root").
   for (const auto& [name, value] : served_.manifest_fields().items()) m[name] = value;
   if (options_.shard_size) m["shard_size"] = options_.shard_size;
@@ -308,9 +309,9 @@ Status ViewBuilder::BuildManifest(View::NodeId id) {
   std::string tail = served_.empty() ? "]\n}\n" : "\n ]\n}\n";
   if (!options_.checksums) {
     // Entries are made on read (View::ReadManifest), laid out on first need.
-    view_->entries_[id].content = View::Content::kManifest;
-    view_->manifest_head_ = std::move(head);
-    view_->manifest_tail_ = std::move(tail);
+    view_->impl_->entries_[id].content = View::Impl::Content::kManifest;
+    view_->impl_->manifest_head_ = std::move(head);
+    view_->impl_->manifest_tail_ = std::move(tail);
     return Status::OK();
   }
   // Hashing reads every tensor: the entries are made once, here, and kept.
@@ -327,20 +328,20 @@ Status ViewBuilder::BuildManifest(View::NodeId id) {
   text += tail;
   uint64_t pos = 0;
   AddLiteral(std::move(text), &pos);
-  FinishFile(id, pos, view_->newest_mtime_);
+  FinishFile(id, pos, view_->impl_->newest_mtime_);
   return Status::OK();
 }
 
 // One tensor's entry in manifest.json, preceded by its separator; `xxh3_hex` may be null.
 void View::AppendManifestEntry(size_t index, const char* xxh3_hex, std::string* text) const {
-  const ServedTensor t = served_[index];
+  const ServedTensor t = impl_->served_[index];
   *text += index == 0 ? "\n  {" : ",\n  {";
   bool shortened = false;
   AppendTensorSummary(text, t, &shortened);
   *text += ", \"model_file\": ";
-  AppendJsonString(text, model_files_[model_file_of_.empty() ? 0 : model_file_of_[index]].name);
+  AppendJsonString(text, impl_->model_files_[impl_->model_file_of_.empty() ? 0 : impl_->model_file_of_[index]].name);
   *text += ", \"model_offsets\": [";
-  const uint64_t begin = model_begin_[index];
+  const uint64_t begin = impl_->model_begin_[index];
   AppendDecimal(text, begin);
   *text += ", ";
   AppendDecimal(text, begin + t.nbytes());
@@ -350,7 +351,7 @@ void View::AppendManifestEntry(size_t index, const char* xxh3_hex, std::string* 
     *text += xxh3_hex;
     *text += '"';
   }
-  if (shares_storage_[index]) {
+  if (impl_->shares_storage_[index]) {
     *text += ", \"shared_storage\": ";
     AppendJsonString(text, t.storage_id());
   }
@@ -360,27 +361,27 @@ void View::AppendManifestEntry(size_t index, const char* xxh3_hex, std::string* 
 
 Status ViewBuilder::Build() {
   for (uint32_t f = 0; f < catalog_.files->count(); ++f)
-    view_->newest_mtime_ = std::max(view_->newest_mtime_, catalog_.files->identity(f).mtime_ns);
+    view_->impl_->newest_mtime_ = std::max(view_->impl_->newest_mtime_, catalog_.files->identity(f).mtime_ns);
   if (served_.size() >= (size_t{1} << 31))
     return Status::NotSupported(catalog_.source, "more than 2^31 tensors");
   View::NodeId root = AddEntry(View::kRoot, "", true);
 
   BuildModelFiles(root);
-  view_->tensors_dir_ = AddEntry(root, "tensors", true);
+  view_->impl_->tensors_dir_ = AddEntry(root, "tensors", true);
   View::NodeId meta = AddEntry(root, "metadata.json", false);
   uint64_t pos = 0;
   AddLiteral(served_.metadata().dump(1, ' ', false, json::error_handler_t::replace) + "\n", &pos);
-  FinishFile(meta, pos, view_->newest_mtime_);
+  FinishFile(meta, pos, view_->impl_->newest_mtime_);
   // Files a transform made (a key map's config.json): they win over siblings of their names.
   for (const auto& [name, content] : served_.added_files()) {
     View::NodeId id = AddEntry(root, name, false);
     uint64_t at = 0;
     AddLiteral(content, &at);
-    FinishFile(id, at, view_->newest_mtime_);
+    FinishFile(id, at, view_->impl_->newest_mtime_);
   }
 
   std::set<std::string> ours = {"tensors", "metadata.json", "manifest.json"};
-  for (View::NodeId c : view_->entries_[root].children) ours.insert(view_->entries_[c].name);
+  for (View::NodeId c : view_->impl_->entries_[root].children) ours.insert(view_->impl_->entries_[c].name);
   auto base_name = [&](uint32_t f) {
     const std::string& path = catalog_.files->path(f);
     return path.substr(path.rfind('/') + 1);
@@ -403,18 +404,18 @@ Status ViewBuilder::Build() {
     seg.kind = Segment::Kind::kExtent;
     seg.ref = f;
     seg.length = catalog_.files->size(f);
-    if (seg.length > 0) view_->segments_.push_back(seg);
+    if (seg.length > 0) view_->impl_->segments_.push_back(seg);
     FinishFile(id, seg.length, catalog_.files->identity(f).mtime_ns);
   }
   View::NodeId manifest = AddEntry(root, "manifest.json", false);
-  view_->manifest_ = manifest;
+  view_->impl_->manifest_ = manifest;
   // Every held node is in place: the per-tensor files' ids follow.
-  view_->first_tensor_file_ = static_cast<View::NodeId>(view_->entries_.size());
+  view_->impl_->first_tensor_file_ = static_cast<View::NodeId>(view_->impl_->entries_.size());
   CKPTFS_RETURN_IF_ERROR(SortTensorFiles());
-  for (View::Entry& n : view_->entries_) {
+  for (View::Impl::Entry& n : view_->impl_->entries_) {
     if (!n.is_dir) continue;
     std::stable_sort(n.children.begin(), n.children.end(),
-                     [&](View::NodeId a, View::NodeId b) { return view_->entries_[a].name < view_->entries_[b].name; });
+                     [&](View::NodeId a, View::NodeId b) { return view_->impl_->entries_[a].name < view_->impl_->entries_[b].name; });
   }
   // Last: with checksums it reads every tensor file through the finished tree.
   return BuildManifest(manifest);
@@ -476,7 +477,7 @@ void AppendTensorSummary(std::string* out, const ServedTensor& t, bool* file_nam
 Status View::Build(std::shared_ptr<const Catalog> catalog, const ViewOptions& options,
                    std::unique_ptr<View>* out) {
   std::unique_ptr<View> view(new View());
-  CKPTFS_RETURN_IF_ERROR(ApplyViewOptions(std::move(catalog), options, &view->served_));
+  CKPTFS_RETURN_IF_ERROR(ApplyViewOptions(std::move(catalog), options, &view->impl_->served_));
   ViewBuilder builder(options, view.get());
   CKPTFS_RETURN_IF_ERROR(builder.Build());
   *out = std::move(view);

@@ -12,6 +12,7 @@
 #include "view/convert.hpp"
 #include "view/gather.hpp"
 #include "view/safetensors_header.hpp"
+#include "view/view_impl.hpp"
 
 namespace ckptfs {
 namespace {
@@ -49,8 +50,17 @@ Status ReadElementwise(uint64_t offset, size_t length, uint64_t elem_size, char*
 
 }  // namespace
 
-View::View() = default;
+View::View() : impl_(std::make_unique<Impl>()) {}
 View::~View() = default;
+
+const Catalog& View::source() const { return impl_->served_.source(); }
+const ServedTensors& View::served() const { return impl_->served_; }
+size_t View::node_count() const { return impl_->entries_.size() + impl_->served_.size(); }
+bool View::IsDir(NodeId id) const { return id < impl_->entries_.size() && impl_->entries_[id].is_dir; }
+View::NodeId View::ParentOf(NodeId id) const {
+  return id < impl_->entries_.size() ? impl_->entries_[id].parent : impl_->tensors_dir_;
+}
+View::NodeId View::TensorFile(size_t index) const { return impl_->first_tensor_file_ + static_cast<NodeId>(index); }
 
 int64_t View::TensorMTime(size_t index) const {
   // The newest of its source tensors' files: a served tensor's boxes are blocks of theirs, and
@@ -59,31 +69,31 @@ int64_t View::TensorMTime(size_t index) const {
   auto newest = [&](const TensorEntry& t) {
     for (const Box& box : t.boxes) m = std::max(m, source().files->identity(box.file).mtime_ns);
   };
-  newest(source().tensors[served_.source_index(index)]);
-  for (uint32_t o : served_.other_sources(index)) newest(source().tensors[o]);
-  return m == 0 ? newest_mtime_ : m;
+  newest(source().tensors[impl_->served_.source_index(index)]);
+  for (uint32_t o : impl_->served_.other_sources(index)) newest(source().tensors[o]);
+  return m == 0 ? impl_->newest_mtime_ : m;
 }
 
 uint64_t View::TensorFileSize(size_t index) const {
   thread_local std::string header;  // measured and dropped
   header.clear();
-  const ServedTensor t = served_[index];
+  const ServedTensor t = impl_->served_[index];
   AppendTensorFileHeader(t, &header);
   return header.size() + t.nbytes();
 }
 
 View::Node View::node(NodeId id) const {
   Node n;
-  if (id >= entries_.size()) {
-    const size_t index = id - first_tensor_file_;
-    n.name = TensorFileName(served_[index].key());
-    n.parent = tensors_dir_;
+  if (id >= impl_->entries_.size()) {
+    const size_t index = id - impl_->first_tensor_file_;
+    n.name = TensorFileName(impl_->served_[index].key());
+    n.parent = impl_->tensors_dir_;
     n.size = TensorFileSize(index);
     n.mtime_ns = TensorMTime(index);
     n.tensor = static_cast<int64_t>(index);
     return n;
   }
-  const Entry& e = entries_[id];
+  const Impl::Entry& e = impl_->entries_[id];
   n.name = e.name;
   n.parent = e.parent;
   n.is_dir = e.is_dir;
@@ -93,63 +103,63 @@ View::Node View::node(NodeId id) const {
 }
 
 uint64_t View::SizeOf(NodeId id) const {
-  if (id >= entries_.size()) return TensorFileSize(id - first_tensor_file_);
-  const Entry& e = entries_[id];
+  if (id >= impl_->entries_.size()) return TensorFileSize(id - impl_->first_tensor_file_);
+  const Impl::Entry& e = impl_->entries_[id];
   switch (e.content) {
-    case Content::kSegments:
+    case Impl::Content::kSegments:
       return e.size;
-    case Content::kModelFile:
+    case Impl::Content::kModelFile:
       EnsureModelFiles();
-      return model_files_[e.model_file].size;
-    case Content::kManifest:
+      return impl_->model_files_[e.model_file].size;
+    case Impl::Content::kManifest:
       EnsureManifest();
-      return manifest_size_;
+      return impl_->manifest_size_;
   }
   return 0;
 }
 
 std::string View::NameOf(NodeId id) const {
-  if (id >= entries_.size()) return TensorFileName(served_[id - first_tensor_file_].key());
-  return entries_[id].name;
+  if (id >= impl_->entries_.size()) return TensorFileName(impl_->served_[id - impl_->first_tensor_file_].key());
+  return impl_->entries_[id].name;
 }
 
 void View::NameOf(NodeId id, std::string* name) const {
   name->clear();
-  if (id >= entries_.size()) AppendTensorFileName(name, served_[id - first_tensor_file_].key());
-  else name->assign(entries_[id].name);
+  if (id >= impl_->entries_.size()) AppendTensorFileName(name, impl_->served_[id - impl_->first_tensor_file_].key());
+  else name->assign(impl_->entries_[id].name);
 }
 
 size_t View::ChildCount(NodeId dir) const {
-  if (dir == tensors_dir_) return tensor_file_order_.size();
-  return dir < entries_.size() ? entries_[dir].children.size() : 0;
+  if (dir == impl_->tensors_dir_) return impl_->tensor_file_order_.size();
+  return dir < impl_->entries_.size() ? impl_->entries_[dir].children.size() : 0;
 }
 
 View::NodeId View::ChildAt(NodeId dir, size_t k) const {
-  if (dir == tensors_dir_) return first_tensor_file_ + tensor_file_order_[k];
-  return entries_[dir].children[k];
+  if (dir == impl_->tensors_dir_) return impl_->first_tensor_file_ + impl_->tensor_file_order_[k];
+  return impl_->entries_[dir].children[k];
 }
 
 std::optional<View::NodeId> View::Child(NodeId dir, std::string_view name) const {
   if (!IsDir(dir)) return std::nullopt;
-  if (dir == tensors_dir_) {
+  if (dir == impl_->tensors_dir_) {
     // Binary search of the file-name order, each probe's name made again from its key.
-    const ServedTensors& tensors = served_;
+    const ServedTensors& tensors = impl_->served_;
     thread_local std::string probe;
-    auto it = std::lower_bound(tensor_file_order_.begin(), tensor_file_order_.end(), name, [&](uint32_t i, std::string_view n) {
+    auto it = std::lower_bound(impl_->tensor_file_order_.begin(), impl_->tensor_file_order_.end(), name, [&](uint32_t i, std::string_view n) {
       probe.clear();
       AppendTensorFileName(&probe, tensors[i].key());
       return probe < n;
     });
-    if (it == tensor_file_order_.end()) return std::nullopt;
+    if (it == impl_->tensor_file_order_.end()) return std::nullopt;
     probe.clear();
     AppendTensorFileName(&probe, tensors[*it].key());
     if (probe != name) return std::nullopt;
-    return first_tensor_file_ + *it;
+    return impl_->first_tensor_file_ + *it;
   }
-  const std::vector<NodeId>& children = entries_[dir].children;
+  const std::vector<NodeId>& children = impl_->entries_[dir].children;
   auto it = std::lower_bound(children.begin(), children.end(), name,
-                             [&](NodeId id, std::string_view n) { return entries_[id].name < n; });
-  if (it == children.end() || entries_[*it].name != name) return std::nullopt;
+                             [&](NodeId id, std::string_view n) { return impl_->entries_[id].name < n; });
+  if (it == children.end() || impl_->entries_[*it].name != name) return std::nullopt;
   return *it;
 }
 
@@ -179,18 +189,18 @@ std::string View::PathOf(NodeId id) const {
 Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* nread) const {
   *nread = 0;
   if (IsDir(id)) return Status::InvalidArgument(PathOf(id), "is a directory");
-  if (id >= entries_.size()) return ReadTensorFile(id, offset, length, out, nread);
+  if (id >= impl_->entries_.size()) return ReadTensorFile(id, offset, length, out, nread);
   const uint64_t size = SizeOf(id);
   if (offset >= size || length == 0) return Status::OK();
   const uint64_t end = offset + std::min<uint64_t>(length, size - offset);
-  switch (entries_[id].content) {
-    case Content::kSegments:
+  switch (impl_->entries_[id].content) {
+    case Impl::Content::kSegments:
       CKPTFS_RETURN_IF_ERROR(ReadSegments(id, offset, end, out));
       break;
-    case Content::kModelFile:
+    case Impl::Content::kModelFile:
       CKPTFS_RETURN_IF_ERROR(ReadModelFile(id, offset, end, out));
       break;
-    case Content::kManifest:
+    case Impl::Content::kManifest:
       CKPTFS_RETURN_IF_ERROR(ReadManifest(id, offset, end, out));
       break;
   }
@@ -199,8 +209,8 @@ Status View::Read(NodeId id, uint64_t offset, size_t length, char* out, size_t* 
 }
 
 Status View::ReadSegments(NodeId id, uint64_t offset, uint64_t end, char* out) const {
-  const Entry& n = entries_[id];
-  const Segment* first = segments_.data() + n.first_segment;
+  const Impl::Entry& n = impl_->entries_[id];
+  const Segment* first = impl_->segments_.data() + n.first_segment;
   const Segment* last = first + n.segment_count;
   const Segment* seg = std::upper_bound(first, last, offset, [](uint64_t off, const Segment& s) { return off < s.start; }) - 1;
   uint64_t pos = offset;
@@ -211,7 +221,7 @@ Status View::ReadSegments(NodeId id, uint64_t offset, uint64_t end, char* out) c
     char* dst = out + (pos - offset);
     switch (seg->kind) {
       case Segment::Kind::kLiteral:
-        std::memcpy(dst, literals_[seg->ref].data() + in_seg, piece);
+        std::memcpy(dst, impl_->literals_[seg->ref].data() + in_seg, piece);
         break;
       case Segment::Kind::kExtent:
         CKPTFS_RETURN_IF_ERROR(checks.Check(seg->ref));
@@ -225,8 +235,8 @@ Status View::ReadSegments(NodeId id, uint64_t offset, uint64_t end, char* out) c
 }
 
 Status View::ReadTensorFile(NodeId id, uint64_t offset, size_t length, char* out, size_t* nread) const {
-  const size_t index = id - first_tensor_file_;
-  const ServedTensor t = served_[index];
+  const size_t index = id - impl_->first_tensor_file_;
+  const ServedTensor t = impl_->served_[index];
   thread_local std::string header;
   header.clear();
   AppendTensorFileHeader(t, &header);
@@ -313,9 +323,9 @@ Status View::ReadGather(const TensorEntry& t, uint64_t offset, size_t length, ch
 
 // The served bytes of a tensor's data, for the device loader (src/device/).
 Status View::ReadTensorData(size_t tensor_index, uint64_t offset, size_t length, char* out) const {
-  if (tensor_index >= served_.size())
+  if (tensor_index >= impl_->served_.size())
     return Status::InvalidArgument(source().source, "tensor index " + std::to_string(tensor_index) + " out of range");
-  const ServedTensor t = served_[tensor_index];
+  const ServedTensor t = impl_->served_[tensor_index];
   const uint64_t size = t.nbytes();
   if (offset > size || length > size - offset)
     return Status::InvalidArgument(t.key(), "read of " + std::to_string(length) + " bytes at " + std::to_string(offset) +
