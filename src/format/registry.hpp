@@ -83,6 +83,12 @@ Status DetectFolderOf(SourceProbe& probe, bool* is_format_out) {
   return Status::OK();
 }
 
+// read of a folder format whose reader takes the folder's path.
+template <Status (*read_folder)(const std::string& dir, const SourceOptions& options, Catalog* catalog)>
+Status ReadFolderOf(SourceProbe& probe, const SourceOptions& options, Catalog* catalog) {
+  return read_folder(probe.source(), options, catalog);
+}
+
 // Every reader, in the order detection tries them.
 std::span<const ReaderEntry* const> Readers();
 

@@ -98,6 +98,21 @@ class MappedLocalFile final : public MappedFile {
   size_t size_;
 };
 
+// Opens regular file `path` for reading: its descriptor in *fd (the caller closes it) and its
+// status in *st.
+Status OpenRegularFile(const std::string& path, int* fd, struct stat* st) {
+  *fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (*fd < 0) return Status::FromErrno(path, "cannot open", errno);
+  Status s;
+  if (::fstat(*fd, st) != 0) s = Status::FromErrno(path, "cannot stat", errno);
+  else if (!S_ISREG(st->st_mode)) s = Status::InvalidArgument(path, "not a regular file");
+  if (!s.ok()) {
+    ::close(*fd);
+    *fd = -1;
+  }
+  return s;
+}
+
 // Writes all of `bytes` to `fd`.
 Status WriteAll(int fd, std::string_view bytes, const std::string& path) {
   while (!bytes.empty()) {
@@ -120,18 +135,9 @@ class LocalEnv final : public Env {
   }
 
   Status Open(const std::string& path, std::unique_ptr<SourceFile>* out) override {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Status::FromErrno(path, "cannot open", errno);
+    int fd;
     struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      const int err = errno;
-      ::close(fd);
-      return Status::FromErrno(path, "cannot stat", err);
-    }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd);
-      return Status::InvalidArgument(path, "not a regular file");
-    }
+    CKPTFS_RETURN_IF_ERROR(OpenRegularFile(path, &fd, &st));
     *out = std::make_unique<LocalFile>(path, fd, IdentityOf(st));
     return Status::OK();
   }
@@ -165,18 +171,9 @@ class LocalEnv final : public Env {
   }
 
   Status MapFile(const std::string& path, std::unique_ptr<MappedFile>* out) override {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Status::FromErrno(path, "cannot open", errno);
+    int fd;
     struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      const int err = errno;
-      ::close(fd);
-      return Status::FromErrno(path, "cannot stat", err);
-    }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd);
-      return Status::InvalidArgument(path, "not a regular file");
-    }
+    CKPTFS_RETURN_IF_ERROR(OpenRegularFile(path, &fd, &st));
     void* base = nullptr;
     const size_t size = static_cast<size_t>(st.st_size);
     if (size > 0) {

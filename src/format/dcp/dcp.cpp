@@ -580,6 +580,6 @@ Status ReadDcpCheckpoint(const std::string& dir, const SourceOptions& options, C
 
 extern const ReaderEntry kDcpReader = {
     "dcp", "torch.distributed.checkpoint folder, or a run folder of step folders", {"dcp"}, DetectFolderOf<IsDcpFolder>,
-    [](SourceProbe& p, const SourceOptions& o, Catalog* c) { return ReadDcpCheckpoint(p.source(), o, c); }};
+    ReadFolderOf<ReadDcpCheckpoint>};
 
 }  // namespace ckptfs

@@ -169,7 +169,6 @@ Status ReadDcpHfShards(const std::string& dir, const SourceOptions& options, Cat
 
 extern const ReaderEntry kDcpHfShardsReader = {
     "dcp-hf-shards", "DCP Hugging Face storage shards folder (save_distributed=True)", {"dcp-hf-shards"},
-    DetectFolderOf<IsDcpHfShardFolder>,
-    [](SourceProbe& p, const SourceOptions& o, Catalog* c) { return ReadDcpHfShards(p.source(), o, c); }};
+    DetectFolderOf<IsDcpHfShardFolder>, ReadFolderOf<ReadDcpHfShards>};
 
 }  // namespace ckptfs

@@ -313,7 +313,6 @@ Status ReadDeepSpeedCheckpoint(const std::string& dir, const SourceOptions& opti
 
 extern const ReaderEntry kDeepSpeedReader = {
     "deepspeed", "DeepSpeed ZeRO 1/2/3 or pipeline folder", {"deepspeed-zero", "deepspeed-pipeline"},
-    DetectFolderOf<IsDeepSpeedFolder>,
-    [](SourceProbe& p, const SourceOptions& o, Catalog* c) { return ReadDeepSpeedCheckpoint(p.source(), o, c); }};
+    DetectFolderOf<IsDeepSpeedFolder>, ReadFolderOf<ReadDeepSpeedCheckpoint>};
 
 }  // namespace ckptfs

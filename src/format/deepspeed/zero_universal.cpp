@@ -248,7 +248,6 @@ Status ReadDeepSpeedUniversal(const std::string& dir, const SourceOptions& optio
 
 extern const ReaderEntry kDeepSpeedUniversalReader = {
     "deepspeed-universal", "DeepSpeed universal checkpoint folder (ds_to_universal)", {"deepspeed-universal"},
-    DetectFolderOf<IsDeepSpeedUniversalFolder>,
-    [](SourceProbe& p, const SourceOptions& o, Catalog* c) { return ReadDeepSpeedUniversal(p.source(), o, c); }};
+    DetectFolderOf<IsDeepSpeedUniversalFolder>, ReadFolderOf<ReadDeepSpeedUniversal>};
 
 }  // namespace ckptfs

@@ -118,7 +118,6 @@ Status ReadRankFolder(const std::string& dir, const SourceOptions& options, Cata
 
 extern const ReaderEntry kTorchRanksReader = {
     "torch-ranks", "a folder of torch.save rank files of DTensors / ShardedTensors (FSDP2, FSDP1)",
-    {"torch-ranks"}, DetectFolderOf<IsRankFolder>,
-    [](SourceProbe& p, const SourceOptions& o, Catalog* c) { return ReadRankFolder(p.source(), o, c); }};
+    {"torch-ranks"}, DetectFolderOf<IsRankFolder>, ReadFolderOf<ReadRankFolder>};
 
 }  // namespace ckptfs

@@ -421,7 +421,6 @@ Status ReadVerlCheckpoint(const std::string& dir, const SourceOptions& options, 
 
 extern const ReaderEntry kVerlReader = {
     "verl", "veRL FSDP checkpoint: an actor/critic folder of rank files, its global_step_N/ or the run folder",
-    {"verl"}, DetectFolderOf<IsVerlFolder>,
-    [](SourceProbe& p, const SourceOptions& o, Catalog* c) { return ReadVerlCheckpoint(p.source(), o, c); }};
+    {"verl"}, DetectFolderOf<IsVerlFolder>, ReadFolderOf<ReadVerlCheckpoint>};
 
 }  // namespace ckptfs
