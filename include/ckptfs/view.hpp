@@ -69,8 +69,8 @@ class ServedTensor {
   uint64_t nbytes() const { return numel() * Info(dtype).itemsize; }
   // The served elements as the source stores them: key and shape the served ones, dtype the
   // stored one, and every box a sub-box of a box of its source tensors (transform.hpp). A
-  // key map's tensors have theirs made on first use (ServedTensors::ReplaceDeferred); an error there
-  // fails whatever read needed it.
+  // key map's tensors have theirs made on first use (src/view/deferred_tensors.hpp); an
+  // error there fails whatever read needed it.
   Status Stored(const TensorEntry** out) const;
 
  private:
@@ -122,31 +122,15 @@ class ServedTensors {
   // What the transforms record in manifest.json (e.g. "dtype", "root"); an object.
   const nlohmann::json& manifest_fields() const { return manifest_fields_; }
 
-  // For transforms (src/view/transform.hpp). Tensor k becomes `stored[k]`, serving elements
-  // of what tensor from[k] served (its source tensor, its served dtype); `stored` and `from`
-  // have one entry per tensor served from here on.
-  void Replace(std::vector<TensorEntry> stored, const std::vector<uint32_t>& from);
-  // The same, where tensor k also serves elements of the source tensors (indices into
-  // source().tensors) others[k]; `from` must then hold source indices too, as must every
-  // transform's before this one (a key map runs on the catalog's own or a selection of them).
-  void ReplaceFromSources(std::vector<TensorEntry> stored, std::vector<uint32_t> from_sources,
-                          std::vector<std::vector<uint32_t>> others);
-  // The set becomes the tensors of `deferred`, their entries made on first use
-  // (src/view/deferred_tensors.hpp, for transforms); the entries before are not served any
-  // more, and each entry is checked for the sub-box invariant when it is made
-  // (CheckServedEntry).
-  void ReplaceDeferred(DeferredTensors deferred);
-  // Whether the tensors' entries are made on first use (ReplaceDeferred).
+  // Whether the tensors' entries are made on first use (a key map's).
   bool deferred() const { return deferred_ != nullptr; }
-  void AddFile(std::string name, std::string content) { added_files_.emplace_back(std::move(name), std::move(content)); }
-  // Tensor i is served as `dtype`.
-  void SetDType(size_t i, DType dtype);
-  void SetMetadata(nlohmann::json metadata);
-  nlohmann::json* mutable_manifest_fields() { return &manifest_fields_; }
   // Whether the entries are the catalog's own (no transform replaced the set).
   bool SharesSourceEntries() const { return source_ && !deferred_ && stored_.get() == &source_->tensors; }
 
  private:
+  // Transforms change the set through ServedTensorsEditor (src/view/served_edit.hpp); front
+  // ends only read it.
+  friend class ServedTensorsEditor;
   struct DeferredState;  // served.cpp
   std::shared_ptr<const Catalog> source_;
   std::shared_ptr<const DeferredState> deferred_;  // set: the tensors are these, not stored_'s

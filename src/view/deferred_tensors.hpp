@@ -1,6 +1,6 @@
-// Tensors served with their entries made on first use (ServedTensors::ReplaceDeferred): what
-// a transform serves when its tensors are many and cheap to describe but not to make (a key
-// map's: 100,000 per-layer tensors would be ~40 MB of entries, each made in ~1 us). Their
+// Tensors served with their entries made on first use (ServedTensorsEditor::ReplaceDeferred):
+// what a transform serves when its tensors are many and cheap to describe but not to make (a
+// key map's: 100,000 per-layer tensors would be ~40 MB of entries, each made in ~1 us). Their
 // keys and shapes come up front, for the layout; each entry is made when something first
 // needs its boxes (a read, a load, a checksum). For transforms only: front ends see
 // ServedTensors.

@@ -6,6 +6,7 @@
 
 #include "ckptfs/view.hpp"
 #include "view/deferred_tensors.hpp"
+#include "view/served_edit.hpp"
 #include "view/transform.hpp"
 
 namespace ckptfs {
@@ -122,59 +123,63 @@ Status ServedTensors::Stored(size_t i, const TensorEntry** out) const {
   return Status::OK();
 }
 
-void ServedTensors::Replace(std::vector<TensorEntry> stored, const std::vector<uint32_t>& from) {
-  std::vector<uint32_t> source_index(from.size());
-  std::vector<DType> dtypes;
-  if (!dtypes_.empty()) dtypes.resize(from.size());
-  for (size_t k = 0; k < from.size(); ++k) {
-    source_index[k] = static_cast<uint32_t>(this->source_index(from[k]));
-    if (!dtypes_.empty()) dtypes[k] = dtypes_[from[k]];
-  }
-  stored_ = std::make_shared<const std::vector<TensorEntry>>(std::move(stored));
-  deferred_.reset();
-  source_index_ = std::move(source_index);
-  dtypes_ = std::move(dtypes);
-  other_sources_.clear();
-}
-
-void ServedTensors::ReplaceFromSources(std::vector<TensorEntry> stored, std::vector<uint32_t> from_sources,
-                                       std::vector<std::vector<uint32_t>> others) {
-  stored_ = std::make_shared<const std::vector<TensorEntry>>(std::move(stored));
-  deferred_.reset();
-  source_index_ = std::move(from_sources);
-  dtypes_.clear();
-  other_sources_ = std::move(others);
-  if (std::all_of(other_sources_.begin(), other_sources_.end(), [](const auto& o) { return o.empty(); }))
-    other_sources_.clear();
-}
-
-void ServedTensors::ReplaceDeferred(DeferredTensors deferred) {
-  source_index_ = std::move(deferred.from_sources);
-  other_sources_ = std::move(deferred.others);
-  if (std::all_of(other_sources_.begin(), other_sources_.end(), [](const auto& o) { return o.empty(); }))
-    other_sources_.clear();
-  deferred.from_sources = {};  // kept once, as source_index_
-  stored_.reset();
-  dtypes_.clear();
-  deferred_ = std::make_shared<const DeferredState>(std::move(deferred));
-}
-
 std::span<const uint32_t> ServedTensors::other_sources(size_t i) const {
   if (other_sources_.empty()) return {};
   return other_sources_[i];
 }
 
-void ServedTensors::SetDType(size_t i, DType dtype) {
-  if (dtypes_.empty()) {
-    if (dtype == stored_dtype(i)) return;
-    dtypes_.resize(size());
-    for (size_t k = 0; k < dtypes_.size(); ++k) dtypes_[k] = stored_dtype(k);
+void ServedTensorsEditor::Replace(std::vector<TensorEntry> stored, const std::vector<uint32_t>& from) {
+  std::vector<uint32_t> source_index(from.size());
+  std::vector<DType> dtypes;
+  if (!s_.dtypes_.empty()) dtypes.resize(from.size());
+  for (size_t k = 0; k < from.size(); ++k) {
+    source_index[k] = static_cast<uint32_t>(s_.source_index(from[k]));
+    if (!s_.dtypes_.empty()) dtypes[k] = s_.dtypes_[from[k]];
   }
-  dtypes_[i] = dtype;
+  s_.stored_ = std::make_shared<const std::vector<TensorEntry>>(std::move(stored));
+  s_.deferred_.reset();
+  s_.source_index_ = std::move(source_index);
+  s_.dtypes_ = std::move(dtypes);
+  s_.other_sources_.clear();
 }
 
-void ServedTensors::SetMetadata(nlohmann::json metadata) {
-  metadata_ = std::make_shared<const nlohmann::json>(std::move(metadata));
+void ServedTensorsEditor::ReplaceFromSources(std::vector<TensorEntry> stored, std::vector<uint32_t> from_sources,
+                                             std::vector<std::vector<uint32_t>> others) {
+  s_.stored_ = std::make_shared<const std::vector<TensorEntry>>(std::move(stored));
+  s_.deferred_.reset();
+  s_.source_index_ = std::move(from_sources);
+  s_.dtypes_.clear();
+  s_.other_sources_ = std::move(others);
+  if (std::all_of(s_.other_sources_.begin(), s_.other_sources_.end(), [](const auto& o) { return o.empty(); }))
+    s_.other_sources_.clear();
+}
+
+void ServedTensorsEditor::ReplaceDeferred(DeferredTensors deferred) {
+  s_.source_index_ = std::move(deferred.from_sources);
+  s_.other_sources_ = std::move(deferred.others);
+  if (std::all_of(s_.other_sources_.begin(), s_.other_sources_.end(), [](const auto& o) { return o.empty(); }))
+    s_.other_sources_.clear();
+  deferred.from_sources = {};  // kept once, as source_index_
+  s_.stored_.reset();
+  s_.dtypes_.clear();
+  s_.deferred_ = std::make_shared<const ServedTensors::DeferredState>(std::move(deferred));
+}
+
+void ServedTensorsEditor::SetDType(size_t i, DType dtype) {
+  if (s_.dtypes_.empty()) {
+    if (dtype == s_.stored_dtype(i)) return;
+    s_.dtypes_.resize(s_.size());
+    for (size_t k = 0; k < s_.dtypes_.size(); ++k) s_.dtypes_[k] = s_.stored_dtype(k);
+  }
+  s_.dtypes_[i] = dtype;
+}
+
+void ServedTensorsEditor::SetMetadata(nlohmann::json metadata) {
+  s_.metadata_ = std::make_shared<const nlohmann::json>(std::move(metadata));
+}
+
+void ServedTensorsEditor::AddFile(std::string name, std::string content) {
+  s_.added_files_.emplace_back(std::move(name), std::move(content));
 }
 
 }  // namespace ckptfs

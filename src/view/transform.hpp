@@ -24,15 +24,17 @@
 #include <span>
 
 #include "ckptfs/view.hpp"
+#include "view/served_edit.hpp"
 
 namespace ckptfs {
 
 class Transform {
  public:
   virtual ~Transform() = default;
-  // Maps the tensors served so far to those served next: a new set (ServedTensors::Replace:
-  // a selection, new keys, sub-boxes), served dtypes (SetDType), the metadata served
-  // (SetMetadata), and what manifest.json records of it (mutable_manifest_fields).
+  // Maps the tensors served so far to those served next, through a ServedTensorsEditor
+  // (served_edit.hpp): a new set (Replace: a selection, new keys, sub-boxes; ReplaceDeferred),
+  // served dtypes (SetDType), the metadata served (SetMetadata), and what manifest.json
+  // records of it (mutable_manifest_fields).
   virtual Status Apply(ServedTensors* served) const = 0;
 };
 

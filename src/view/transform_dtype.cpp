@@ -20,9 +20,9 @@ class DTypeTransform : public Transform {
                                     "tensor '" + std::string((*served)[i].key()) + "' is F4 (float4_e2m1fn_x2, two values a byte), " +
                                         "which has no conversion to " + std::string(Info(to_).safetensors_name) +
                                         " (torch has none either): read it without dtype=");
-      if (ConvertsTo(from, to_)) served->SetDType(i, to_);
+      if (ConvertsTo(from, to_)) ServedTensorsEditor(served).SetDType(i, to_);
     }
-    (*served->mutable_manifest_fields())["dtype"] = Info(to_).safetensors_name;
+    (*ServedTensorsEditor(served).mutable_manifest_fields())["dtype"] = Info(to_).safetensors_name;
     return Status::OK();
   }
 

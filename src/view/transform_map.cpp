@@ -5,6 +5,7 @@
 
 #include "map/key_map.hpp"
 #include "view/deferred_tensors.hpp"
+#include "view/served_edit.hpp"
 #include "view/transform.hpp"
 
 namespace ckptfs {
@@ -48,9 +49,10 @@ class MapTransform final : public Transform {
     deferred.others = std::move(mapped.others);
     deferred.make = std::move(mapped.make);
     deferred.transform = "map";
-    served->ReplaceDeferred(std::move(deferred));
-    for (auto& [name, content] : mapped.files) served->AddFile(name, std::move(content));
-    (*served->mutable_manifest_fields())["map"] = std::move(mapped.record);
+    ServedTensorsEditor edit(served);
+    edit.ReplaceDeferred(std::move(deferred));
+    for (auto& [name, content] : mapped.files) edit.AddFile(name, std::move(content));
+    (*edit.mutable_manifest_fields())["map"] = std::move(mapped.record);
     return Status::OK();
   }
 

@@ -35,9 +35,10 @@ class RootTransform : public Transform {
       for (const auto& top : tops) list += (list.empty() ? "" : ", ") + top;
       return Status::InvalidArgument("root=" + root_, "no tensor keys start with '" + prefix + "'; top-level prefixes: " + list);
     }
-    served->Replace(std::move(kept), from);
-    served->SetMetadata(Narrowed(served->metadata()));
-    (*served->mutable_manifest_fields())["root"] = root_;
+    ServedTensorsEditor edit(served);
+    edit.Replace(std::move(kept), from);
+    edit.SetMetadata(Narrowed(served->metadata()));
+    (*edit.mutable_manifest_fields())["root"] = root_;
     return Status::OK();
   }
 

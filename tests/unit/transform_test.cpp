@@ -112,7 +112,7 @@ class RowSlice : public ckptfs::Transform {
       sliced.push_back(std::move(slice));
       from.push_back(static_cast<uint32_t>(i));
     }
-    served->Replace(std::move(sliced), from);
+    ckptfs::ServedTensorsEditor(served).Replace(std::move(sliced), from);
     return Status::OK();
   }
 
@@ -258,7 +258,7 @@ BOOST_AUTO_TEST_CASE(boxes_outside_the_source_are_refused) {
        {std::tuple{past, 0u, "box 0 is not a sub-box"}, std::tuple{restrided, 2u, "box 1 is not a sub-box"},
         std::tuple{retyped, 0u, "changes the stored dtype"}}) {
     ServedTensors copy = served;
-    copy.Replace({entry}, {source});
+    ckptfs::ServedTensorsEditor(&copy).Replace({entry}, {source});
     const Status s = ckptfs::CheckSubBoxInvariant(copy, "test");
     BOOST_TEST(!s.ok(), expected);
     BOOST_TEST(Contains(s.message(), expected), s.message());
@@ -266,7 +266,7 @@ BOOST_AUTO_TEST_CASE(boxes_outside_the_source_are_refused) {
   }
   // A selection of whole tensors, unchanged, passes.
   ServedTensors selected = served;
-  selected.Replace({ckpt.catalog->tensors[4], ckpt.catalog->tensors[2]}, {4, 2});
+  ckptfs::ServedTensorsEditor(&selected).Replace({ckpt.catalog->tensors[4], ckpt.catalog->tensors[2]}, {4, 2});
   BOOST_TEST(ckptfs::CheckSubBoxInvariant(selected, "test").ok());
   BOOST_TEST(selected.source_index(1) == 2u);
 }
