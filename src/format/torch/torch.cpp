@@ -120,6 +120,27 @@ bool IsAttributeObject(const PyValue* v) {
   return !v->state() || v->state()->kind() == Kind::kDict;
 }
 
+// The attribute dict of a pickled torch.nn.Module (an attribute object whose dict holds the
+// mappings _parameters, _buffers and _modules, as Module.__init__ sets them), or nullptr.
+const PyValue* ModuleState(const PyValue* v) {
+  if (!IsAttributeObject(v) || !v->state()) return nullptr;
+  const PyValue* state = AsMapping(v->state());
+  for (std::string_view part : {"_parameters", "_buffers", "_modules"})
+    if (!AsMapping(Find(state, part))) return nullptr;
+  return state;
+}
+
+// The attributes Module.__init__ sets that are not the model's: the state_dict is made of
+// _parameters, _buffers and _modules; the hooks are functions.
+bool IsModuleInternal(std::string_view name) {
+  static constexpr std::string_view kInternal[] = {
+      "training", "_parameters", "_buffers", "_non_persistent_buffers_set", "_modules", "_backward_pre_hooks",
+      "_backward_hooks", "_is_full_backward_hook", "_forward_hooks", "_forward_hooks_with_kwargs",
+      "_forward_hooks_always_called", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_state_dict_hooks",
+      "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"};
+  return std::find(std::begin(kInternal), std::end(kInternal), name) != std::end(kInternal);
+}
+
 // A tensor met where the walk serves none: a dict key, an attribute object's set or appended
 // items (a dict or list subclass).
 constexpr std::string_view kTensorServedNowhere = "a tensor where ckptfs serves none (a dict key, or an item of an object)";
@@ -273,6 +294,7 @@ class TorchZipReader {
  private:
   Status Walk(const PyValue* v, std::vector<PathElement>* path, int depth, json* out, bool* keep);
   Status WalkOpaque(const PyValue* v, std::vector<PathElement>* path, int depth, json* out);
+  Status WalkModule(const PyValue* v, const PyValue* state, std::vector<PathElement>* path, int depth, json* out);
   // The rule of the torch readers (doc/FORMATS.md, "Objects that hold tensors"): object `v`,
   // which is neither a served tensor nor a mapping nor a plain attribute object, is refused
   // at `path` when it holds tensors. Walk's one point of refusal; recognisers of objects with
@@ -516,6 +538,7 @@ Status TorchZipReader::Walk(const PyValue* v, std::vector<PathElement>* path, in
     *keep = any_kept;
     return Status::OK();
   }
+  if (const PyValue* module = ModuleState(v)) return WalkModule(v, module, path, depth, out);
   if (v->kind() == Kind::kObject && !IsAttributeObject(v)) {
     // Recognisers of objects that hold tensors in a layout of their own go here.
     if (tensor_free_ == 0) CKPTFS_RETURN_IF_ERROR(RefuseIfHoldsTensors(v, *path));
@@ -559,6 +582,73 @@ Status TorchZipReader::WalkDistributed(const PyValue* v, std::vector<PathElement
   }
   path->pop_back();
   *out = d.Describe(keys);
+  return Status::OK();
+}
+
+// A pickled torch.nn.Module, served as its state_dict() names it (torch's
+// Module._save_to_state_dict and state_dict): its parameters, then its buffers but those in
+// _non_persistent_buffers_set, then each child module under its attribute name, None entries
+// left out, all under the module's own path. Its other attributes are not the state dict:
+// their values go to the metadata, and tensors among them are served apart, under
+// "$attributes." and the module's path. A module with state_dict hooks is refused: what its
+// state_dict() names depends on running them.
+Status TorchZipReader::WalkModule(const PyValue* v, const PyValue* state, std::vector<PathElement>* path, int depth,
+                                  json* out) {
+  CKPTFS_RETURN_IF_ERROR(Visit());
+  if (depth > kMaxDepth) return Bad("objects nested deeper than " + std::to_string(kMaxDepth) + " levels (a cycle?)");
+  const std::string cls = IsGlobal(v->callable(), "copyreg._reconstructor") ? QualifiedName(Arg(v, 0)) : v->CallableName();
+  for (std::string_view hooks : {"_state_dict_hooks", "_state_dict_pre_hooks"})
+    if (const PyValue* m = AsMapping(Find(state, hooks)); m && !m->entries().empty())
+      return NotUnderstood(*path, "a module (" + cls + ") with " + std::string(hooks) +
+                                      ": the names its state_dict() gives depend on running them");
+  std::vector<std::string_view> non_persistent;
+  if (const PyValue* names = Find(state, "_non_persistent_buffers_set")) {
+    const PyValue* set = names->kind() == Kind::kSet ? names : IsCall(names, "builtins.set") ? Arg(names, 0) : nullptr;
+    if (!set && names->kind() != Kind::kNone) return NotUnderstood(*path, "a module's _non_persistent_buffers_set that is no set");
+    if (set)
+      for (const PyValue* name : set->items()) {
+        if (name->kind() != Kind::kStr) return NotUnderstood(*path, "a module's non-persistent buffer named by a non-string");
+        non_persistent.push_back(name->s());
+      }
+  }
+  *out = json{{"$class", cls}};
+  // Each entry of `mapping` under path + its name; kept values (not tensors) into (*out)[field].
+  auto walk_named = [&](const PyValue* mapping, const char* field, bool skip_non_persistent) -> Status {
+    for (const auto& [k, val] : mapping->entries()) {
+      if (k->kind() != Kind::kStr) return NotUnderstood(*path, "a module entry named by a non-string");
+      if (val->kind() == Kind::kNone) continue;
+      if (skip_non_persistent && std::find(non_persistent.begin(), non_persistent.end(), k->s()) != non_persistent.end())
+        continue;
+      path->push_back(std::string(k->s()));
+      json child;
+      bool child_keep = true;
+      if (const PyValue* module = ModuleState(val)) {
+        CKPTFS_RETURN_IF_ERROR(WalkModule(val, module, path, depth + 1, &child));
+      } else {
+        CKPTFS_RETURN_IF_ERROR(Walk(val, path, depth + 1, &child, &child_keep));
+      }
+      path->pop_back();
+      if (child_keep) (*out)[field][std::string(k->s())] = std::move(child);
+    }
+    return Status::OK();
+  };
+  CKPTFS_RETURN_IF_ERROR(walk_named(AsMapping(Find(state, "_parameters")), "parameters", false));
+  CKPTFS_RETURN_IF_ERROR(walk_named(AsMapping(Find(state, "_buffers")), "buffers", true));
+  CKPTFS_RETURN_IF_ERROR(walk_named(AsMapping(Find(state, "_modules")), "modules", false));
+  // The other attributes, tensors among them under "$attributes." + the module's path.
+  std::vector<PathElement> attribute_path;
+  attribute_path.reserve(path->size() + 2);
+  attribute_path.emplace_back(std::string("$attributes"));
+  attribute_path.insert(attribute_path.end(), path->begin(), path->end());
+  for (const auto& [k, val] : state->entries()) {
+    if (k->kind() != Kind::kStr || IsModuleInternal(k->s())) continue;
+    attribute_path.emplace_back(std::string(k->s()));
+    json child;
+    bool child_keep;
+    CKPTFS_RETURN_IF_ERROR(Walk(val, &attribute_path, depth + 1, &child, &child_keep));
+    attribute_path.pop_back();
+    if (child_keep) (*out)["attributes"][std::string(k->s())] = std::move(child);
+  }
   return Status::OK();
 }
 
