@@ -18,6 +18,7 @@
 #include "ckptfs/view.hpp"
 #include "cli/commands.hpp"
 #include "cli/progress_bar.hpp"
+#include "io/full_pread.hpp"
 
 namespace ckptfs::cli {
 namespace {
@@ -60,19 +61,6 @@ constexpr char kHashUsage[] =
     "is the xattr user.ckptfs.xxh3 of the file on a mount.\n";
 constexpr CommandLine kHash = {kHashUsage, false, kReadCommandGroups, 1, "hash takes one SOURCE"};
 
-Status WriteFully(int fd, const char* data, size_t n, const std::string& where) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return Status::FromErrno(where, "write failed", errno);
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-  return Status::OK();
-}
-
 // Two chunk buffers: one is filled from the view while the other is written out.
 struct ChunkBuffers {
   std::vector<char> chunk[2] = {std::vector<char>(kChunk), std::vector<char>(kChunk)};
@@ -101,11 +89,11 @@ Status Copy(const View& view, View::NodeId id, int fd, const std::string& where,
     if (!s.ok()) return s;
     off += n;
     if (off >= size) {  // the last chunk: nothing left to overlap it with
-      CKPTFS_RETURN_IF_ERROR(WriteFully(fd, buf.data(), n, where));
+      CKPTFS_RETURN_IF_ERROR(WriteFull(fd, buf.data(), n, where));
       progress(n);
       break;
     }
-    writing = std::async(std::launch::async, [fd, &buf, n, &where] { return WriteFully(fd, buf.data(), n, where); });
+    writing = std::async(std::launch::async, [fd, &buf, n, &where] { return WriteFull(fd, buf.data(), n, where); });
     progress(n);
     next ^= 1;
   }

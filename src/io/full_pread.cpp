@@ -21,4 +21,16 @@ Status PreadFull(int fd, void* out, size_t length, uint64_t offset, std::string_
   return Status::OK();
 }
 
+Status WriteFull(int fd, const void* data, size_t length, std::string_view name) {
+  const char* src = static_cast<const char*>(data);
+  while (length > 0) {
+    const ssize_t n = ::write(fd, src, length);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::FromErrno(name, "write failed", n < 0 ? errno : EIO);
+    src += n;
+    length -= static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
 }  // namespace ckptfs

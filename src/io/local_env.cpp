@@ -113,17 +113,6 @@ Status OpenRegularFile(const std::string& path, int* fd, struct stat* st) {
   return s;
 }
 
-// Writes all of `bytes` to `fd`.
-Status WriteAll(int fd, std::string_view bytes, const std::string& path) {
-  while (!bytes.empty()) {
-    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Status::FromErrno(path, "cannot write", n < 0 ? errno : EIO);
-    bytes.remove_prefix(static_cast<size_t>(n));
-  }
-  return Status::OK();
-}
-
 class LocalEnv final : public Env {
  public:
   // The page cache is all the readahead a local file gets from the kernel's side of a mount.
@@ -201,7 +190,7 @@ class LocalEnv final : public Env {
     const std::string temp = path + ".tmp-" + std::to_string(::getpid());
     const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return Status::FromErrno(temp, "cannot create", errno);
-    Status written = WriteAll(fd, bytes, temp);
+    Status written = WriteFull(fd, bytes.data(), bytes.size(), temp);
     if (::close(fd) != 0 && written.ok()) written = Status::FromErrno(temp, "cannot write", errno);
     if (written.ok() && ::rename(temp.c_str(), path.c_str()) != 0)
       written = Status::FromErrno(path, "cannot rename a new file into place", errno);

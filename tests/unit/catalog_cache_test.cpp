@@ -258,6 +258,21 @@ BOOST_AUTO_TEST_CASE(cache_env_without_writes_is_refused_when_storing) {
   BOOST_TEST(Contains(s.message(), "cannot create the catalog cache folder"), s.message());
 }
 
+// An entry has no place for a model description: a catalog with one is not stored (rather
+// than stored without it, which a later hit would serve as a catalog without a model).
+BOOST_AUTO_TEST_CASE(catalog_with_a_model_description_is_not_stored) {
+  TempDir dir;
+  const std::string source = dir.File("data.bin");
+  Catalog catalog = MakeCatalog(source, 3);
+  catalog.model.emplace();
+  catalog.model->source = "common.pt args";
+  const SourceOptions options = CacheOptions(dir.File("cache"));
+  const Status s = ckptfs::StoreCachedCatalog(source, options, catalog);
+  BOOST_TEST((s.code() == Status::Code::kNotSupported));
+  BOOST_TEST(Contains(s.message(), "model description"), s.message());
+  BOOST_TEST(!std::filesystem::exists(dir.File("cache")));
+}
+
 // More tensors than one chunk of the default size: two chunks, the second partly full.
 BOOST_AUTO_TEST_CASE(round_trip_above_one_default_chunk) {
   TempDir dir;

@@ -621,12 +621,8 @@ Status TorchZipReader::WalkModule(const PyValue* v, const PyValue* state, std::v
         continue;
       path->push_back(std::string(k->s()));
       json child;
-      bool child_keep = true;
-      if (const PyValue* module = ModuleState(val)) {
-        CKPTFS_RETURN_IF_ERROR(WalkModule(val, module, path, depth + 1, &child));
-      } else {
-        CKPTFS_RETURN_IF_ERROR(Walk(val, path, depth + 1, &child, &child_keep));
-      }
+      bool child_keep;  // a child module is walked as a module by Walk itself
+      CKPTFS_RETURN_IF_ERROR(Walk(val, path, depth + 1, &child, &child_keep));
       path->pop_back();
       if (child_keep) (*out)[field][std::string(k->s())] = std::move(child);
     }
