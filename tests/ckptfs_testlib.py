@@ -209,6 +209,22 @@ def run_ckptfs(ckptfs_bin):
     return run
 
 
+def served_model_tensors(run_ckptfs, source, *options) -> dict:
+    """{key: tensor} of the model the view of SOURCE serves at its root (`ckptfs cat`): its
+    weights file, or every shard its index names (a sharded source keeps its shards)."""
+    from safetensors.torch import load as load_bytes
+
+    manifest = json.loads(run_ckptfs("cat", *options, source, "manifest.json").stdout)
+    model_file = manifest["model_file"]
+    if not model_file.endswith(".index.json"):
+        return load_bytes(run_ckptfs("cat", *options, source, model_file).stdout)
+    index = json.loads(run_ckptfs("cat", *options, source, model_file).stdout)
+    tensors = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors.update(load_bytes(run_ckptfs("cat", *options, source, shard).stdout))
+    return tensors
+
+
 @pytest.fixture(scope="session")
 def ls_json(run_ckptfs):
     """ls_json(source) -> the parsed `ckptfs ls --json SOURCE` array."""

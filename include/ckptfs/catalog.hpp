@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -228,6 +229,21 @@ Status ValidateLayout(const TensorEntry& tensor, const SourceFiles& files, const
 // A shape (or any list of dimensions) as messages and listings write it: "[4, 64, 64]".
 std::string ShapeText(std::span<const uint64_t> dims);
 
+// A model a folder source holds, served in a folder of its own at the same path (a diffusers
+// pipeline's unet/, the top level of a model folder): its tensors are those whose keys start
+// with `folder` + "/", or for the top level (""), those of no other component.
+struct ModelComponent {
+  std::string folder;  // relative to the served tree's root; "" for the root
+  std::string format;  // the reader's format name ("safetensors-folder", ...)
+  // The served weights file (doc/MOUNT.md, "Weight file names"): the name its loader looks
+  // for. Shards and their index take its stem ("model-00001-of-00002.safetensors",
+  // "model.safetensors.index.json").
+  std::string weights_name = "model.safetensors";
+  // When the source is sharded and served in its own shards: each source weight file and
+  // the name of the shard it is served as (a view with a shard size shards anew).
+  std::vector<std::pair<uint32_t, std::string>> source_shards;
+};
+
 struct Catalog {
   std::string format;  // "torch-zip", "safetensors", ...
   std::string source;  // the path the user gave
@@ -237,6 +253,19 @@ struct Catalog {
   nlohmann::json metadata = nlohmann::json::object();  // non-tensor values
   // Files beside a checkpoint in its folder (config.json, tokenizer...), served as is.
   std::vector<uint32_t> sibling_files;
+  // Where each sibling file is served, relative to the tree's root, when a folder source
+  // places them in subfolders: parallel to sibling_files, or empty (each at the root under
+  // its own name).
+  std::vector<std::string> sibling_paths;
+  // Subfolders of a folder source served as folders, relative to its root (those that hold
+  // only other folders or nothing included).
+  std::vector<std::string> folders;
+  // The models of a folder source (a model folder has one, at ""); empty for a source that
+  // is no folder, served as one model.safetensors.
+  std::vector<ModelComponent> components;
+  // What a folder source holds that is not served, path -> why (metadata["not_served"] too):
+  // a tree recognized only in part says so.
+  std::vector<std::pair<std::string, std::string>> not_served;
   // The file that says where tensors lie, when it is not `source` itself (a DCP folder's
   // .metadata): layout errors (ValidateLayout) name it.
   std::string layout_file;

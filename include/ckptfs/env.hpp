@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,6 +35,13 @@ struct FileIdentity {
   bool operator==(const FileIdentity&) const = default;
 };
 
+// Who may read a file, as its file system says: owner, group and permission bits.
+struct FileAccess {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  uint32_t mode = 0;  // the permission bits (07777)
+};
+
 // One opened source file.
 class SourceFile {
  public:
@@ -54,6 +62,9 @@ class SourceFile {
   // A path the operating system can open, for O_DIRECT and cuFile reads; "" when the file
   // has none (memory, remote).
   virtual const std::string& local_path() const;
+  // Its owner, group and mode when it was opened, where the source has them (local files);
+  // a mount serves what it makes of the file with no more access than this.
+  virtual std::optional<FileAccess> access() const { return std::nullopt; }
 };
 
 enum class PathType : uint8_t { kMissing, kFile, kFolder, kOther };

@@ -47,6 +47,13 @@ struct ViewOptions {
 class ServedTensors;
 struct DeferredTensors;  // src/view/deferred_tensors.hpp
 
+// A source file a view serves unchanged at `path` of its tree (a model folder's config.json,
+// a pipeline's scheduler/scheduler_config.json).
+struct PassedFile {
+  std::string path;
+  uint32_t file = 0;  // in the catalog's files
+};
+
 // One tensor as a view serves it: a handle into its ServedTensors, valid while they live.
 class ServedTensor {
  public:
@@ -114,9 +121,18 @@ class ServedTensors {
   // Further source tensors whose elements tensor i serves (a key map's concatenation of
   // several), beside source_index(i); usually none.
   std::span<const uint32_t> other_sources(size_t i) const;
-  // Files a transform adds at the root (a key map's config.json), name -> content; they
-  // hide sibling files of the same names.
+  // Files a transform adds (a key map's config.json) or rewrites (a config that says the
+  // served dtype), path in the tree -> content; they hide passed files at the same paths.
   const std::vector<std::pair<std::string, std::string>>& added_files() const { return added_files_; }
+  // The models served, each in its folder with its weights file name (never empty: a source
+  // that is no folder is one model at the root, served as model.safetensors); tensor i
+  // belongs to ComponentOf(i).
+  const std::vector<ModelComponent>& components() const { return components_; }
+  size_t ComponentOf(size_t i) const;
+  // The source files served unchanged (the catalog's sibling files) at their paths, and the
+  // folders of the tree that hold no model (a pipeline's scheduler/).
+  const std::vector<PassedFile>& passed_files() const { return passed_files_; }
+  const std::vector<std::string>& folders() const { return folders_; }
   // The metadata served (metadata.json).
   const nlohmann::json& metadata() const { return *metadata_; }
   // What the transforms record in manifest.json (e.g. "dtype", "root"); an object.
@@ -140,6 +156,9 @@ class ServedTensors {
   std::vector<DType> dtypes_;           // empty: each served as stored
   std::vector<std::vector<uint32_t>> other_sources_;  // empty: none for any tensor
   std::vector<std::pair<std::string, std::string>> added_files_;
+  std::vector<ModelComponent> components_;
+  std::vector<PassedFile> passed_files_;
+  std::vector<std::string> folders_;
   std::shared_ptr<const nlohmann::json> metadata_;
   nlohmann::json manifest_fields_ = nlohmann::json::object();
 };
@@ -207,6 +226,10 @@ class View {
   // "a/b/c" relative to the root ("" is the root).
   std::optional<NodeId> Lookup(std::string_view path) const;
   std::string PathOf(NodeId id) const;
+  // The source file that file `id` passes through unchanged (a config.json), if it is one.
+  std::optional<uint32_t> PassedSourceFile(NodeId id) const;
+  // Whether file `id` is a model's weights file, one of its shards or their index.
+  bool IsModelFile(NodeId id) const;
   // The virtual file that holds tensor `index` on its own ("tensors/<name>").
   NodeId TensorFile(size_t index) const;
   std::string TensorFilePath(size_t index) const { return PathOf(TensorFile(index)); }

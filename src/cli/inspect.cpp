@@ -182,6 +182,15 @@ int RunInfo(const Args& args) {
                    {"map_file", m["map_file"]}, {"model_config_source", m["model_config_source"]},
                    {"key_prefix", m["key_prefix"]}, {"model_config_from_tensors", m["model_config_from_tensors"]}};
   }
+  json models = json::array();
+  for (const ModelComponent& m : served.components())
+    models.push_back({{"folder", m.folder}, {"format", m.format}, {"weights_name", m.weights_name},
+                      {"source_shards", !m.source_shards.empty()}});
+  info["models"] = std::move(models);
+  if (!catalog->not_served.empty()) {
+    info["not_served"] = json::array();
+    for (const auto& [path, why] : catalog->not_served) info["not_served"].push_back({{"path", path}, {"why", why}});
+  }
   info["tensor_count"] = served.size();
   info["total_bytes"] = total;
   info["dtypes"] = json::object();
@@ -218,6 +227,15 @@ int RunInfo(const Args& args) {
   text += "files:\n";
   for (uint32_t f = 0; f < catalog->files->count(); ++f)
     text += "  " + catalog->files->path(f) + "  (" + std::to_string(catalog->files->size(f)) + " bytes)\n";
+  // A tree's models, each in its folder, and what it did not serve.
+  const ServedTensors& tree = served;
+  if (tree.components().size() > 1 || !tree.components()[0].folder.empty()) {
+    text += "models:\n";
+    for (const ModelComponent& m : tree.components())
+      text += "  " + (m.folder.empty() ? std::string(".") : m.folder) + "/  " + m.format + ", served as " +
+              m.weights_name + (m.source_shards.empty() ? "" : " in the source's shards") + "\n";
+  }
+  for (const auto& [path, why] : catalog->not_served) text += "not served:   " + path + "  " + why + "\n";
   if (folder) {
     text += "folder files (weights: " + (*folder)["weights_rule"].get<std::string>() + "):\n";
     size_t name_w = 0;

@@ -178,27 +178,14 @@ Status ExportFile(const View& view, View::NodeId id, const std::string& path, Te
   return s;
 }
 
-// "model-00001-of-00012.safetensors": a shard name of the Hugging Face layout.
-bool IsShardName(const std::string& name) {
-  unsigned k = 0, n = 0;
-  int used = 0;
-  return name.size() == 32 && std::sscanf(name.c_str(), "model-%5u-of-%5u.safetensors%n", &k, &n, &used) == 2 &&
-         used == 32;
-}
-
 // Which part of the tree (ExportPart) node `id` belongs to, by the tree's documented
-// layout (README.md, "Mounting"): the model file or the shards and their index are
-// generated at the root under those names (a source folder's file of the same name is
-// hidden by them), tensors/ holds the per-tensor files, everything else is small files.
+// layout (README.md, "Mounting"): each model's weights file or shards and their index are
+// the model, tensors/ holds the per-tensor files, everything else is small files.
 unsigned PartOf(const View& view, View::NodeId id) {
+  if (view.IsModelFile(id)) return kExportModel;
   View::NodeId top = id;
-  while (view.node(top).parent != View::kRoot) top = view.node(top).parent;
-  const std::string name = view.node(top).name;
-  if (view.node(top).is_dir && name == "tensors") return kExportTensors;
-  if (view.node(top).is_dir) return kExportFiles;
-  if (name == "model.safetensors" || name == "model.safetensors.index.json") return kExportModel;
-  if (IsShardName(name) && view.Child(View::kRoot, "model.safetensors.index.json"))
-    return kExportModel;
+  while (view.ParentOf(top) != View::kRoot) top = view.ParentOf(top);
+  if (view.IsDir(top) && view.NameOf(top) == "tensors") return kExportTensors;
   return kExportFiles;
 }
 

@@ -8,23 +8,23 @@
 namespace ckptfs {
 
 // Folders first (a folder is tried as a DeepSpeed universal checkpoint, then DeepSpeed, then
-// DCP, then DCP Hugging Face shards, then veRL, then torch.save rank files, then a model
-// folder, which takes any folder), then files: a weight index (the model folder reader), the
-// zip-based torch formats (TorchScript and torch.export before the plain zip they also are),
-// safetensors, the legacy torch stream.
+// DCP, then DCP Hugging Face shards, then veRL, then torch.save rank files, then a folder
+// with subfolders, then a model folder, which takes any folder), then files: a weight index
+// (the model folder reader), the zip-based torch formats (TorchScript and torch.export before
+// the plain zip they also are), safetensors, the legacy torch stream.
 // Each entry is defined in its reader's file, in its family's folder: deepspeed/
 // (zero_universal.cpp, zero.cpp), dcp/ (dcp.cpp, dcp_hf_shards.cpp), verl/verl.cpp, torch/
 // (torch_ranks.cpp, torchscript.cpp, torch_export.cpp, torch.cpp, torch_legacy.cpp),
-// safetensors/ (folder.cpp, safetensors.cpp).
+// safetensors/ (folder_tree.cpp, folder.cpp, safetensors.cpp).
 extern const ReaderEntry kDeepSpeedUniversalReader, kDeepSpeedReader, kDcpReader, kDcpHfShardsReader, kVerlReader,
-    kTorchRanksReader, kCheckpointFolderReader, kTorchScriptReader, kTorchExportReader, kTorchZipReader,
+    kTorchRanksReader, kFolderTreeReader, kCheckpointFolderReader, kTorchScriptReader, kTorchExportReader, kTorchZipReader,
     kSafetensorsReader, kTorchLegacyReader;
 
 namespace {
 
 constexpr const ReaderEntry* kReaders[] = {
     &kDeepSpeedUniversalReader, &kDeepSpeedReader,   &kDcpReader,         &kDcpHfShardsReader,
-    &kVerlReader,               &kTorchRanksReader,  &kCheckpointFolderReader,
+    &kVerlReader,               &kTorchRanksReader,  &kFolderTreeReader,  &kCheckpointFolderReader,
     &kTorchScriptReader,        &kTorchExportReader, &kTorchZipReader,    &kSafetensorsReader, &kTorchLegacyReader,
 };
 

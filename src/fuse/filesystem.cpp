@@ -33,19 +33,67 @@ bool Valid(const Filesystem& fs, fuse_ino_t ino) {
   return ino >= FUSE_ROOT_ID && NodeOf(ino) < fs.view->node_count();
 }
 
-struct stat AttrOf(const Filesystem& fs, View::NodeId id) {
+// The access of a file made of all of `files` (doc/MOUNT.md, "Permissions"): the mode bits
+// every one of them grants; their owner and group where they all share one, else the
+// mount's (and no owner or group bits granted beyond what all grant others).
+std::optional<FileAccess> MostRestrictive(const SourceFiles& files, uid_t mount_uid, gid_t mount_gid) {
+  std::optional<FileAccess> out;
+  bool same_uid = true, same_gid = true;
+  for (uint32_t f = 0; f < files.count(); ++f) {
+    const std::optional<FileAccess> a = files.file(f).access();
+    if (!a) continue;
+    if (!out) {
+      out = a;
+      continue;
+    }
+    out->mode &= a->mode;
+    same_uid = same_uid && out->uid == a->uid;
+    same_gid = same_gid && out->gid == a->gid;
+  }
+  if (!out) return out;
+  if (!same_uid) {
+    out->uid = mount_uid;
+    out->mode &= ~(0700u & ~((out->mode & 07) << 6));  // the owner gets what others get
+  }
+  if (!same_gid) {
+    out->gid = mount_gid;
+    out->mode &= ~(070u & ~((out->mode & 07) << 3));
+  }
+  return out;
+}
+
+// What the mount serves of file or folder `id` may be read by whom its source allows: a file
+// passed through has its source file's owner, group and mode, anything else the most
+// restrictive of the source's; write bits cleared, and a folder searchable where readable.
+// Remote sources (no access known): the mounting user's, 0444 and 0555.
+void SetAccess(Filesystem& fs, View::NodeId id, bool is_dir, struct stat* st) {
+  std::call_once(fs.tree_access_once,
+                 [&fs] { fs.tree_access = MostRestrictive(*fs.view->source().files, fs.uid, fs.gid); });
+  std::optional<FileAccess> access = fs.tree_access;
+  if (!is_dir)
+    if (const std::optional<uint32_t> file = fs.view->PassedSourceFile(id))
+      if (std::optional<FileAccess> own = fs.view->source().files->file(*file).access()) access = own;
+  st->st_uid = access ? access->uid : fs.uid;
+  st->st_gid = access ? access->gid : fs.gid;
+  if (!access) {
+    st->st_mode = is_dir ? (S_IFDIR | 0555) : (S_IFREG | 0444);
+    return;
+  }
+  uint32_t mode = access->mode & 0555 & ~static_cast<uint32_t>(S_ISUID | S_ISGID | S_ISVTX);
+  if (is_dir) mode |= (mode & 0444) >> 2;  // r -> r-x
+  st->st_mode = (is_dir ? S_IFDIR : S_IFREG) | mode;
+}
+
+struct stat AttrOf(Filesystem& fs, View::NodeId id) {
   const View::Node n = fs.view->node(id);
   struct stat st {};
   st.st_ino = InodeOf(id);
-  st.st_uid = fs.uid;
-  st.st_gid = fs.gid;
+  SetAccess(fs, id, n.is_dir, &st);
   if (n.is_dir) {
-    st.st_mode = S_IFDIR | 0555;
     st.st_nlink = 2;
     const size_t children = fs.view->ChildCount(id);
     for (size_t k = 0; k < children; ++k) st.st_nlink += fs.view->IsDir(fs.view->ChildAt(id, k)) ? 1 : 0;
   } else {
-    st.st_mode = S_IFREG | 0444;
     st.st_nlink = 1;
     st.st_size = static_cast<off_t>(n.size);
     st.st_blocks = static_cast<blkcnt_t>((n.size + 511) / 512);

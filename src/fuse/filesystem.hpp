@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -26,8 +27,13 @@ class PushAhead;
 
 struct Filesystem {
   std::unique_ptr<View> view;
+  // Owner and group of what the mount serves where the source's files say none (remote).
   uid_t uid = 0;
   gid_t gid = 0;
+  // The most restrictive owner, group and mode of all the source's files (those that have
+  // them), for files made of several and for folders; made on first request.
+  std::optional<FileAccess> tree_access;
+  std::once_flag tree_access_once;
   uint64_t total_bytes = 0;  // sum of file sizes, for statfs, summed on the first
   std::once_flag total_bytes_once;
   // user.ckptfs.xxh3 values, computed on first request and kept for the mount's life.

@@ -42,8 +42,12 @@ PathType TypeOf(const struct stat& st) {
 
 class LocalFile final : public SourceFile {
  public:
-  LocalFile(std::string path, int fd, const FileIdentity& identity)
-      : path_(std::move(path)), fd_(fd), identity_(identity) {}
+  LocalFile(std::string path, int fd, const struct stat& st)
+      : path_(std::move(path)),
+        fd_(fd),
+        identity_(IdentityOf(st)),
+        access_{static_cast<uint32_t>(st.st_uid), static_cast<uint32_t>(st.st_gid),
+                static_cast<uint32_t>(st.st_mode & 07777)} {}
   ~LocalFile() override { ::close(fd_); }
   LocalFile(const LocalFile&) = delete;
   LocalFile& operator=(const LocalFile&) = delete;
@@ -51,6 +55,7 @@ class LocalFile final : public SourceFile {
   const std::string& name() const override { return path_; }
   const FileIdentity& identity() const override { return identity_; }
   const std::string& local_path() const override { return path_; }
+  std::optional<FileAccess> access() const override { return access_; }
 
   Status Read(uint64_t offset, size_t length, void* out) const override {
     size_t done = 0;
@@ -72,6 +77,7 @@ class LocalFile final : public SourceFile {
   std::string path_;
   int fd_;
   FileIdentity identity_;
+  FileAccess access_;
 };
 
 // A local file mapped read-only; released pages are dropped (madvise), so a file read once
@@ -127,7 +133,7 @@ class LocalEnv final : public Env {
     int fd;
     struct stat st;
     CKPTFS_RETURN_IF_ERROR(OpenRegularFile(path, &fd, &st));
-    *out = std::make_unique<LocalFile>(path, fd, IdentityOf(st));
+    *out = std::make_unique<LocalFile>(path, fd, st);
     return Status::OK();
   }
 

@@ -37,6 +37,14 @@ Status OpenCatalog(const std::string& source, const SourceOptions& options, std:
 Status OpenSource(const std::string& source, const OpenRequest& request, OpenedSource* out) {
   std::shared_ptr<const Catalog> catalog;
   CKPTFS_RETURN_IF_ERROR(OpenCatalog(source, request.source, &catalog, &out->notes));
+  if (!catalog->not_served.empty()) {
+    // One line: a tree served in part says what it left out (`ckptfs info` lists each).
+    std::string line = source + ": not served: ";
+    for (size_t k = 0; k < catalog->not_served.size() && k < 3; ++k)
+      line += (k ? "; " : "") + catalog->not_served[k].first + " (" + catalog->not_served[k].second + ")";
+    if (catalog->not_served.size() > 3) line += " and " + std::to_string(catalog->not_served.size() - 3) + " more";
+    out->notes.push_back(std::move(line) + " (see ckptfs info)");
+  }
   if (request.stage == OpenStage::kServedTensors) return ApplyViewOptions(std::move(catalog), request.view, &out->served);
   // Parsing left freed memory in the heap (a million-tensor pickle's values, the catalog
   // reader's scratch): hand it back before the View's build allocates its own scratch on top

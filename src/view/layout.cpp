@@ -38,8 +38,16 @@ class ViewBuilder {
   View::NodeId AddEntry(View::NodeId parent, std::string name, bool is_dir);
   void AddLiteral(std::string bytes, uint64_t* pos);
   void FinishFile(View::NodeId id, uint64_t size, int64_t mtime_ns);
-  void AddModelFile(View::NodeId root, std::string name, const std::vector<uint32_t>& members);
-  void BuildModelFiles(View::NodeId root);
+  View::NodeId FolderAt(const std::string& path);
+  View::NodeId AddLiteralFile(const std::string& path, std::string content);
+  void AddModelFile(View::NodeId folder, const ModelComponent& model, std::string name,
+                    const std::vector<uint32_t>& members);
+  std::vector<std::vector<uint32_t>> SplitIntoShards(const std::vector<uint32_t>& members) const;
+  std::vector<std::vector<uint32_t>> SourceShards(const ModelComponent& model, const std::vector<uint32_t>& members,
+                                                  std::vector<std::string>* names) const;
+  void BuildModel(const ModelComponent& model, const std::vector<uint32_t>& members);
+  void BuildModelFiles();
+  void AddPassedFiles();
   Status SortTensorFiles();
   Status BuildManifest(View::NodeId manifest);
 
@@ -49,6 +57,10 @@ class ViewBuilder {
   View* view_;
   std::set<std::string> hidden_siblings_;
   std::map<std::string, std::string> renamed_siblings_;  // source name -> served name
+  std::map<std::string, View::NodeId> folder_nodes_;     // path -> folder node, but the root
+  std::vector<uint32_t> model_file_of_;                  // tensor index -> its model file
+  // Each model and the path of the file a loader opens (its weights file or shard index).
+  std::vector<std::pair<const ModelComponent*, std::string>> model_entries_;
 };
 
 // A source's own metadata.json (a Megatron step folder's: its backends and versions) is
@@ -86,10 +98,11 @@ void ViewBuilder::FinishFile(View::NodeId id, uint64_t size, int64_t mtime_ns) {
   n.segment_count = static_cast<uint32_t>(view_->impl_->segments_.size() - n.first_segment);
 }
 
-// One safetensors file holding `members` (tensor indices, served order). Only its data
-// order is settled here; its header and size are laid out on first need
-// (View::LayOutModelFiles).
-void ViewBuilder::AddModelFile(View::NodeId root, std::string name, const std::vector<uint32_t>& members) {
+// One safetensors file of model `model` holding `members` (tensor indices, served order),
+// in folder `folder`. Only its data order is settled here; its header and size are laid out
+// on first need (View::LayOutModelFiles).
+void ViewBuilder::AddModelFile(View::NodeId folder, const ModelComponent& model, std::string name,
+                               const std::vector<uint32_t>& members) {
   // Lay data out by descending item size (the reference writer's order), keeping served
   // order among equals: every tensor is then aligned to its element size.
   const ServedTensors& tensors = served_;
@@ -100,6 +113,8 @@ void ViewBuilder::AddModelFile(View::NodeId root, std::string name, const std::v
   for (size_t k = 0; k < members.size(); ++k) itemsizes[k] = static_cast<uint8_t>(std::min<uint64_t>(served_itemsize(members[k]), 255));
   View::Impl::ModelFile file;
   file.name = name;
+  file.folder = model.folder;
+  file.key_prefix = model.folder.empty() ? 0 : static_cast<uint32_t>(model.folder.size() + 1);
   std::vector<uint32_t>& order = file.members;
   order.reserve(members.size());
   for (uint64_t size = 16; size >= 1; size /= 2)
@@ -110,29 +125,66 @@ void ViewBuilder::AddModelFile(View::NodeId root, std::string name, const std::v
     std::stable_sort(order.begin(), order.end(),
                      [&](uint32_t a, uint32_t b) { return served_itemsize(a) > served_itemsize(b); });
   }
-  file.node = AddEntry(root, std::move(name), false);
+  const uint32_t index = static_cast<uint32_t>(view_->impl_->model_files_.size());
+  for (uint32_t i : members) model_file_of_[i] = index;
+  file.node = AddEntry(folder, std::move(name), false);
   View::Impl::Entry& entry = view_->impl_->entries_[file.node];
   entry.content = View::Impl::Content::kModelFile;
-  entry.model_file = static_cast<uint32_t>(view_->impl_->model_files_.size());
+  entry.model_file = index;
   view_->impl_->model_files_.push_back(std::move(file));
 }
 
-// model.safetensors, or with a shard size the Hugging Face layout: shards split in served
-// order as huggingface_hub's split_state_dict_into_shards does (a tensor over the limit
-// gets a shard of its own; tensors sharing storage follow the first one's shard and do not
-// count toward sizes), plus model.safetensors.index.json.
-void ViewBuilder::BuildModelFiles(View::NodeId root) {
-  const ServedTensors& tensors = served_;
-  std::vector<uint32_t> all(tensors.size());
-  std::iota(all.begin(), all.end(), 0);
-  if (options_.shard_size == 0) return AddModelFile(root, "model.safetensors", all);
+// The folder node at `path` of the tree ("" the root), made with the folders above it.
+View::NodeId ViewBuilder::FolderAt(const std::string& path) {
+  if (path.empty()) return View::kRoot;
+  if (auto it = folder_nodes_.find(path); it != folder_nodes_.end()) return it->second;
+  const size_t slash = path.rfind('/');
+  const View::NodeId parent = FolderAt(slash == std::string::npos ? "" : path.substr(0, slash));
+  const View::NodeId id = AddEntry(parent, path.substr(slash == std::string::npos ? 0 : slash + 1), true);
+  folder_nodes_.emplace(path, id);
+  return id;
+}
 
+// A file of `content` at `path` of the tree.
+View::NodeId ViewBuilder::AddLiteralFile(const std::string& path, std::string content) {
+  const size_t slash = path.rfind('/');
+  const View::NodeId folder = FolderAt(slash == std::string::npos ? "" : path.substr(0, slash));
+  const View::NodeId id = AddEntry(folder, path.substr(slash == std::string::npos ? 0 : slash + 1), false);
+  uint64_t pos = 0;
+  AddLiteral(std::move(content), &pos);
+  FinishFile(id, pos, view_->impl_->newest_mtime_);
+  return id;
+}
+
+// Each model's files in its folder: its weights file, or with a shard size (or the source's
+// own shards) the Hugging Face layout of shards named after its weights file and their index.
+void ViewBuilder::BuildModelFiles() {
+  const ServedTensors& tensors = served_;
+  const std::vector<ModelComponent>& models = tensors.components();
+  std::vector<std::vector<uint32_t>> members(models.size());
+  if (models.size() == 1) {
+    members[0].resize(tensors.size());
+    std::iota(members[0].begin(), members[0].end(), 0);
+  } else {
+    for (uint32_t i = 0; i < tensors.size(); ++i) members[tensors.ComponentOf(i)].push_back(i);
+  }
+  model_file_of_.assign(tensors.size(), 0);
+  for (size_t c = 0; c < models.size(); ++c) BuildModel(models[c], members[c]);
+  if (view_->impl_->model_files_.size() > 1) view_->impl_->model_file_of_ = std::move(model_file_of_);
+  model_file_of_ = {};
+}
+
+// Shards split in served order as huggingface_hub's split_state_dict_into_shards does (a
+// tensor over the limit gets a shard of its own; tensors sharing storage follow the first
+// one's shard and do not count toward sizes).
+std::vector<std::vector<uint32_t>> ViewBuilder::SplitIntoShards(const std::vector<uint32_t>& members) const {
+  const ServedTensors& tensors = served_;
   std::vector<std::vector<uint32_t>> shards;
   std::vector<uint32_t> current;
-  uint64_t current_size = 0, total_size = 0;
+  uint64_t current_size = 0;
   std::map<std::string, uint32_t> first_of_storage;  // storage id -> first tensor
   std::vector<uint32_t> followers;
-  for (uint32_t i = 0; i < tensors.size(); ++i) {
+  for (uint32_t i : members) {
     const ServedTensor t = tensors[i];
     const std::string& storage_id = t.storage_id();
     if (!storage_id.empty()) {
@@ -143,7 +195,6 @@ void ViewBuilder::BuildModelFiles(View::NodeId root) {
       first_of_storage[storage_id] = i;
     }
     const uint64_t size = t.nbytes();
-    total_size += size;
     if (size > options_.shard_size) {
       shards.push_back({i});
       continue;
@@ -166,25 +217,73 @@ void ViewBuilder::BuildModelFiles(View::NodeId root) {
       }
   }
   for (auto& shard : shards) std::sort(shard.begin(), shard.end());  // served order within a shard
-  if (shards.size() <= 1) return AddModelFile(root, "model.safetensors", all);
+  return shards;
+}
 
-  char name[64];
-  view_->impl_->model_file_of_.assign(tensors.size(), 0);
-  for (size_t k = 0; k < shards.size(); ++k) {
-    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
-    for (uint32_t i : shards[k]) view_->impl_->model_file_of_[i] = static_cast<uint32_t>(k);
-    AddModelFile(root, name, shards[k]);
+// The tensors of `members` in the source's shards (by the file their first box is in; a
+// tensor with no elements goes with the first shard), and the shards' served names.
+std::vector<std::vector<uint32_t>> ViewBuilder::SourceShards(const ModelComponent& model,
+                                                             const std::vector<uint32_t>& members,
+                                                             std::vector<std::string>* names) const {
+  std::map<uint32_t, size_t> shard_of_file;
+  for (size_t k = 0; k < model.source_shards.size(); ++k) shard_of_file[model.source_shards[k].first] = k;
+  std::vector<std::vector<uint32_t>> shards(model.source_shards.size());
+  for (uint32_t i : members) {
+    const TensorEntry* stored = nullptr;
+    size_t shard = 0;
+    if (served_[i].Stored(&stored).ok() && !stored->boxes.empty())
+      if (auto it = shard_of_file.find(stored->boxes[0].file); it != shard_of_file.end()) shard = it->second;
+    shards[shard].push_back(i);
+  }
+  std::vector<std::vector<uint32_t>> kept;
+  for (size_t k = 0; k < shards.size(); ++k)
+    if (!shards[k].empty()) {
+      kept.push_back(std::move(shards[k]));
+      names->push_back(model.source_shards[k].second);
+    }
+  return kept;
+}
+
+void ViewBuilder::BuildModel(const ModelComponent& model, const std::vector<uint32_t>& members) {
+  const View::NodeId folder = FolderAt(model.folder);
+  std::vector<std::vector<uint32_t>> shards;
+  std::vector<std::string> names;
+  std::string_view stem = model.weights_name;
+  if (stem.ends_with(kTensorFileSuffix)) stem.remove_suffix(kTensorFileSuffix.size());
+  if (options_.shard_size > 0) {
+    shards = SplitIntoShards(members);
+    char name[64];
+    for (size_t k = 0; k < shards.size(); ++k) {
+      std::snprintf(name, sizeof name, "-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+      names.push_back(std::string(stem) + name);
+    }
+  } else if (!model.source_shards.empty()) {
+    shards = SourceShards(model, members, &names);
+  }
+  auto in_folder = [&](const std::string& name) { return model.folder.empty() ? name : model.folder + "/" + name; };
+  if (shards.size() <= 1) {
+    model_entries_.emplace_back(&model, in_folder(model.weights_name));
+    return AddModelFile(folder, model, model.weights_name, members);
+  }
+
+  const size_t key_prefix = model.folder.empty() ? 0 : model.folder.size() + 1;
+  for (size_t k = 0; k < shards.size(); ++k) AddModelFile(folder, model, names[k], shards[k]);
+  uint64_t total_size = 0;
+  std::set<std::string_view> storages;  // tensors sharing storage count once
+  for (uint32_t i : members) {
+    const ServedTensor t = served_[i];
+    if (t.storage_id().empty() || storages.insert(t.storage_id()).second) total_size += t.nbytes();
   }
   json index;
   index["metadata"] = {{"total_size", total_size}};
   json weight_map = json::object();
-  for (size_t i = 0; i < tensors.size(); ++i)
-    weight_map[tensors[i].key()] = view_->impl_->model_files_[view_->impl_->model_file_of_[i]].name;
+  for (uint32_t i : members)
+    weight_map[std::string(served_[i].key().substr(key_prefix))] = view_->impl_->model_files_[model_file_of_[i]].name;
   index["weight_map"] = std::move(weight_map);
-  View::NodeId id = AddEntry(root, "model.safetensors.index.json", false);
-  uint64_t pos = 0;
-  AddLiteral(index.dump(2, ' ', false, json::error_handler_t::replace) + "\n", &pos);
-  FinishFile(id, pos, view_->impl_->newest_mtime_);
+  const std::string index_path = in_folder(model.weights_name + ".index.json");
+  model_entries_.emplace_back(&model, index_path);
+  view_->impl_->model_indexes_.push_back(
+      AddLiteralFile(index_path, index.dump(2, ' ', false, json::error_handler_t::replace) + "\n"));
 }
 
 // The tensors/ folder in file-name order, and the check that no two keys share a file
@@ -294,8 +393,13 @@ Status ViewBuilder::BuildManifest(View::NodeId id) {
                      {"size", catalog_.files->size(f)},
                      {"mtime_ns", catalog_.files->identity(f).mtime_ns}});
   m["source"] = {{"path", catalog_.source}, {"format", catalog_.format}, {"files", std::move(files)}};
-  // The file a loader opens: the single model file, or the shard index.
-  m["model_file"] = view_->impl_->model_files_.size() == 1 ? "model.safetensors" : "model.safetensors.index.json";
+  // The file a loader opens, for each model: its weights file, or its shards' index.
+  json components = json::array();
+  for (const auto& [model, opens] : model_entries_) {
+    if (model->folder.empty()) m["model_file"] = opens;
+    components.push_back({{"folder", model->folder}, {"format", model->format}, {"model_file", opens}});
+  }
+  if (model_entries_.size() > 1 || !m.contains("model_file")) m["components"] = std::move(components);
   // What the transforms record of themselves ("dtype", "root").
   for (const auto& [name, value] : served_.manifest_fields().items()) m[name] = value;
   if (options_.shard_size) m["shard_size"] = options_.shard_size;
@@ -339,7 +443,8 @@ void View::AppendManifestEntry(size_t index, const char* xxh3_hex, std::string* 
   bool shortened = false;
   AppendTensorSummary(text, t, &shortened);
   *text += ", \"model_file\": ";
-  AppendJsonString(text, impl_->model_files_[impl_->model_file_of_.empty() ? 0 : impl_->model_file_of_[index]].name);
+  const Impl::ModelFile& model_file = impl_->model_files_[impl_->model_file_of_.empty() ? 0 : impl_->model_file_of_[index]];
+  AppendJsonString(text, model_file.folder.empty() ? model_file.name : model_file.folder + "/" + model_file.name);
   *text += ", \"model_offsets\": [";
   const uint64_t begin = impl_->model_begin_[index];
   AppendDecimal(text, begin);
@@ -364,50 +469,20 @@ Status ViewBuilder::Build() {
     view_->impl_->newest_mtime_ = std::max(view_->impl_->newest_mtime_, catalog_.files->identity(f).mtime_ns);
   if (served_.size() >= (size_t{1} << 31))
     return Status::NotSupported(catalog_.source, "more than 2^31 tensors");
-  View::NodeId root = AddEntry(View::kRoot, "", true);
+  AddEntry(View::kRoot, "", true);  // the root
 
-  BuildModelFiles(root);
-  view_->impl_->tensors_dir_ = AddEntry(root, "tensors", true);
-  View::NodeId meta = AddEntry(root, "metadata.json", false);
+  for (const std::string& folder : served_.folders()) FolderAt(folder);
+  BuildModelFiles();
+  view_->impl_->tensors_dir_ = AddEntry(View::kRoot, "tensors", true);
+  View::NodeId meta = AddEntry(View::kRoot, "metadata.json", false);
   uint64_t pos = 0;
   AddLiteral(served_.metadata().dump(1, ' ', false, json::error_handler_t::replace) + "\n", &pos);
   FinishFile(meta, pos, view_->impl_->newest_mtime_);
-  // Files a transform made (a key map's config.json): they win over siblings of their names.
-  for (const auto& [name, content] : served_.added_files()) {
-    View::NodeId id = AddEntry(root, name, false);
-    uint64_t at = 0;
-    AddLiteral(content, &at);
-    FinishFile(id, at, view_->impl_->newest_mtime_);
-  }
-
-  std::set<std::string> ours = {"tensors", "metadata.json", "manifest.json"};
-  for (View::NodeId c : view_->impl_->entries_[root].children) ours.insert(view_->impl_->entries_[c].name);
-  auto base_name = [&](uint32_t f) {
-    const std::string& path = catalog_.files->path(f);
-    return path.substr(path.rfind('/') + 1);
-  };
-  std::set<std::string> sibling_names;
-  for (uint32_t f : catalog_.sibling_files) sibling_names.insert(base_name(f));
-  for (uint32_t f : catalog_.sibling_files) {
-    std::string name = base_name(f);
-    // A sibling that has the new name itself keeps it; the renamed one is then hidden.
-    if (name == "metadata.json" && !sibling_names.count(kSourceMetadataName) && !ours.count(kSourceMetadataName)) {
-      renamed_siblings_[name] = kSourceMetadataName;
-      name = kSourceMetadataName;
-    }
-    if (ours.count(name)) {
-      hidden_siblings_.insert(name);  // the generated file of that name wins
-      continue;
-    }
-    View::NodeId id = AddEntry(root, name, false);
-    Segment seg;
-    seg.kind = Segment::Kind::kExtent;
-    seg.ref = f;
-    seg.length = catalog_.files->size(f);
-    if (seg.length > 0) view_->impl_->segments_.push_back(seg);
-    FinishFile(id, seg.length, catalog_.files->identity(f).mtime_ns);
-  }
-  View::NodeId manifest = AddEntry(root, "manifest.json", false);
+  // Files a transform made (a key map's config.json, a config saying the served dtype): they
+  // win over passed files at their paths.
+  for (const auto& [path, content] : served_.added_files()) AddLiteralFile(path, content);
+  AddPassedFiles();
+  View::NodeId manifest = AddEntry(View::kRoot, "manifest.json", false);
   view_->impl_->manifest_ = manifest;
   // Every held node is in place: the per-tensor files' ids follow.
   view_->impl_->first_tensor_file_ = static_cast<View::NodeId>(view_->impl_->entries_.size());
@@ -419,6 +494,43 @@ Status ViewBuilder::Build() {
   }
   // Last: with checksums it reads every tensor file through the finished tree.
   return BuildManifest(manifest);
+}
+
+// The source files served unchanged, each at its path unless a file the view makes has that
+// path (the generated one wins; the root's are listed in manifest.json). A source's own
+// metadata.json at the root is served as metadata.source.json.
+void ViewBuilder::AddPassedFiles() {
+  std::set<std::string> ours = {"tensors", "metadata.json", "manifest.json"};
+  const std::vector<View::Impl::Entry>& entries = view_->impl_->entries_;
+  for (View::NodeId id = 1; id < entries.size(); ++id) {
+    if (entries[id].is_dir) continue;
+    std::string path = entries[id].name;
+    for (View::NodeId up = entries[id].parent; up != View::kRoot; up = entries[up].parent) path = entries[up].name + "/" + path;
+    ours.insert(std::move(path));
+  }
+  std::set<std::string> passed_paths;
+  for (const PassedFile& p : served_.passed_files()) passed_paths.insert(p.path);
+  for (const PassedFile& p : served_.passed_files()) {
+    std::string path = p.path;
+    // A sibling that has the new name itself keeps it; the renamed one is then hidden.
+    if (path == "metadata.json" && !passed_paths.count(kSourceMetadataName) && !ours.count(kSourceMetadataName)) {
+      renamed_siblings_[path] = kSourceMetadataName;
+      path = kSourceMetadataName;
+    }
+    if (ours.count(path) || (path.find('/') != std::string::npos && ours.count(path.substr(0, path.find('/'))))) {
+      hidden_siblings_.insert(path);  // the generated file of that path wins
+      continue;
+    }
+    const size_t slash = path.rfind('/');
+    const View::NodeId folder = FolderAt(slash == std::string::npos ? "" : path.substr(0, slash));
+    View::NodeId id = AddEntry(folder, path.substr(slash == std::string::npos ? 0 : slash + 1), false);
+    Segment seg;
+    seg.kind = Segment::Kind::kExtent;
+    seg.ref = p.file;
+    seg.length = catalog_.files->size(p.file);
+    if (seg.length > 0) view_->impl_->segments_.push_back(seg);
+    FinishFile(id, seg.length, catalog_.files->identity(p.file).mtime_ns);
+  }
 }
 
 json TensorSummary(const ServedTensor& t) {

@@ -20,8 +20,9 @@ namespace {
 // entry), so a piece is a little more than a typical read.
 constexpr uint32_t kEntriesPerPiece = 1024;
 
-void FillHeaderEntry(const ServedTensor& t, uint64_t data_begin, HeaderEntry* e) {
-  e->key = t.key();
+// `key_prefix`: the bytes of the key that name the model's folder, left out of its file.
+void FillHeaderEntry(const ServedTensor& t, size_t key_prefix, uint64_t data_begin, HeaderEntry* e) {
+  e->key = t.key().substr(key_prefix);
   ServedDTypeAndShape(t, &e->dtype, &e->shape);
   e->begin = data_begin;
   e->end = data_begin + t.nbytes();
@@ -43,7 +44,7 @@ void View::LayOutModelFiles() const {
       if (k % kEntriesPerPiece == 0 && k > 0) f.pieces.push_back(Impl::HeaderPiece{k, pos});
       if (k == 0) f.pieces.push_back(Impl::HeaderPiece{0, 0});
       const ServedTensor t = tensors[f.members[k]];
-      FillHeaderEntry(t, data, &e);
+      FillHeaderEntry(t, f.key_prefix, data, &e);
       scratch.clear();
       AppendSafetensorsHeaderEntry(e, &scratch);
       pos += scratch.size();
@@ -72,7 +73,7 @@ void View::MakeHeaderPiece(size_t file, size_t p, std::string* out) const {
   HeaderEntry e;
   for (uint32_t k = first; k < end; ++k) {
     const uint32_t i = f.members[k];
-    FillHeaderEntry(impl_->served_[i], impl_->model_begin_[i] - f.header_size, &e);
+    FillHeaderEntry(impl_->served_[i], f.key_prefix, impl_->model_begin_[i] - f.header_size, &e);
     AppendSafetensorsHeaderEntry(e, out);
   }
   if (p + 1 == f.pieces.size()) {

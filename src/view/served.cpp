@@ -61,7 +61,48 @@ ServedTensors::ServedTensors(std::shared_ptr<const Catalog> source)
     : source_(std::move(source)),
       // Aliasing pointers: they keep the catalog alive and point into it (no copy).
       stored_(source_, &source_->tensors),
-      metadata_(source_, &source_->metadata) {}
+      metadata_(source_, &source_->metadata) {
+  components_ = source_->components;
+  if (components_.empty()) {
+    ModelComponent whole;
+    whole.format = source_->format;
+    components_.push_back(std::move(whole));
+  }
+  const std::vector<uint32_t>& siblings = source_->sibling_files;
+  const std::vector<std::string>& paths = source_->sibling_paths;
+  passed_files_.reserve(siblings.size());
+  for (size_t k = 0; k < siblings.size(); ++k) {
+    std::string path;
+    if (paths.size() == siblings.size()) {
+      path = paths[k];
+    } else {
+      const std::string& whole = source_->files->path(siblings[k]);
+      path = whole.substr(whole.rfind('/') + 1);
+    }
+    passed_files_.push_back(PassedFile{std::move(path), siblings[k]});
+  }
+  folders_ = source_->folders;
+}
+
+size_t ServedTensors::ComponentOf(size_t i) const {
+  if (components_.size() == 1 && components_[0].folder.empty()) return 0;
+  // The component whose folder is the longest one the key starts with (then "/"); the
+  // root's, "", when none.
+  const std::string_view k = key(i);
+  size_t best = components_.size(), best_length = 0;
+  for (size_t c = 0; c < components_.size(); ++c) {
+    const std::string& folder = components_[c].folder;
+    if (folder.empty()) {
+      if (best == components_.size()) best = c;
+      continue;
+    }
+    if (folder.size() >= best_length && k.size() > folder.size() && k[folder.size()] == '/' && k.starts_with(folder)) {
+      best = c;
+      best_length = folder.size();
+    }
+  }
+  return best == components_.size() ? 0 : best;
+}
 
 size_t ServedTensors::size() const {
   if (deferred_) return deferred_->deferred.key_end.size();
@@ -178,8 +219,20 @@ void ServedTensorsEditor::SetMetadata(nlohmann::json metadata) {
   s_.metadata_ = std::make_shared<const nlohmann::json>(std::move(metadata));
 }
 
-void ServedTensorsEditor::AddFile(std::string name, std::string content) {
-  s_.added_files_.emplace_back(std::move(name), std::move(content));
+void ServedTensorsEditor::AddFile(std::string path, std::string content) {
+  for (auto& [at, old] : s_.added_files_)
+    if (at == path) {
+      old = std::move(content);
+      return;
+    }
+  s_.added_files_.emplace_back(std::move(path), std::move(content));
+}
+
+void ServedTensorsEditor::SetTree(std::vector<ModelComponent> components, std::vector<PassedFile> passed,
+                                  std::vector<std::string> folders) {
+  s_.components_ = std::move(components);
+  s_.passed_files_ = std::move(passed);
+  s_.folders_ = std::move(folders);
 }
 
 }  // namespace ckptfs

@@ -30,8 +30,12 @@ class ServedTensorsEditor {
   // before are not served any more, and each entry is checked for the sub-box invariant when
   // it is made (CheckServedEntry).
   void ReplaceDeferred(DeferredTensors deferred);
-  // A file added at the root (a key map's config.json); it hides a sibling file of that name.
-  void AddFile(std::string name, std::string content);
+  // A file added at `path` of the tree (a key map's config.json, a rewritten config); it
+  // hides a passed file at that path, and replaces a file added there before.
+  void AddFile(std::string path, std::string content);
+  // The models, passed files and folders of the tree (a selection of one component).
+  void SetTree(std::vector<ModelComponent> components, std::vector<PassedFile> passed,
+               std::vector<std::string> folders);
   // Tensor i is served as `dtype`.
   void SetDType(size_t i, DType dtype);
   // The metadata served (metadata.json).

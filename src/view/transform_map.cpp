@@ -50,6 +50,11 @@ class MapTransform final : public Transform {
     deferred.make = std::move(mapped.make);
     deferred.transform = "map";
     ServedTensorsEditor edit(served);
+    // The mapped tensors are one Hugging Face model, served at the root as model.safetensors
+    // whatever the source's weight files were named.
+    ModelComponent model;
+    model.format = served->source().format;
+    edit.SetTree({std::move(model)}, served->passed_files(), served->folders());
     edit.ReplaceDeferred(std::move(deferred));
     for (auto& [name, content] : mapped.files) edit.AddFile(name, std::move(content));
     (*edit.mutable_manifest_fields())["map"] = std::move(mapped.record);

@@ -12,6 +12,8 @@ class RootTransform : public Transform {
   explicit RootTransform(std::string root) : root_(std::move(root)) {}
 
   Status Apply(ServedTensors* served) const override {
+    for (const ModelComponent& model : served->components())
+      if (model.folder == root_) return SelectFolder(served);
     const std::string prefix = root_ + ".";
     std::vector<TensorEntry> kept;
     std::vector<uint32_t> from;
@@ -33,7 +35,11 @@ class RootTransform : public Transform {
       }
       std::string list;
       for (const auto& top : tops) list += (list.empty() ? "" : ", ") + top;
-      return Status::InvalidArgument("root=" + root_, "no tensor keys start with '" + prefix + "'; top-level prefixes: " + list);
+      std::string folders;
+      for (const ModelComponent& model : served->components())
+        if (!model.folder.empty()) folders += (folders.empty() ? "" : ", ") + model.folder;
+      return Status::InvalidArgument("root=" + root_, "no tensor keys start with '" + prefix + "'; top-level prefixes: " + list +
+                                                        (folders.empty() ? "" : "; model folders: " + folders));
     }
     ServedTensorsEditor edit(served);
     edit.Replace(std::move(kept), from);
@@ -43,6 +49,53 @@ class RootTransform : public Transform {
   }
 
  private:
+  // root= names a model folder of the tree (unet of a pipeline): that folder is served as the
+  // tree, as if it were the source, its tensors' keys without the folder.
+  Status SelectFolder(ServedTensors* served) const {
+    const std::string prefix = root_ + "/";
+    auto under = [&](const std::string& path, std::string* rest) {
+      if (!path.starts_with(prefix)) return false;
+      *rest = path.substr(prefix.size());
+      return true;
+    };
+    std::vector<TensorEntry> kept;
+    std::vector<uint32_t> from;
+    for (size_t i = 0; i < served->size(); ++i) {
+      const std::string_view key = (*served)[i].key();
+      if (!key.starts_with(prefix)) continue;
+      const TensorEntry* entry = nullptr;
+      CKPTFS_RETURN_IF_ERROR((*served)[i].Stored(&entry));
+      TensorEntry copy = *entry;
+      copy.key = entry->key.substr(prefix.size());
+      kept.push_back(std::move(copy));
+      from.push_back(static_cast<uint32_t>(i));
+    }
+    std::vector<ModelComponent> models;
+    for (const ModelComponent& model : served->components()) {
+      std::string rest;
+      if (model.folder == root_) rest.clear();
+      else if (!under(model.folder, &rest)) continue;
+      ModelComponent m = model;
+      m.folder = rest;
+      models.push_back(std::move(m));
+    }
+    std::vector<PassedFile> passed;
+    for (const PassedFile& file : served->passed_files())
+      if (std::string rest; under(file.path, &rest)) passed.push_back(PassedFile{rest, file.file});
+    std::vector<std::string> folders;
+    for (const std::string& folder : served->folders())
+      if (std::string rest; under(folder, &rest)) folders.push_back(rest);
+    nlohmann::json metadata = nlohmann::json::object();
+    const nlohmann::json& all = served->metadata();
+    if (all.contains("components") && all["components"].contains(root_)) metadata = all["components"][root_]["metadata"];
+    ServedTensorsEditor edit(served);
+    edit.Replace(std::move(kept), from);
+    edit.SetTree(std::move(models), std::move(passed), std::move(folders));
+    edit.SetMetadata(std::move(metadata));
+    (*edit.mutable_manifest_fields())["root"] = root_;
+    return Status::OK();
+  }
+
   // The node of `metadata` at the root's path (its dot-separated parts as object keys), or
   // an empty object when the metadata does not nest that way.
   nlohmann::json Narrowed(const nlohmann::json& metadata) const {

@@ -177,6 +177,21 @@ std::optional<View::NodeId> View::Lookup(std::string_view path) const {
   return id;
 }
 
+std::optional<uint32_t> View::PassedSourceFile(NodeId id) const {
+  if (id >= impl_->entries_.size()) return std::nullopt;
+  const Impl::Entry& e = impl_->entries_[id];
+  if (e.is_dir || e.content != Impl::Content::kSegments || e.segment_count != 1) return std::nullopt;
+  const Segment& seg = impl_->segments_[e.first_segment];
+  if (seg.kind != Segment::Kind::kExtent) return std::nullopt;
+  return seg.ref;
+}
+
+bool View::IsModelFile(NodeId id) const {
+  if (id >= impl_->entries_.size()) return false;
+  return impl_->entries_[id].content == Impl::Content::kModelFile ||
+         std::find(impl_->model_indexes_.begin(), impl_->model_indexes_.end(), id) != impl_->model_indexes_.end();
+}
+
 std::string View::PathOf(NodeId id) const {
   std::string path;
   while (id != kRoot) {

@@ -51,7 +51,9 @@ struct View::Impl {
   // One safetensors model file (model.safetensors or a shard). Its header and the places of
   // its tensors are laid out on first need (LayOutModelFiles), under model_once_.
   struct ModelFile {
-    std::string name;
+    std::string name;    // in its folder
+    std::string folder;  // its model's folder ("" the root)
+    uint32_t key_prefix = 0;  // bytes of its keys that name that folder ("unet/"), not in its header
     NodeId node = kRoot;
     std::vector<uint32_t> members;     // tensor indices in data order (descending item size)
     std::vector<HeaderPiece> pieces;   // laid out
@@ -67,9 +69,10 @@ struct View::Impl {
   std::vector<uint32_t> tensor_file_order_;  // tensor indices in file-name order
   int64_t newest_mtime_ = 0;
 
-  // Model files. model_file_of_ is empty when there is one model file.
+  // Model files and their indexes. model_file_of_ is empty when there is one model file.
   std::vector<uint32_t> model_file_of_;      // tensor index -> its model file
   mutable std::vector<ModelFile> model_files_;
+  std::vector<NodeId> model_indexes_;
   mutable std::vector<uint64_t> model_begin_;  // tensor index -> where its bytes start in its model file
   mutable std::once_flag model_once_;
 

@@ -64,8 +64,18 @@ def verify_export(run_ckptfs, ls_json, export_source):
             assert entry["nbytes"] == served.numel() * served.element_size(), key
 
         out = export_source(source)
-        model = out / "model.safetensors"
-        check_safetensors_file(model, want)
+        # The model file a loader opens (manifest.json): model.safetensors, or the source's
+        # own shards and index for a sharded folder (doc/MOUNT.md, "Weight file names").
+        model_file = json.loads((out / "manifest.json").read_text())["model_file"]
+        model_files = [model_file]
+        if model_file.endswith(".index.json"):
+            weight_map = json.loads((out / model_file).read_text())["weight_map"]
+            assert set(weight_map) == set(want), f"{model_file} maps other keys"
+            for shard in sorted(set(weight_map.values())):
+                check_safetensors_file(out / shard, {k: want[k] for k, s in weight_map.items() if s == shard})
+                model_files.append(shard)
+        else:
+            check_safetensors_file(out / model_file, want)
 
         # Each per-tensor file holds exactly its one tensor, under its key.
         for key, entry in by_key.items():
@@ -75,7 +85,7 @@ def verify_export(run_ckptfs, ls_json, export_source):
         assert on_disk == listed, "tensors/ differs from the files ls --json names"
 
         # cat serves the same bytes that export wrote.
-        for vpath in ("model.safetensors", "manifest.json", "metadata.json"):
+        for vpath in (*model_files, "manifest.json", "metadata.json"):
             catted = run_ckptfs("cat", source, vpath).stdout
             assert catted == (out / vpath).read_bytes(), f"cat {vpath} != exported {vpath}"
 

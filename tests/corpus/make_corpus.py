@@ -1122,6 +1122,42 @@ def _(p):
                                               "c": "model-00001-of-00001.safetensors", "zz": "model-00001-of-00001.safetensors"}})
 
 
+# Folders with subfolders (the folders reader): a tree whose parts contradict each other, or
+# whose model is damaged, is refused whole.
+@case("tree-key-in-model-folder/", "a top-level tensor key that starts with a model subfolder's path",
+      r"tensor 'unet/a' would be served in the model folder unet/: its key starts with that folder's path")
+def _(p):
+    import torch
+    from safetensors.torch import save
+
+    (p / "unet").mkdir(parents=True)
+    (p / "model.safetensors").write_bytes(save({"unet/a": torch.ones(2)}, metadata={"format": "pt"}))
+    (p / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(ST)
+
+
+@case("tree-cut-component/", "a pipeline whose unet/ weights file is cut short",
+      r"diffusion_pytorch_model\.safetensors: safetensors: tensors cover \d+ bytes but the data buffer holds \d+")
+def _(p):
+    (p / "unet").mkdir(parents=True)
+    (p / "model_index.json").write_text('{"_class_name": "LDMPipeline", "unet": ["diffusers", "UNet2DModel"]}\n')
+    (p / "unet" / "config.json").write_text("{}\n")
+    (p / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(ST[:-5])
+
+
+# A pickled nn.Module whose state_dict() depends on running a hook.
+@case("module-state-dict-hook.pt", "a pickled module with a state_dict hook",
+      r"'0'.*_state_dict_hooks")
+def _(p):
+    import functools
+
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    net[0]._register_state_dict_hook(functools.partial(print))
+    torch.save(net, p)
+
+
 # =============================================================================================
 # DeepSpeed ZeRO: metadata that disagrees with the rank files
 # =============================================================================================

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import ckptfs
-from ckptfs_testlib import assert_bitwise_equal
+from ckptfs_testlib import assert_bitwise_equal, served_model_tensors
 from device_sources import DTYPES, KINDS
 
 # The whole suite drives libckptfs.so through the ckptfs package.
@@ -28,14 +28,12 @@ def _dtype_args(dtype):
 
 @pytest.fixture(scope="session")
 def view_tensors(run_ckptfs, sources, tmp_path_factory):
-    """view_tensors(name, dtype) -> {key: tensor} of `ckptfs cat SRC model.safetensors`."""
+    """view_tensors(name, dtype) -> {key: tensor} of the view's model file (or shards), by `ckptfs cat`."""
     cache = {}
 
     def get(name, dtype):
         if (name, dtype) not in cache:
-            out = tmp_path_factory.mktemp("cat") / "model.safetensors"
-            out.write_bytes(run_ckptfs("cat", *_dtype_args(dtype), sources[name][0], "model.safetensors").stdout)
-            cache[name, dtype] = load_file(out)
+            cache[name, dtype] = served_model_tensors(run_ckptfs, sources[name][0], *_dtype_args(dtype))
         return cache[name, dtype]
 
     return get

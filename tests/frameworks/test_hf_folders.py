@@ -82,7 +82,26 @@ def test_folder_serves_what_the_tool_loads(name, case_dir, run_ckptfs, tmp_path)
     out = tmp_path / "new" / "parents" / "out"
     run_ckptfs("export", checkpoint, out)
 
-    served = load_file(out / "model.safetensors")
+    # Served under the names the tool's loader looks for (doc/MOUNT.md, "Weight file names"):
+    # an adapter as adapter_model.safetensors, a sharded folder in its own shards and index.
+    manifest = json.loads((out / "manifest.json").read_text())
+    want_file = ("adapter_model.safetensors" if name.startswith("peft") else
+                 "model.safetensors.index.json" if name.startswith("sharded") else "model.safetensors")
+    assert manifest["model_file"] == want_file, f"{name}: the model is served as {manifest['model_file']}"
+    generated = {want_file}
+    if want_file.endswith(".index.json"):
+        index = json.loads((out / want_file).read_text())
+        shards = sorted(set(index["weight_map"].values()))
+        source_shards = sorted(w for w in record["weights"] if not w.endswith(".index.json"))
+        assert shards == [w.replace("pytorch_model", "model").replace(".bin", ".safetensors") for w in source_shards]
+        generated.update(shards)
+        served = {}
+        for shard in shards:
+            part = load_file(out / shard)
+            assert all(index["weight_map"][k] == shard for k in part), f"{name}: {shard} and the index disagree"
+            served.update(part)
+    else:
+        served = load_file(out / want_file)
     assert sorted(served) == sorted(record["keys"]), f"{name}: served keys differ from the weight files' keys"
     assert not [k for k in served if k.startswith(OPTIMIZER_PREFIXES)], f"{name}: optimizer state served as weights"
     reference = load_file(case / "reference.safetensors")
@@ -91,9 +110,9 @@ def test_folder_serves_what_the_tool_loads(name, case_dir, run_ckptfs, tmp_path)
         assert_bitwise_equal(tensor, reference[key], f"{name}: {key}")
 
     # Every other file of the folder, byte for byte; the weight files and indexes are not (a
-    # model.safetensors among them is the generated one, compared above).
+    # file of a generated name among them is the generated one, compared above).
     for source in checkpoint.iterdir():
-        if source.name == "model.safetensors" and source.name in record["weights"]:
+        if source.name in generated:
             continue
         if source.name in record["weights"] or source.name.endswith(".index.json"):
             assert not (out / source.name).exists(), f"{name}: {source.name} is read as weights, not passed through"
@@ -129,18 +148,30 @@ def test_optimizer_state_is_in_the_trainer_folder(case_dir):
 
 
 @pytest.mark.parametrize("name", ["trainer-bin", "trainer"])
-def test_output_dir_with_checkpoints_in_subfolders_is_refused(name, case_dir, run_ckptfs):
-    record, checkpoint = case_info(case_dir(name))
-    output_dir = case_dir(name) / record["output_dir"]
-    for command in ("ls", "info"):
-        done = run_ckptfs(command, output_dir, check=False)
-        assert done.returncode == 1, done
-        err = done.stderr.decode().strip()
-        assert len(err.splitlines()) == 1, err
-        assert str(output_dir) in err and "no checkpoint at the top level" in err
-        assert "model.safetensors" in err and "pytorch_model.bin" in err, "the line must say what was looked for"
-        assert f"subfolders holding checkpoint files: {checkpoint.name}/" in err, err
-        assert done.stdout == b""
+def test_output_dir_is_served_as_the_folder_it_is(name, case_dir, run_ckptfs, tmp_path):
+    """A Trainer's output_dir holds its checkpoints in checkpoint-N/ subfolders: each is a model
+    served in its own folder, its keys under checkpoint-N/ in listings."""
+    case = case_dir(name)
+    record, checkpoint = case_info(case)
+    output_dir = case / record["output_dir"]
+    listed = ls_json_of(run_ckptfs, output_dir)
+    assert sorted(listed) == sorted(f"{checkpoint.name}/{k}" for k in record["keys"])
+    info = json.loads(run_ckptfs("info", "--json", output_dir).stdout)
+    assert [m["folder"] for m in info["models"]] == [checkpoint.name]
+    out = tmp_path / "out"
+    run_ckptfs("export", output_dir, out)
+    served = load_file(out / checkpoint.name / "model.safetensors")
+    reference = load_file(case / "reference.safetensors")
+    assert sorted(served) == sorted(record["keys"])
+    for key, tensor in served.items():
+        assert_bitwise_equal(tensor, reference[key], f"{name}: {key}")
+    for source in checkpoint.iterdir():
+        if source.name not in record["weights"]:
+            assert (out / checkpoint.name / source.name).read_bytes() == source.read_bytes(), source.name
+
+
+def ls_json_of(run_ckptfs, source) -> list:
+    return [t["key"] for t in json.loads(run_ckptfs("ls", "--json", source).stdout)]
 
 
 def test_folder_of_training_state_only_is_refused(case_dir, run_ckptfs, tmp_path):

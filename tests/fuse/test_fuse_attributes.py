@@ -125,8 +125,9 @@ def test_folder_mtimes_follow_their_source_files(mounts, tmp_path):
     assert mt("config.json") == mtimes["config.json"]
     assert (mnt / "config.json").read_text() == '{"model_type": "test"}\n'
     newest = max(os.stat(folder / n).st_mtime_ns for n in mtimes)
-    assert mt("model.safetensors") >= mtimes["model-00002-of-00002.safetensors"]
-    assert mt("model.safetensors") <= newest
+    for shard in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"):
+        assert mt(shard) >= mtimes["model-00002-of-00002.safetensors"]
+        assert mt(shard) <= newest
 
 
 def test_readdir_is_sorted(training_ckpt, mounts):

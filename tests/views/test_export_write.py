@@ -1,5 +1,5 @@
-"""`ckptfs export --write PARTS`: what export writes. By default the model (model.safetensors,
-or with --shard-size the Hugging Face shards and their index) and the small files
+"""`ckptfs export --write PARTS`: what export writes. By default the model (its weights file,
+here the folder's weights.safetensors, or with --shard-size the shards and their index) and the small files
 (manifest.json, metadata.json, the source folder's other files); `tensors` adds tensors/,
 `all` writes the whole tree as a mount shows it. Every part written is byte for byte the
 mount's file of the same name, and nothing else is written."""
@@ -31,8 +31,12 @@ def folder(tmp_path_factory):
 
 
 def model_part(files: dict) -> set:
-    return {p for p in files if p == "model.safetensors" or p == "model.safetensors.index.json"
-            or (p.startswith("model-") and p.endswith(".safetensors"))}
+    """The model file a loader opens (manifest.json's model_file: the source's weights file
+    name, or a shard index) and the shards its index names."""
+    model_file = json.loads(files["manifest.json"])["model_file"]
+    if not model_file.endswith(".index.json"):
+        return {model_file}
+    return {model_file, *json.loads(files[model_file])["weight_map"].values()}
 
 
 def small_part(files: dict) -> set:
@@ -75,7 +79,7 @@ def test_write_selects_parts(parts, want, options, folder, whole_tree, run_ckptf
               "tensors": {p for p in whole if p.startswith("tensors/")}}
     assert all(groups.values()), f"the whole tree lacks a part: {groups}"
     if options:
-        assert "model.safetensors.index.json" in groups["model"] and len(groups["model"]) > 2, sorted(whole)
+        assert "weights.safetensors.index.json" in groups["model"] and len(groups["model"]) > 2, sorted(whole)
     out = tmp_path / "out"
     run_ckptfs("export", *(["--write", parts] if parts else []), *options, folder[0], out)
     got = read_tree(out)
@@ -101,14 +105,15 @@ def test_default_export_loads(folder, run_ckptfs, tmp_path):
     root, state = folder
     out = tmp_path / "out"
     run_ckptfs("export", root, out)
-    loaded = load_file(out / "model.safetensors")
+    # served under the folder's own weights file name
+    loaded = load_file(out / "weights.safetensors")
     assert set(loaded) == set(state)
     for key, tensor in state.items():
         assert torch.equal(loaded[key], tensor), key
     for name, data in SIDE_FILES.items():
         assert (out / name).read_bytes() == data, name
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["model_file"] == "model.safetensors"
+    assert manifest["model_file"] == "weights.safetensors"
 
 
 @pytest.mark.parametrize("bad", ["weights", "model,", "", "model;tensors", "none"])
@@ -129,7 +134,7 @@ def test_write_is_export_only(folder, run_ckptfs):
 def test_export_creates_missing_parent_folders(folder, run_ckptfs, tmp_path):
     out = tmp_path / "not" / "yet" / "there" / "out"
     run_ckptfs("export", folder[0], out)
-    served = load_file(out / "model.safetensors")
+    served = load_file(out / "weights.safetensors")
     assert sorted(served) == sorted(folder[1])
     assert (out / "config.json").read_bytes() == SIDE_FILES["config.json"]
 

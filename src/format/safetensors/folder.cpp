@@ -198,6 +198,52 @@ Status NoCheckpointHere(Env& env, const std::string& dir, const std::vector<std:
   return Status::InvalidArgument(dir, what);
 }
 
+// The name the safetensors counterpart of weight file `name` is served under, by the names
+// loaders look for: a safetensors file keeps its own; a torch file of a loader's stem gets
+// that loader's safetensors name (pytorch_model*.bin -> model*.safetensors, adapter_model.bin
+// -> adapter_model.safetensors, diffusion_pytorch_model*.bin ->
+// diffusion_pytorch_model*.safetensors); any other torch file has none ("").
+std::string ServedWeightName(std::string_view name) {
+  if (IsSafetensors(name)) return std::string(name);
+  std::string_view stem = name;
+  for (std::string_view suffix : {".bin", ".pt", ".pth"})
+    if (EndsWith(stem, suffix)) {
+      stem.remove_suffix(suffix.size());
+      break;
+    }
+  if (stem.size() == name.size()) return "";
+  std::string served(stem);
+  if (stem.starts_with("pytorch_model")) served = "model" + served.substr(std::string_view("pytorch_model").size());
+  for (std::string_view known : {"model", "adapter_model", "diffusion_pytorch_model"})
+    if (served == known || (served.starts_with(known) && served[known.size()] == '-')) return served + ".safetensors";
+  return "";
+}
+
+// How the folder's weights are served (doc/MOUNT.md, "Weight file names"): under the name
+// their loader looks for, in the source's shards when it has several named by an index.
+ModelComponent ServedComponent(Catalog& catalog, const std::string& dir, const std::string& index,
+                               const std::vector<std::string>& weights) {
+  ModelComponent c;
+  c.format = catalog.format;
+  std::string named;
+  if (!index.empty()) named = ServedWeightName(index.substr(0, index.size() - std::string_view(".index.json").size()));
+  else if (weights.size() == 1) named = ServedWeightName(weights.front());
+  if (named.empty()) return c;  // model.safetensors
+  c.weights_name = named;
+  if (index.empty() || weights.size() < 2) return c;
+  std::set<std::string> taken = {named};
+  std::vector<std::pair<uint32_t, std::string>> shards;
+  for (const std::string& w : weights) {
+    const std::string served = ServedWeightName(w);
+    uint32_t file = 0;  // read already: Add gives its index
+    // A shard with no name of the loader's: the model is served whole under `named`.
+    if (served.empty() || !catalog.files->Add(JoinPath(dir, w), &file).ok() || !taken.insert(served).second) return c;
+    shards.emplace_back(file, served);
+  }
+  c.source_shards = std::move(shards);
+  return c;
+}
+
 }  // namespace
 
 Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const ReadLimits& limits,
@@ -269,6 +315,7 @@ Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const Read
 
   std::unordered_set<std::string> used(weights.begin(), weights.end());
   catalog->metadata["folder"] = DescribeFolderFiles(names, chosen, used);
+  catalog->components = {ServedComponent(*catalog, dir, index_used, weights)};
   return AddSiblingFiles(dir, names,
                          [&used](const std::string& n) { return used.count(n) > 0 || IsWeightIndexName(n); }, catalog);
 }
