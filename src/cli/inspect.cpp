@@ -182,11 +182,15 @@ int RunInfo(const Args& args) {
                    {"map_file", m["map_file"]}, {"model_config_source", m["model_config_source"]},
                    {"key_prefix", m["key_prefix"]}, {"model_config_from_tensors", m["model_config_from_tensors"]}};
   }
-  json models = json::array();
-  for (const ModelComponent& m : served.components())
-    models.push_back({{"folder", m.folder}, {"format", m.format}, {"weights_name", m.weights_name},
-                      {"source_shards", !m.source_shards.empty()}});
-  info["models"] = std::move(models);
+  // A tree's models, each in its folder (a source that is one model at its root has none).
+  const bool tree = served.components().size() > 1 || !served.components()[0].folder.empty();
+  if (tree) {
+    json models = json::array();
+    for (const ModelComponent& m : served.components())
+      models.push_back({{"folder", m.folder}, {"format", m.format}, {"weights_name", m.weights_name},
+                        {"source_shards", !m.source_shards.empty()}});
+    info["models"] = std::move(models);
+  }
   if (!catalog->not_served.empty()) {
     info["not_served"] = json::array();
     for (const auto& [path, why] : catalog->not_served) info["not_served"].push_back({{"path", path}, {"why", why}});
@@ -228,10 +232,9 @@ int RunInfo(const Args& args) {
   for (uint32_t f = 0; f < catalog->files->count(); ++f)
     text += "  " + catalog->files->path(f) + "  (" + std::to_string(catalog->files->size(f)) + " bytes)\n";
   // A tree's models, each in its folder, and what it did not serve.
-  const ServedTensors& tree = served;
-  if (tree.components().size() > 1 || !tree.components()[0].folder.empty()) {
+  if (tree) {
     text += "models:\n";
-    for (const ModelComponent& m : tree.components())
+    for (const ModelComponent& m : served.components())
       text += "  " + (m.folder.empty() ? std::string(".") : m.folder) + "/  " + m.format + ", served as " +
               m.weights_name + (m.source_shards.empty() ? "" : " in the source's shards") + "\n";
   }

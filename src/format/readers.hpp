@@ -67,9 +67,9 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, nlohmann::
 // found by the frameworks' file names (format/safetensors/folder_weights.hpp: transformers' order, PEFT's
 // adapter, other indexes, then .safetensors files, then torch files that are not training
 // state). Other regular files in the folder become sibling files, served unchanged, and
-// metadata["folder"] says of each file what it is and why. A folder in which no rule finds
-// weights is refused with a line naming what was looked for and the subfolders that hold
-// checkpoint files.
+// metadata["folder"] says of each file what it is and why, and catalog->components holds its
+// one model and the names its weights are served under. A folder in which no rule finds
+// weights is refused with a line naming what was looked for.
 // `index_name`, when given, is the index file of `dir` to read the weights from (the SOURCE
 // was that index); a folder the Env cannot list is read from the names the index and the
 // Hugging Face layout give.

@@ -246,7 +246,7 @@ const OptionSpec kTable[] = {
     // View options.
     {"dtype", kValue, kViewGroup, "T", "serve floating tensors as T (bf16, fp16, fp32), converted on read",
      ParseDType},
-    {"root", kValue, kViewGroup, "PREFIX", "only the tensors under the key prefix PREFIX (e.g. model), prefix removed",
+    {"root", kValue, kViewGroup, "PREFIX", "only the tensors under the key prefix PREFIX (e.g. model), prefix removed; or the model folder PREFIX of a folder source (e.g. unet), served as that folder",
      ParseRoot},
     {"map", kValue, kViewGroup, "MAP",
      "serve the checkpoint as another framework's model through a key map: auto (the one its config names), "

@@ -12,7 +12,8 @@ but not byte-identical files, since torch.save archives carry random record name
     zip/          the torch files, plus zipfile archives (stored, zip64, comments, empty)
     pickle/       the data.pkl records of the torch files, plus plain pickles (protocols 0..5)
     (and in torch/, torch_legacy/, pickle/: Python 2's pickle forms, and objects holding tensors
-    in forms the readers refuse, from tests/frameworks and tests/corpus)
+    in forms the readers refuse, from tests/frameworks and tests/corpus; in torch/ and pickle/:
+    pickled nn.Modules, torch.save(model))
     safetensors/  safetensors.torch.save_file files (dtypes, empty tensors, __metadata__)
     view/         64 control bytes (view options and read pattern) + a torch or safetensors file
     zero/         1 selector byte (which rank file) + that file's data.pkl, from data/zero/
@@ -239,6 +240,22 @@ def make_python2_and_refused():
         shutil.copyfile(case, SEEDS / "torch" / case.name)
 
 
+def make_pickled_modules():
+    """torch/, pickle/: whole nn.Modules as torch.save(model) writes them (served under their
+    state_dict() names): a plain module with a non-persistent buffer and a tensor attribute, and
+    one inside a checkpoint dict beside other values."""
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    net.register_buffer("scratch", torch.zeros(2), persistent=False)
+    net[0].stride = torch.tensor([8.0, 16.0])  # a tensor attribute, not in state_dict()
+    for name, obj in (("module", net), ("module_in_dict", {"model": net, "ema": None, "epoch": 3})):
+        data = save_torch(obj)
+        write("torch", f"{name}.pt", data)
+        write("pickle", f"{name}-p2.pkl", data_pkl(data))
+
+
 def make_keymap():
     """Key-map seeds: 16 control bytes (fuzz_keymap.cpp: the map, layout flags, small dims: 2
     layers, 2 query groups of 2 heads, head dim 2, hidden 8, ffn 4, 12 padded vocab rows, the
@@ -299,6 +316,7 @@ def main():
     make_torch_legacy()
     make_torch_family_zips()
     make_python2_and_refused()
+    make_pickled_modules()
     make_keymap()
     if args.zero_template or not ZERO_TEMPLATE.exists():
         make_zero_template()

@@ -146,28 +146,10 @@ json DescribeFolderFiles(const std::vector<std::string>& names, const FolderWeig
   return {{"weights_rule", chosen.rule}, {"files", std::move(files)}};
 }
 
-// Whether subfolder `sub` holds files a checkpoint is made of (weights, DCP data, a DeepSpeed
-// `latest`), by their names.
-Status HoldsCheckpointFiles(Env& env, const std::string& sub, bool* holds) {
-  std::vector<FolderEntry> entries;
-  *holds = false;
-  if (!env.ListFolder(sub, &entries).ok()) return Status::OK();  // unreadable: not named
-  for (const FolderEntry& e : entries) {
-    if (e.type != PathType::kFile) continue;
-    const std::string& n = e.name;
-    if ((IsWeightFileSuffix(n) && !IsTrainingStateName(n)) || IsWeightIndexName(n) || EndsWith(n, ".distcp") ||
-        n == ".metadata" || n == "latest") {
-      *holds = true;
-      return Status::OK();
-    }
-  }
-  return Status::OK();
-}
-
-// The refusal of a folder none of the rules found weights in: where ckptfs looked, what the
-// folder holds instead, and which subfolders hold checkpoint files (a run folder, a
-// Trainer's output_dir of checkpoint-N/ folders, DeepSpeed's global_stepN/).
-Status NoCheckpointHere(Env& env, const std::string& dir, const std::vector<std::string>& names, bool listed) {
+// The refusal of a folder none of the rules found weights in: where ckptfs looked and what
+// the folder holds instead. (A folder with subfolders is read by the folders reader, which
+// looks in them.)
+Status NoCheckpointHere(const std::string& dir, const std::vector<std::string>& names, bool listed) {
   if (!listed)
     return Status::InvalidArgument(dir, "no checkpoint here: none of model.safetensors, model.safetensors.index.json, "
                                             "pytorch_model.bin, pytorch_model.bin.index.json, "
@@ -180,21 +162,6 @@ Status NoCheckpointHere(Env& env, const std::string& dir, const std::vector<std:
   for (const std::string& n : names)
     if (IsTrainingStateName(n)) state.push_back(n);
   if (!state.empty()) what += "; its training state is not weights: " + JoinNames(state, 4);
-  std::vector<FolderEntry> entries;
-  CKPTFS_RETURN_IF_ERROR(env.ListFolder(dir, &entries));
-  // Enough subfolders to name a few; a folder of thousands is not walked whole.
-  constexpr size_t kMostLookedAt = 64;
-  std::vector<std::string> holding;
-  size_t looked = 0;
-  for (const FolderEntry& e : entries) {
-    if (e.type != PathType::kFolder || e.name.empty() || e.name.front() == '.') continue;
-    if (++looked > kMostLookedAt) break;
-    bool holds = false;
-    CKPTFS_RETURN_IF_ERROR(HoldsCheckpointFiles(env, JoinPath(dir, e.name), &holds));
-    if (holds) holding.push_back(e.name + "/");
-  }
-  if (!holding.empty())
-    what += "; subfolders holding checkpoint files: " + JoinNames(holding, 4) + " (give one as SOURCE)";
   return Status::InvalidArgument(dir, what);
 }
 
@@ -266,7 +233,7 @@ Status ReadCheckpointFolder(const std::string& dir, Catalog* catalog, const Read
     chosen.rule = index_name + ", the index given as SOURCE";
     chosen.file_why = "the index given as SOURCE";
   }
-  if (chosen.index.empty() && chosen.files.empty()) return NoCheckpointHere(env, dir, names, listed);
+  if (chosen.index.empty() && chosen.files.empty()) return NoCheckpointHere(dir, names, listed);
 
   std::vector<std::string> weights;
   std::unordered_map<std::string, std::string> weight_map;
