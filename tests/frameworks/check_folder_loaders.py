@@ -33,7 +33,8 @@ def check_diffusers(original: Path, mount: Path, dtype_name: str = "") -> str:
 
     if kwargs:
         # The pipeline (an LDMPipeline) makes its latents in float32 whatever its modules'
-        # dtype: loaded in fp16, its modules are compared weight by weight and run in float32.
+        # dtype, so it cannot run in fp16: its modules are compared weight by weight, and each
+        # component is run in fp16 below.
         a, b = DiffusionPipeline.from_pretrained(mount, **kwargs), DiffusionPipeline.from_pretrained(original, **kwargs)
         for name in ("unet", "vqvae"):
             sa, sb = getattr(a, name).state_dict(), getattr(b, name).state_dict()
@@ -45,12 +46,14 @@ def check_diffusers(original: Path, mount: Path, dtype_name: str = "") -> str:
                 same(sa[key], sb[key], f"pipeline {name}.{key}")
     else:
         same(images(mount), images(original), "DiffusionPipeline")
-    # Each component by its own loader, from its subfolder of the mount.
+    # Each component by its own loader, from its subfolder of the mount, run in its dtype.
     for name, cls in (("unet", UNet2DModel), ("vqvae", VQModel)):
-        a = cls.from_pretrained(mount / name, **kwargs).float()
-        b = cls.from_pretrained(original / name, **kwargs).float()
+        a = cls.from_pretrained(mount / name, **kwargs)
+        b = cls.from_pretrained(original / name, **kwargs)
+        if a.dtype != kwargs.get("torch_dtype", torch.float32):
+            raise SystemExit(f"{name}.from_pretrained(mount) built a {a.dtype} model")
         torch.manual_seed(1)
-        x = torch.randn(1, 3, 8, 8)
+        x = torch.randn(1, 3, 8, 8).to(a.dtype)
         if name == "unet":
             same(a(x, 1).sample, b(x, 1).sample, f"{name}.from_pretrained")
         else:
