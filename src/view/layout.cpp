@@ -39,6 +39,7 @@ class ViewBuilder {
   void AddLiteral(std::string bytes, uint64_t* pos);
   void FinishFile(View::NodeId id, uint64_t size, int64_t mtime_ns);
   View::NodeId FolderAt(const std::string& path);
+  View::NodeId AddFileAt(const std::string& path);
   View::NodeId AddLiteralFile(const std::string& path, std::string content);
   void AddModelFile(View::NodeId folder, const ModelComponent& model, std::string name,
                     const std::vector<uint32_t>& members);
@@ -145,11 +146,16 @@ View::NodeId ViewBuilder::FolderAt(const std::string& path) {
   return id;
 }
 
+// The entry of a file at `path` of the tree, in its folder (made if need be).
+View::NodeId ViewBuilder::AddFileAt(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return AddEntry(View::kRoot, path, false);
+  return AddEntry(FolderAt(path.substr(0, slash)), path.substr(slash + 1), false);
+}
+
 // A file of `content` at `path` of the tree.
 View::NodeId ViewBuilder::AddLiteralFile(const std::string& path, std::string content) {
-  const size_t slash = path.rfind('/');
-  const View::NodeId folder = FolderAt(slash == std::string::npos ? "" : path.substr(0, slash));
-  const View::NodeId id = AddEntry(folder, path.substr(slash == std::string::npos ? 0 : slash + 1), false);
+  const View::NodeId id = AddFileAt(path);
   uint64_t pos = 0;
   AddLiteral(std::move(content), &pos);
   FinishFile(id, pos, view_->impl_->newest_mtime_);
@@ -521,9 +527,7 @@ void ViewBuilder::AddPassedFiles() {
       hidden_siblings_.insert(path);  // the generated file of that path wins
       continue;
     }
-    const size_t slash = path.rfind('/');
-    const View::NodeId folder = FolderAt(slash == std::string::npos ? "" : path.substr(0, slash));
-    View::NodeId id = AddEntry(folder, path.substr(slash == std::string::npos ? 0 : slash + 1), false);
+    const View::NodeId id = AddFileAt(path);
     Segment seg;
     seg.kind = Segment::Kind::kExtent;
     seg.ref = p.file;

@@ -57,10 +57,7 @@ class TreeWalk {
   std::string PathOf(const std::string& rel) const { return rel.empty() ? dir_ : JoinPath(dir_, rel); }
   static std::string Join(const std::string& rel, const std::string& name) { return rel.empty() ? name : rel + "/" + name; }
 
-  void NotServed(const std::string& rel, const std::string& why) {
-    not_served_.push_back({{"path", rel + "/"}, {"why", why}});
-    catalog_->not_served.emplace_back(rel + "/", why);
-  }
+  void NotServed(const std::string& rel, const std::string& why) { catalog_->not_served.emplace_back(rel + "/", why); }
 
   // Folder `rel` of the tree: a checkpoint another folder reader takes whole, else a model
   // folder or a folder of other files, then its subfolders.
@@ -219,8 +216,8 @@ class TreeWalk {
                          "folders, then model.safetensors, model.safetensors.index.json, pytorch_model.bin, "
                          "pytorch_model.bin.index.json, adapter_model.safetensors/.bin, other *.index.json, "
                          "*.safetensors, and .bin/.pt/.pth files that are not training state)";
-      if (!not_served_.empty()) what += "; not read: " + not_served_[0]["path"].get<std::string>() + " (" +
-                                        not_served_[0]["why"].get<std::string>() + ")";
+      if (!catalog_->not_served.empty())
+        what += "; not read: " + catalog_->not_served[0].first + " (" + catalog_->not_served[0].second + ")";
       return Status::InvalidArgument(dir_, what);
     }
     catalog_->sibling_paths = std::move(sibling_paths_);
@@ -229,7 +226,7 @@ class TreeWalk {
     json& meta = catalog_->metadata;
     if (!meta.is_object()) meta = json::object();
     if (!components_.empty()) meta["components"] = components_;
-    if (!not_served_.empty()) meta["not_served"] = not_served_;
+    for (const auto& [path, why] : catalog_->not_served) meta["not_served"].push_back({{"path", path}, {"why", why}});
     return CheckComponentsApart();
   }
 
@@ -239,7 +236,6 @@ class TreeWalk {
   std::vector<std::string> sibling_paths_;
   std::string root_format_;
   json components_ = json::object();
-  json not_served_ = json::array();
   size_t folders_listed_ = 0;
   // The tensors each Merge added: [first, end) and the folder they were read from.
   std::vector<std::tuple<size_t, size_t, std::string>> merged_;
