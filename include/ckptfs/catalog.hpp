@@ -244,6 +244,20 @@ struct ModelComponent {
   std::vector<std::pair<uint32_t, std::string>> source_shards;
 };
 
+// A safetensors file of the source that a catalog holds whole: its header lists exactly the
+// tensors [first_tensor, first_tensor + tensor_count) of the catalog, in data order, under
+// their keys less their first `key_prefix` bytes (the folder of the component that holds it),
+// and their bytes fill the file from `data_start` to its end. A view that serves those tensors
+// as they are serves the file itself, its own header included (doc/MOUNT.md, "Files served
+// as they are").
+struct WholeSafetensorsFile {
+  uint32_t file = 0;
+  uint64_t data_start = 0;
+  uint64_t first_tensor = 0;
+  uint64_t tensor_count = 0;
+  uint32_t key_prefix = 0;
+};
+
 struct Catalog {
   std::string format;  // "torch-zip", "safetensors", ...
   std::string source;  // the path the user gave
@@ -266,6 +280,8 @@ struct Catalog {
   // What a folder source holds that is not served, path -> why (metadata["not_served"] too):
   // a tree recognized only in part says so.
   std::vector<std::pair<std::string, std::string>> not_served;
+  // The safetensors files whose tensors are these catalog's, header and all.
+  std::vector<WholeSafetensorsFile> whole_safetensors_files;
   // The file that says where tensors lie, when it is not `source` itself (a DCP folder's
   // .metadata): layout errors (ValidateLayout) name it.
   std::string layout_file;

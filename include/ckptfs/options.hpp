@@ -4,7 +4,7 @@
 // takes a value, how the value parses, its help line and the groups it belongs to. Every
 // front end parses through the table in its own spelling and takes the groups it serves:
 //
-//   mount               -o name=value, -o switch             source, view
+//   mount               -o name=value, -o switch             source, view, mount
 //   ckptfs ls|info|cat|hash
 //                       --name value, --name=value, --switch  source, view
 //   ckptfs export       (the same)                            source, view, export
@@ -57,6 +57,9 @@ struct OptionValues {
   unsigned export_parts = kExportModel | kExportFiles;
   DiffOptions diff;            // atol, rtol, threads
   unsigned diff_rows = 20;     // rows: of `ckptfs diff`'s summary table
+  // passthrough: auto (true), let the kernel serve the files that are source files unchanged
+  // straight from them where it can; off (false), every read through ckptfs.
+  bool passthrough = true;
 };
 
 enum class OptionKind : uint8_t {
@@ -75,10 +78,11 @@ enum OptionGroup : unsigned {
   kExportGroup = 1u << 4,  // what `ckptfs export` writes (export_parts)
   kDiffGroup = 1u << 5,    // how two views are compared (DiffOptions)
   kDiffSummaryGroup = 1u << 6,  // what `ckptfs diff` prints
+  kMountOnlyGroup = 1u << 7,    // how a mount serves its files (passthrough)
 };
 
 // The groups each front end takes.
-inline constexpr unsigned kMountGroups = kSourceGroup | kViewGroup;
+inline constexpr unsigned kMountGroups = kSourceGroup | kViewGroup | kMountOnlyGroup;
 inline constexpr unsigned kReadCommandGroups = kSourceGroup | kViewGroup;  // ls, info, cat, hash
 inline constexpr unsigned kExportCommandGroups = kReadCommandGroups | kExportGroup;
 inline constexpr unsigned kLoadCommandGroups = kSourceGroup | kViewGroup | kDeviceLoadGroup | kLoadTargetGroup;

@@ -228,6 +228,9 @@ class View {
   std::string PathOf(NodeId id) const;
   // The source file that file `id` passes through unchanged (a config.json), if it is one.
   std::optional<uint32_t> PassedSourceFile(NodeId id) const;
+  // The source file whose bytes file `id` is, whole and unchanged (a passed file, or a
+  // safetensors file served as it is), if it is one; a front end may serve it from there.
+  std::optional<uint32_t> SameAsSourceFile(NodeId id) const;
   // Whether file `id` is a model's weights file, one of its shards or their index.
   bool IsModelFile(NodeId id) const;
   // The virtual file that holds tensor `index` on its own ("tensors/<name>").

@@ -1,9 +1,11 @@
 // `ckptfs ls` and `ckptfs info`: what a checkpoint holds, from its catalog alone
 // (no tensor bytes are read, so both run in time proportional to the tensor count).
+#include <sys/xattr.h>
+
 #include <algorithm>
-#include <string_view>
 #include <cstdio>
 #include <map>
+#include <string_view>
 
 #include "ckptfs/catalog.hpp"
 #include "ckptfs/names.hpp"
@@ -44,6 +46,16 @@ const CommandLine& InfoCommand() {
 }
 
 void WriteAll(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
+
+// What the root of a ckptfs mount at `path` says of passthrough (its user.ckptfs.passthrough
+// xattr), or null when `path` is no such root.
+json MountPassthrough(const std::string& path) {
+  char value[4096];
+  const ssize_t n = ::getxattr(path.c_str(), "user.ckptfs.passthrough", value, sizeof value);
+  if (n <= 0) return nullptr;
+  json parsed = json::parse(std::string_view(value, static_cast<size_t>(n)), nullptr, /*allow_exceptions=*/false);
+  return parsed.is_object() ? parsed : json(nullptr);
+}
 
 // Whether `v` is a small record: at most 12 entries, each a scalar, a short array, or (up
 // to `depth` levels) a small record itself.
@@ -213,6 +225,10 @@ int RunInfo(const Args& args) {
     info["fetched"] = {{"requests", fetched.requests}, {"bytes", fetched.bytes}, {"retries", fetched.retries},
                        {"disk_cache_bytes", fetched.disk_cache_bytes}};
 
+  // SOURCE is the root of a ckptfs mount: how its files are served (doc/MOUNT.md, "Passthrough").
+  if (const json passthrough = MountPassthrough(positional[0]); !passthrough.is_null())
+    info["mount"] = {{"passthrough", passthrough}};
+
   if (options.json) {
     WriteAll(info.dump(1, ' ', false, json::error_handler_t::replace) + "\n");
     return 0;
@@ -259,6 +275,15 @@ int RunInfo(const Args& args) {
     text += "fetched:      " + std::to_string(fetched.requests) + " requests, " + std::to_string(fetched.bytes) +
             " bytes (" + std::to_string(fetched.retries) + " retries, " + std::to_string(fetched.disk_cache_bytes) +
             " bytes from the disk cache)\n";
+  if (info.contains("mount")) {
+    const json& p = info["mount"]["passthrough"];
+    text += "passthrough:  " +
+            (p.value("active", false)
+                 ? std::to_string(p.value("files", 0)) + " files served by the kernel from their source files (" +
+                       std::to_string(p.value("opened_files", 0)) + " opened so far)"
+                 : "none (" + p.value("why", std::string("not asked for")) + ")") +
+            "\n";
+  }
   WriteAll(text);
   return 0;
 }

@@ -304,6 +304,7 @@ Status ParseSafetensorsHeader(const SourceFiles& files, const FileWindow& window
 
   for (SafetensorsTensor& p : tensors) p.data_offset += data_start;
   out->tensors = std::move(tensors);
+  out->data_start = data_start;
   return Status::OK();
 }
 

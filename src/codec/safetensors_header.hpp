@@ -29,6 +29,7 @@ struct SafetensorsTensor {
 
 struct SafetensorsHeader {
   std::vector<SafetensorsTensor> tensors;  // in data order
+  uint64_t data_start = 0;  // where the tensors' bytes start, in the file (8 + the header's length past the window's start)
   nlohmann::json metadata = nlohmann::json::object();  // "__metadata__": string values only
 };
 

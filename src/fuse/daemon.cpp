@@ -23,6 +23,7 @@
 #include "ckptfs/open.hpp"
 #include "ckptfs/options.hpp"
 #include "fuse/filesystem.hpp"
+#include "fuse/passthrough.hpp"
 #include "fuse/push_ahead.hpp"
 #include "fuse/source_watcher.hpp"
 
@@ -290,13 +291,18 @@ static int ServeRequests(fuse_session* se, const fuse_cmdline_opts& fopts, Env& 
   return status;
 }
 
+// A status for "the loop did not run": the loop reports 0, a negative errno, or the number of
+// the signal that ended it (SIGHUP is 1).
+constexpr int kNotServed = -1;
+
 // Mounts, detaches from the terminal (unless in the foreground), opens the source where that
-// was left to the daemon, serves until unmounted, and unmounts. Returns the loop's status (1
-// when it did not run).
+// was left to the daemon, serves until unmounted, and unmounts. Returns the loop's status
+// (kNotServed when it did not run).
 static int MountAndServe(fuse_session* se, const fuse_cmdline_opts& fopts, const char* mountpoint,
-                         const std::string& source, const OpenRequest& request, bool open_in_daemon, Filesystem* fs) {
-  if (fuse_session_mount(se, mountpoint) != 0) return 1;
-  int status = 1;
+                         const std::string& source, const OpenRequest& request, bool open_in_daemon,
+                         bool passthrough_enabled, Filesystem* fs) {
+  if (fuse_session_mount(se, mountpoint) != 0) return kNotServed;
+  int status = kNotServed;
   fs->readahead_knob = ReadaheadKnob(mountpoint);
   if (!fopts.foreground) fuse_set_log_func(SyslogLog);
   // In the background case the parent exits only after the child is set up, and the mount
@@ -311,7 +317,19 @@ static int MountAndServe(fuse_session* se, const fuse_cmdline_opts& fopts, const
     if (!opened.ok())
       fuse_log(FUSE_LOG_ERR, "ckptfs: %s; unmounting\n", StatusText(opened, OptionSpelling::kMount).c_str());
   }
-  if (daemonized && opened.ok()) status = ServeRequests(se, fopts, *request.source.env, fs);
+  if (daemonized && opened.ok()) {
+    Passthrough passthrough(passthrough_enabled);
+    // Tests only: run the daemon as one started without CAP_SYS_ADMIN ("1"), or so and still
+    // ask the kernel for passthrough ("ask"), whose refusal then comes at the first open.
+    if (const char* drop = std::getenv("CKPTFS_TEST_DROP_SYS_ADMIN"); drop && *drop) {
+      if (!Passthrough::DropSysAdmin()) fuse_log(FUSE_LOG_ERR, "ckptfs: could not drop CAP_SYS_ADMIN\n");
+      if (std::strcmp(drop, "ask") == 0) passthrough.AskWithoutPrivilege();
+    }
+    passthrough.Prepare(*fs->view);
+    if (passthrough.Install(se)) fs->passthrough = &passthrough;
+    status = ServeRequests(se, fopts, *request.source.env, fs);
+    fs->passthrough = nullptr;
+  }
   fuse_session_unmount(se);
   if (FetchCounters c; request.source.env->fetch_counters(&c)) {
     fuse_log(FUSE_LOG_INFO, "ckptfs: unmounted %s: fetched %llu bytes in %llu requests (%llu retries)\n",
@@ -373,9 +391,9 @@ int RunMount(int argc, char** argv, bool as_mount_helper) {
 
   fuse_session* se = fuse_session_new(&args.args, &Operations(), sizeof(fuse_lowlevel_ops), &fs);
   if (!se) return 1;
-  int status = 1;
+  int status = kNotServed;
   if (fuse_set_signal_handlers(se) == 0) {
-    status = MountAndServe(se, fopts, mountpoint.get(), source, request, open_in_daemon, &fs);
+    status = MountAndServe(se, fopts, mountpoint.get(), source, request, open_in_daemon, cl.values.passthrough, &fs);
     fuse_remove_signal_handlers(se);
   }
   fuse_session_destroy(se);

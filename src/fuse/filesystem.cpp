@@ -1,5 +1,6 @@
 #include "fuse/filesystem.hpp"
 
+#include "fuse/passthrough.hpp"
 #include "fuse/push_ahead.hpp"
 
 #include <sys/stat.h>
@@ -20,6 +21,8 @@ constexpr blksize_t kBlockSize = 1 << 20;
 constexpr const char* kXattrDType = "user.ckptfs.dtype";
 constexpr const char* kXattrShape = "user.ckptfs.shape";
 constexpr const char* kXattrXxh3 = "user.ckptfs.xxh3";
+// On the root: how the mount stands with passthrough (Passthrough::StatusJson).
+constexpr const char* kXattrPassthrough = "user.ckptfs.passthrough";
 // Directories with more entries than this are listed by the daemon every time instead of
 // from the kernel's readdir cache. Filling that cache is the dearer part of a first listing
 // (a million names: 0.63 s with it, 0.47 s without; a later listing 0.37 s from the cache,
@@ -139,7 +142,10 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   // tree never changes while mounted, and when a source file does, the source watcher drops
   // the pages itself (source_watcher.hpp) and reads fail: nothing is left for it to catch.
   conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
-  (void)userdata;
+  // Passthrough excludes the writeback cache, which a read-only tree never asks for.
+  conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+  Filesystem& fs = *static_cast<Filesystem*>(userdata);
+  if (fs.passthrough) fs.passthrough->OnInit();
 }
 
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -228,6 +234,19 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     if (!Valid(fs, ino)) return (void)fuse_reply_err(req, ENOENT);
     if (fs.view->IsDir(NodeOf(ino))) return (void)fuse_reply_err(req, EISDIR);
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return (void)fuse_reply_err(req, EROFS);
+    // A file that is a source file unchanged may be read by the kernel from that file.
+    if (fs.passthrough)
+      if (const std::optional<uint32_t> file = fs.view->SameAsSourceFile(NodeOf(ino))) {
+        int backing_id = 0, error = 0;
+        switch (fs.passthrough->Open(ino, *fs.view->source().files, *file, &backing_id, &error)) {
+          case Passthrough::OpenMode::kPassthrough:
+            return (void)fs.passthrough->ReplyOpen(req, ino, fi, backing_id);
+          case Passthrough::OpenMode::kFailed:
+            return (void)fuse_reply_err(req, error);
+          case Passthrough::OpenMode::kCopy:
+            break;
+        }
+      }
     // Contents never change under an open file: keep the page cache across opens. No
     // direct_io, so shared and private mmap both work.
     fi->keep_cache = 1;
@@ -238,6 +257,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   Filesystem& fs = Fs(req);
   if (fs.push_ahead) fs.push_ahead->OnRelease(ino);
+  if (fs.passthrough) fs.passthrough->Release(ino);
   fuse_reply_err(req, 0);
 }
 
@@ -299,6 +319,11 @@ Status CachedXxh3(Filesystem& fs, View::NodeId id, uint64_t* hash) {
 
 // The xattr value of `name` for node `id`: *found is false when it has none.
 Status XattrValue(Filesystem& fs, View::NodeId id, std::string_view name, std::string* value, bool* found) {
+  if (id == View::kRoot && name == kXattrPassthrough && fs.passthrough) {
+    *value = fs.passthrough->StatusJson();
+    *found = true;
+    return Status::OK();
+  }
   const View::Node n = fs.view->node(id);
   *found = n.tensor >= 0;
   if (!*found) return Status::OK();
@@ -343,6 +368,7 @@ void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
     Filesystem& fs = Fs(req);
     if (!Valid(fs, ino)) return (void)fuse_reply_err(req, ENOENT);
     std::string names;
+    if (NodeOf(ino) == View::kRoot && fs.passthrough) names.append(kXattrPassthrough).push_back('\0');
     if (fs.view->node(NodeOf(ino)).tensor >= 0) {
       names.append(kXattrDType).push_back('\0');
       names.append(kXattrShape).push_back('\0');

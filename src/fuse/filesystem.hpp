@@ -24,6 +24,7 @@ namespace ckptfs::fuse {
 constexpr unsigned kMaxRequestBytes = 1u << 20;
 
 class PushAhead;
+class Passthrough;
 
 struct Filesystem {
   std::unique_ptr<View> view;
@@ -48,6 +49,9 @@ struct Filesystem {
   std::once_flag readahead_raised;
   // Pushes bytes ahead of readers into the kernel's cache (push_ahead.hpp); null when off.
   PushAhead* push_ahead = nullptr;
+  // Serves the files that are source files unchanged by the kernel (passthrough.hpp); null
+  // when the mount has no hooks.
+  Passthrough* passthrough = nullptr;
 };
 
 // Inode numbers are node ids shifted by one so the root is FUSE_ROOT_ID.

@@ -21,7 +21,7 @@ namespace {
 
 // "CKPTFS catalog", then the format version: bump it whenever what is written changes.
 constexpr char kMagic[16] = {'C', 'K', 'P', 'T', 'F', 'S', ' ', 'c', 'a', 't', 'a', 'l', 'o', 'g', '\n', '\0'};
-constexpr uint32_t kVersion = 4;
+constexpr uint32_t kVersion = 5;
 // Boxes have the rank of their tensor; a rank above this is a damaged entry.
 constexpr uint64_t kMaxRank = 64;
 // The fewest bytes a tensor's record takes (key, path, dtype, rank, storage id, box count).
@@ -244,6 +244,7 @@ bool HeadMatches(const EntryHead& head, const std::string& source, const std::st
 // chunks of tensor records lie.
 struct EntryTensors {
   std::vector<uint32_t> sibling_files;
+  std::vector<WholeSafetensorsFile> whole_safetensors_files;
   std::string_view metadata;  // CBOR
   uint64_t count = 0;
   uint64_t chunk_tensors = 0;
@@ -264,6 +265,12 @@ bool ReadEntryTensors(Reader& r, size_t body_size, EntryTensors* t) {
   t->sibling_files.resize(n);
   for (uint32_t& f : t->sibling_files)
     if (!r.U32(&f)) return false;
+  if (!r.Count(32, &n)) return false;
+  t->whole_safetensors_files.resize(n);
+  for (WholeSafetensorsFile& w : t->whole_safetensors_files)
+    if (!r.U32(&w.file) || !r.U64(&w.data_start) || !r.U64(&w.first_tensor) || !r.U64(&w.tensor_count) ||
+        !r.U32(&w.key_prefix))
+      return false;
   uint64_t chunks;
   if (!r.View(&t->metadata) || !r.Count(kMinTensorBytes, &t->count) || !r.U64(&t->chunk_tensors) ||
       t->chunk_tensors == 0 || !r.Count(8, &chunks))
@@ -464,7 +471,13 @@ void LoadCachedCatalog(const std::string& source, const SourceOptions& options, 
         *note = damaged;
         return;
       }
+    for (const WholeSafetensorsFile& w : tensors.whole_safetensors_files)
+      if (w.file >= file_count || w.first_tensor > tensors.count || w.tensor_count > tensors.count - w.first_tensor) {
+        *note = damaged;
+        return;
+      }
     catalog->sibling_files = std::move(tensors.sibling_files);
+    catalog->whole_safetensors_files = std::move(tensors.whole_safetensors_files);
     catalog->metadata = nlohmann::json::from_cbor(tensors.metadata, true, false);
     catalog->tensors.resize(tensors.count);
     if (catalog->metadata.is_discarded() || !DecodeTensors(entry, tensors, catalog.get())) {
@@ -507,6 +520,14 @@ Status StoreCachedCatalog(const std::string& source, const SourceOptions& option
   w.U8(FindRepeatedKey(catalog.tensors) ? 0 : 1);  // keys distinct
   w.U64(catalog.sibling_files.size());
   for (uint32_t f : catalog.sibling_files) w.U32(f);
+  w.U64(catalog.whole_safetensors_files.size());
+  for (const WholeSafetensorsFile& whole : catalog.whole_safetensors_files) {
+    w.U32(whole.file);
+    w.U64(whole.data_start);
+    w.U64(whole.first_tensor);
+    w.U64(whole.tensor_count);
+    w.U32(whole.key_prefix);
+  }
   std::vector<uint8_t> metadata;
   try {
     metadata = nlohmann::json::to_cbor(catalog.metadata);

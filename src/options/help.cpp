@@ -57,7 +57,8 @@ constexpr std::pair<OptionGroup, const char*> kGroupNames[] = {{kSourceGroup, "s
                                                                {kLoadTargetGroup, "load_target"},
                                                                {kExportGroup, "export"},
                                                                {kDiffGroup, "diff"},
-                                                               {kDiffSummaryGroup, "diff_summary"}};
+                                                               {kDiffSummaryGroup, "diff_summary"},
+                                                               {kMountOnlyGroup, "mount"}};
 
 }  // namespace
 

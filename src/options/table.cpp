@@ -258,6 +258,16 @@ const OptionSpec kTable[] = {
     {"shard_size", kValue, kViewGroup, "SIZE",
      "Hugging Face shards of at most SIZE (5GB, 2GiB) and an index instead of model.safetensors",
      ParseSizeInto<&OptionValues::view, &ViewOptions::shard_size>},
+    {"passthrough", kValue, kMountOnlyGroup, "MODE",
+     "auto (default): the kernel reads the files that are source files unchanged straight from them "
+     "(Linux 6.9+, CAP_SYS_ADMIN; doc/MOUNT.md, \"Passthrough\"); off: every read through ckptfs",
+     [](std::string_view where, std::string_view value, OptionValues* o) {
+       if (value == "auto" || value == "off") {
+         o->passthrough = value == "auto";
+         return Status::OK();
+       }
+       return Status::InvalidArgument(where, "not a passthrough mode (auto or off)");
+     }},
     {"checksums", kSwitch, kViewGroup, "", "manifest.json lists each tensor file's XXH3-64", nullptr,
      [](OptionValues* o, bool on) { o->view.checksums = on; }},
     // Source options.

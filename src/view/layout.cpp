@@ -43,6 +43,8 @@ class ViewBuilder {
   View::NodeId AddLiteralFile(const std::string& path, std::string content);
   void AddModelFile(View::NodeId folder, const ModelComponent& model, std::string name,
                     const std::vector<uint32_t>& members);
+  void AddModelFileEntry(View::NodeId folder, View::Impl::ModelFile file);
+  const WholeSafetensorsFile* ServedWhole(const ModelComponent& model, const std::vector<uint32_t>& members) const;
   std::vector<std::vector<uint32_t>> SplitIntoShards(const std::vector<uint32_t>& members) const;
   std::vector<std::vector<uint32_t>> SourceShards(const ModelComponent& model, const std::vector<uint32_t>& members,
                                                   std::vector<std::string>* names) const;
@@ -99,11 +101,48 @@ void ViewBuilder::FinishFile(View::NodeId id, uint64_t size, int64_t mtime_ns) {
   n.segment_count = static_cast<uint32_t>(view_->impl_->segments_.size() - n.first_segment);
 }
 
+// The source's safetensors file that a model file of `model` holding `members` would serve
+// unchanged, if there is one: the same tensors under the same keys (no transform replaced the
+// catalog's entries, and the model's folder is the prefix the file's keys lack), none of them
+// converted and none empty (the catalog keeps no place for an empty tensor's bytes, which the
+// file's header has). Serving the file itself then serves the same tensors, byte for byte,
+// and keeps its own header and __metadata__.
+const WholeSafetensorsFile* ViewBuilder::ServedWhole(const ModelComponent& model,
+                                                     const std::vector<uint32_t>& members) const {
+  if (!served_.SharesSourceEntries() || members.empty()) return nullptr;
+  const TensorEntry& first = catalog_.tensors[members.front()];
+  if (first.boxes.empty()) return nullptr;
+  const size_t key_prefix = model.folder.empty() ? 0 : model.folder.size() + 1;
+  for (const WholeSafetensorsFile& whole : catalog_.whole_safetensors_files) {
+    if (whole.file != first.boxes[0].file) continue;
+    if (whole.key_prefix != key_prefix || whole.tensor_count != members.size()) return nullptr;
+    for (uint32_t i : members) {
+      const TensorEntry& t = catalog_.tensors[i];
+      if (i < whole.first_tensor || i - whole.first_tensor >= whole.tensor_count || t.boxes.empty() ||
+          served_[i].converted())
+        return nullptr;
+    }
+    return &whole;  // members are distinct: all of the file's tensors
+  }
+  return nullptr;
+}
+
 // One safetensors file of model `model` holding `members` (tensor indices, served order),
 // in folder `folder`. Only its data order is settled here; its header and size are laid out
 // on first need (View::LayOutModelFiles).
 void ViewBuilder::AddModelFile(View::NodeId folder, const ModelComponent& model, std::string name,
                                const std::vector<uint32_t>& members) {
+  if (const WholeSafetensorsFile* whole = ServedWhole(model, members)) {
+    View::Impl::ModelFile file;
+    file.name = name;
+    file.folder = model.folder;
+    file.key_prefix = whole->key_prefix;
+    file.source_file = whole->file;
+    file.source_data_start = whole->data_start;
+    file.members.resize(whole->tensor_count);  // the file's data order
+    std::iota(file.members.begin(), file.members.end(), static_cast<uint32_t>(whole->first_tensor));
+    return AddModelFileEntry(folder, std::move(file));
+  }
   // Lay data out by descending item size (the reference writer's order), keeping served
   // order among equals: every tensor is then aligned to its element size.
   const ServedTensors& tensors = served_;
@@ -126,9 +165,13 @@ void ViewBuilder::AddModelFile(View::NodeId folder, const ModelComponent& model,
     std::stable_sort(order.begin(), order.end(),
                      [&](uint32_t a, uint32_t b) { return served_itemsize(a) > served_itemsize(b); });
   }
+  AddModelFileEntry(folder, std::move(file));
+}
+
+void ViewBuilder::AddModelFileEntry(View::NodeId folder, View::Impl::ModelFile file) {
   const uint32_t index = static_cast<uint32_t>(view_->impl_->model_files_.size());
-  for (uint32_t i : members) model_file_of_[i] = index;
-  file.node = AddEntry(folder, std::move(name), false);
+  for (uint32_t i : file.members) model_file_of_[i] = index;
+  file.node = AddEntry(folder, file.name, false);
   View::Impl::Entry& entry = view_->impl_->entries_[file.node];
   entry.content = View::Impl::Content::kModelFile;
   entry.model_file = index;

@@ -39,6 +39,12 @@ void View::LayOutModelFiles() const {
   HeaderEntry e;
   for (Impl::ModelFile& f : impl_->model_files_) {
     f.pieces.clear();
+    if (f.source_file) {  // the source file as it is: its header, its tensors where they lie
+      f.header_size = f.source_data_start;
+      f.size = tensors.source().files->size(*f.source_file);
+      for (uint32_t i : f.members) impl_->model_begin_[i] = tensors.source().tensors[i].boxes[0].base_offset;
+      continue;
+    }
     uint64_t pos = kSafetensorsHeaderStartSize, data = 0;
     for (uint32_t k = 0; k < f.members.size(); ++k) {
       if (k % kEntriesPerPiece == 0 && k > 0) f.pieces.push_back(Impl::HeaderPiece{k, pos});
@@ -86,6 +92,12 @@ void View::MakeHeaderPiece(size_t file, size_t p, std::string* out) const {
 Status View::ReadModelFile(NodeId id, uint64_t offset, uint64_t end, char* out) const {
   EnsureModelFiles();
   const Impl::ModelFile& f = impl_->model_files_[impl_->entries_[id].model_file];
+  if (f.source_file) {
+    const SourceFiles& files = *impl_->served_.source().files;
+    FileChecks checks(files);
+    CKPTFS_RETURN_IF_ERROR(checks.Check(*f.source_file));
+    return files.ReadExact(*f.source_file, offset, end - offset, out);
+  }
   uint64_t pos = offset;
   thread_local std::string piece;
   while (pos < end && pos < f.header_size) {

@@ -186,6 +186,17 @@ std::optional<uint32_t> View::PassedSourceFile(NodeId id) const {
   return seg.ref;
 }
 
+std::optional<uint32_t> View::SameAsSourceFile(NodeId id) const {
+  if (id >= impl_->entries_.size()) return std::nullopt;
+  const Impl::Entry& e = impl_->entries_[id];
+  if (e.content == Impl::Content::kModelFile) return impl_->model_files_[e.model_file].source_file;
+  const std::optional<uint32_t> passed = PassedSourceFile(id);
+  if (!passed) return std::nullopt;
+  const Segment& seg = impl_->segments_[e.first_segment];
+  if (seg.source_offset != 0 || seg.length != source().files->size(*passed)) return std::nullopt;
+  return passed;
+}
+
 bool View::IsModelFile(NodeId id) const {
   if (id >= impl_->entries_.size()) return false;
   return impl_->entries_[id].content == Impl::Content::kModelFile ||

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,7 +56,11 @@ struct View::Impl {
     std::string folder;  // its model's folder ("" the root)
     uint32_t key_prefix = 0;  // bytes of its keys that name that folder ("unet/"), not in its header
     NodeId node = kRoot;
-    std::vector<uint32_t> members;     // tensor indices in data order (descending item size)
+    std::vector<uint32_t> members;     // tensor indices in data order (descending item size; a source file's order)
+    // The source file it is, byte for byte, when it serves a whole safetensors file of the
+    // source unchanged (WholeSafetensorsFile): its bytes, header included, are read from there.
+    std::optional<uint32_t> source_file;
+    uint64_t source_data_start = 0;
     std::vector<HeaderPiece> pieces;   // laid out
     uint64_t header_size = 0, size = 0;  // laid out
   };

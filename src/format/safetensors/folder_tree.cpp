@@ -166,6 +166,11 @@ class TreeWalk {
       if (!t.storage_id.empty()) t.storage_id.insert(0, prefix);
       catalog_->tensors.push_back(std::move(t));
     }
+    for (WholeSafetensorsFile w : sub.whole_safetensors_files) {
+      w.first_tensor += std::get<0>(merged_.back());
+      w.key_prefix += static_cast<uint32_t>(prefix.size());
+      catalog_->whole_safetensors_files.push_back(w);
+    }
     for (uint32_t f : sub.sibling_files) {
       const std::string& whole = catalog_->files->path(f);
       catalog_->sibling_files.push_back(f);

@@ -24,6 +24,8 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, json* meta
   std::vector<TensorEntry>& tensors = catalog->tensors;
   if (const size_t need = tensors.size() + header.tensors.size(); need > tensors.capacity())
     tensors.reserve(std::max(need, 2 * tensors.capacity()));
+  catalog->whole_safetensors_files.push_back(
+      WholeSafetensorsFile{file, header.data_start, tensors.size(), header.tensors.size(), /*key_prefix=*/0});
   for (SafetensorsTensor& p : header.tensors) {
     TensorEntry t;
     t.path = {p.key};
