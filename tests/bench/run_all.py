@@ -13,6 +13,8 @@ Benchmarks (ids for --only):
   g         bench_load_file.py         load_file of model.safetensors vs a real file, torch mmap
   h         bench_loader_mount.py      from_pretrained / load_file through a fresh mount vs the source
                                        folder (2.2 GB Llama), vs dd's first read of the mount
+  p         bench_passthrough.py       load_file / from_pretrained / dd of a mounted HF folder with
+                                       FUSE passthrough on and off, vs the source folder
   ttm       bench_time_to_model.py     time to model: ZeRO-3 / fp32 .pt as bf16 / DCP, ckptfs vs
                                        zero_to_fp32, torch.load, dcp_to_torch_save (by name only)
   ls        bench_ls_scaling.py        `ckptfs ls` by tensor count and size (its own checks)
@@ -59,6 +61,7 @@ BENCHES = {
     "mount_ls": ("bench_mount_ls.py", "f", [], [], 420, 120),
     "load_file": ("bench_load_file.py", "g", [], [], 420, 120),
     "loader": ("bench_loader_mount.py", "h", [], ["--repeats", "1"], 1200, 400),
+    "passthrough": ("bench_passthrough.py", "p", [], [], 1200, 300),
     # Fixtures (~14 GB) stay in its own cache folder (~/.cache/ckptfs/bench/time-to-model).
     "ttm": ("bench_time_to_model.py", "", [], ["--only", "c", "--repeats", "1"], 3600, 1200),
     "ls": ("bench_ls_scaling.py", "ls", ["--repeats", "3", "--sparse-repeats", "9"],
@@ -97,7 +100,7 @@ def selected(only: str) -> list[str]:
         if name in want or (letters in WORD_IDS and letters in want) or \
                 (letters and letters not in WORD_IDS and any(w in letters for w in want if len(w) == 1)):
             out.append(name)
-    unknown = [w for w in want if w not in BENCHES and w not in WORD_IDS and not (len(w) == 1 and w in "abcdefgh")]
+    unknown = [w for w in want if w not in BENCHES and w not in WORD_IDS and not (len(w) == 1 and w in "abcdefghp")]
     if unknown:
         raise SystemExit(f"unknown --only ids: {unknown}")
     return out

@@ -366,13 +366,13 @@ struct CachedSafetensors {
   }
 };
 
-// An entry of version 3 (no reader stamp) is of another version: not used, and replaced by
-// one of the current version.
+// An entry of version 4 (no whole safetensors files) is of another version: not used, and
+// replaced by one of the current version.
 BOOST_AUTO_TEST_CASE(older_version_entry_is_replaced) {
   const CachedSafetensors c;
   std::string bytes = ReadFile(c.entry);
-  BOOST_REQUIRE_EQUAL(GetLE64(bytes, 16) & 0xFFFFFFFF, 4u);
-  PatchLE(&bytes, 16, 3, 4);
+  BOOST_REQUIRE_EQUAL(GetLE64(bytes, 16) & 0xFFFFFFFF, 5u);
+  PatchLE(&bytes, 16, 4, 4);
   Reseal(&bytes);
   WriteFile(c.entry, bytes);
   std::string note;
@@ -380,7 +380,7 @@ BOOST_AUTO_TEST_CASE(older_version_entry_is_replaced) {
   BOOST_TEST(Contains(note, "of another version"), note);
   BOOST_TEST(!ckptfs::CachedCatalogUsable(c.source, c.options));
   RequireSameCatalog(*MustOpen(c.source, c.options), *c.fresh);
-  BOOST_TEST((GetLE64(ReadFile(c.entry), 16) & 0xFFFFFFFF) == 4u);
+  BOOST_TEST((GetLE64(ReadFile(c.entry), 16) & 0xFFFFFFFF) == 5u);
   BOOST_TEST(ckptfs::CachedCatalogUsable(c.source, c.options));
   BOOST_TEST(Load(c.source, c.options, &note));
 }

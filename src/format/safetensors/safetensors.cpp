@@ -17,6 +17,8 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, json* meta
   CKPTFS_RETURN_IF_ERROR(catalog->files->Add(path, &file));
   SafetensorsHeader header;
   CKPTFS_RETURN_IF_ERROR(ParseSafetensorsHeader(*catalog->files, catalog->files->whole(file), limits, &header));
+  const auto format = header.metadata.find("format");
+  const bool says_pt = format != header.metadata.end() && *format == "pt";
   *metadata = std::move(header.metadata);
   // Room for them at once: growing by doubling would hold the old and the new array together
   // at the peak. A folder's shards add to the catalog one file at a time, so the room still
@@ -24,8 +26,11 @@ Status ReadSafetensorsFile(const std::string& path, Catalog* catalog, json* meta
   std::vector<TensorEntry>& tensors = catalog->tensors;
   if (const size_t need = tensors.size() + header.tensors.size(); need > tensors.capacity())
     tensors.reserve(std::max(need, 2 * tensors.capacity()));
-  catalog->whole_safetensors_files.push_back(
-      WholeSafetensorsFile{file, header.data_start, tensors.size(), header.tensors.size(), /*key_prefix=*/0});
+  // Served as it is where a view keeps its tensors, if its header says "pt" as every header
+  // ckptfs writes does (loaders check the format; a file without it gets a header that has it).
+  if (says_pt)
+    catalog->whole_safetensors_files.push_back(
+        WholeSafetensorsFile{file, header.data_start, tensors.size(), header.tensors.size(), /*key_prefix=*/0});
   for (SafetensorsTensor& p : header.tensors) {
     TensorEntry t;
     t.path = {p.key};
