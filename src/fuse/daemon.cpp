@@ -326,7 +326,8 @@ static int MountAndServe(fuse_session* se, const fuse_cmdline_opts& fopts, const
       if (std::strcmp(drop, "ask") == 0) passthrough.AskWithoutPrivilege();
     }
     passthrough.Prepare(*fs->view);
-    if (passthrough.Install(se)) fs->passthrough = &passthrough;
+    passthrough.Install(se);
+    fs->passthrough = &passthrough;  // also where it serves nothing: the xattr says why
     status = ServeRequests(se, fopts, *request.source.env, fs);
     fs->passthrough = nullptr;
   }

@@ -132,6 +132,7 @@ void Passthrough::Prepare(const View& view) {
 }
 
 bool Passthrough::Install(fuse_session* se) {
+  if (!ask_) return true;  // nothing to ask: libfuse's own I/O, as without passthrough
   dev_fd_ = fuse_session_fd(se);
   fuse_custom_io io{};
   io.read = ReadHook;
@@ -189,10 +190,9 @@ ssize_t Passthrough::WritevHook(int fd, struct iovec* iov, int count, void* user
 }
 
 void Passthrough::OnInit() {
-  if (!ask_) return;
-  if (!kernel_offers_) {
+  if (ask_ && !kernel_offers_) {
     TurnOff("the kernel does not offer it (Linux 6.9 or later with CONFIG_FUSE_PASSTHROUGH)");
-  } else {
+  } else if (ask_) {
     pending_init = this;
     active_ = true;  // unless the reply the hook patches is not an INIT reply (never seen)
   }

@@ -44,8 +44,8 @@ class Passthrough {
   // kernel for it at all (the option, the source's kind, the daemon's privileges). Call once,
   // before Install.
   void Prepare(const View& view);
-  // Puts the hooks on mounted session `se` (its descriptor). False when libfuse refuses them;
-  // the copy path then serves everything.
+  // Puts the hooks on mounted session `se` (its descriptor), where Prepare decided to ask the
+  // kernel. False when libfuse refuses them; the copy path then serves everything.
   bool Install(fuse_session* se);
 
   // From the init handler: asks for passthrough in the INIT reply about to be sent, when the
