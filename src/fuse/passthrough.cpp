@@ -66,24 +66,30 @@ uint32_t LoadU32(const void* at) {
 }
 void StoreU32(void* at, uint32_t v) { std::memcpy(at, &v, sizeof v); }
 
-bool HasSysAdmin() {
+// The daemon's capability sets, and the word and bit of CAP_SYS_ADMIN in them.
+struct Capabilities {
   __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
   __user_cap_data_struct data[2]{};
-  if (::syscall(SYS_capget, &header, data) != 0) return false;
-  return (data[CAP_SYS_ADMIN / 32].effective & (1u << (CAP_SYS_ADMIN % 32))) != 0;
+  __user_cap_data_struct& sys_admin_word() { return data[CAP_SYS_ADMIN / 32]; }
+  static constexpr uint32_t kSysAdminBit = 1u << (CAP_SYS_ADMIN % 32);
+  bool Read() { return ::syscall(SYS_capget, &header, data) == 0; }
+  bool Write() { return ::syscall(SYS_capset, &header, data) == 0; }
+};
+
+bool HasSysAdmin() {
+  Capabilities caps;
+  return caps.Read() && (caps.sys_admin_word().effective & Capabilities::kSysAdminBit) != 0;
 }
 
 }  // namespace
 
 bool Passthrough::DropSysAdmin() {
-  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[2]{};
-  if (::syscall(SYS_capget, &header, data) != 0) return false;
-  const uint32_t bit = 1u << (CAP_SYS_ADMIN % 32);
-  data[CAP_SYS_ADMIN / 32].effective &= ~bit;
-  data[CAP_SYS_ADMIN / 32].permitted &= ~bit;
-  data[CAP_SYS_ADMIN / 32].inheritable &= ~bit;
-  return ::syscall(SYS_capset, &header, data) == 0;
+  Capabilities caps;
+  if (!caps.Read()) return false;
+  caps.sys_admin_word().effective &= ~Capabilities::kSysAdminBit;
+  caps.sys_admin_word().permitted &= ~Capabilities::kSysAdminBit;
+  caps.sys_admin_word().inheritable &= ~Capabilities::kSysAdminBit;
+  return caps.Write();
 }
 
 namespace {
