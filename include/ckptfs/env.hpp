@@ -65,6 +65,10 @@ class SourceFile {
   // Its owner, group and mode when it was opened, where the source has them (local files);
   // a mount serves what it makes of the file with no more access than this.
   virtual std::optional<FileAccess> access() const { return std::nullopt; }
+  // The descriptor this process reads the file through, open for the file's life, where it
+  // has one (local files): the very file that was indexed, for a FUSE mount to hand to the
+  // kernel (passthrough); -1 otherwise.
+  virtual int descriptor() const { return -1; }
 };
 
 enum class PathType : uint8_t { kMissing, kFile, kFolder, kOther };

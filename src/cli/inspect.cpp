@@ -50,10 +50,14 @@ void WriteAll(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout)
 // What the root of a ckptfs mount at `path` says of passthrough (its user.ckptfs.passthrough
 // xattr), or null when `path` is no such root.
 json MountPassthrough(const std::string& path) {
-  char value[4096];
-  const ssize_t n = ::getxattr(path.c_str(), "user.ckptfs.passthrough", value, sizeof value);
+  constexpr const char* kName = "user.ckptfs.passthrough";
+  const ssize_t size = ::getxattr(path.c_str(), kName, nullptr, 0);
+  if (size <= 0) return nullptr;
+  std::string value(static_cast<size_t>(size), '\0');
+  const ssize_t n = ::getxattr(path.c_str(), kName, value.data(), value.size());
   if (n <= 0) return nullptr;
-  json parsed = json::parse(std::string_view(value, static_cast<size_t>(n)), nullptr, /*allow_exceptions=*/false);
+  value.resize(static_cast<size_t>(n));
+  json parsed = json::parse(value, nullptr, /*allow_exceptions=*/false);
   return parsed.is_object() ? parsed : json(nullptr);
 }
 

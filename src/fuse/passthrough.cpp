@@ -58,6 +58,7 @@ constexpr long kEcryptfsMagic = 0xf15f;
 // reply with this backing id, or an INIT reply asking for passthrough.
 thread_local int pending_backing_id = 0;
 thread_local Passthrough* pending_init = nullptr;
+thread_local bool open_reply_patched = false;
 
 uint32_t LoadU32(const void* at) {
   uint32_t v;
@@ -91,21 +92,6 @@ bool Passthrough::DropSysAdmin() {
   caps.sys_admin_word().inheritable &= ~Capabilities::kSysAdminBit;
   return caps.Write();
 }
-
-namespace {
-
-// Whether open file `fd` is the file `identity` describes, unchanged.
-bool SameFile(int fd, const FileIdentity& identity) {
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return false;
-  const int64_t mtime = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
-  const int64_t ctime = int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec;
-  return S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_dev) == identity.dev &&
-         static_cast<uint64_t>(st.st_ino) == identity.ino && static_cast<uint64_t>(st.st_size) == identity.size &&
-         mtime == identity.mtime_ns && (identity.ctime_ns == 0 || ctime == identity.ctime_ns);
-}
-
-}  // namespace
 
 Passthrough::~Passthrough() {
   for (const auto& [ino, b] : backings_) CloseBacking(b);
@@ -190,6 +176,7 @@ ssize_t Passthrough::WritevHook(int fd, struct iovec* iov, int count, void* user
       char* out = static_cast<char*>(iov[1].iov_base);
       StoreU32(out + kOpenOutFlags, (LoadU32(out + kOpenOutFlags) & kFopenPassthroughAllowed) | kFopenPassthrough);
       StoreU32(out + kOpenOutBackingId, static_cast<uint32_t>(id));
+      open_reply_patched = true;
     }
   }
   return ::writev(fd, iov, count);
@@ -200,6 +187,7 @@ void Passthrough::OnInit() {
     TurnOff("the kernel does not offer it (Linux 6.9 or later with CONFIG_FUSE_PASSTHROUGH)");
   } else if (ask_) {
     pending_init = this;
+    asked_ = true;
     active_ = true;  // unless the reply the hook patches is not an INIT reply (never seen)
   }
   fuse_log(FUSE_LOG_INFO, "ckptfs: %s\n", StatusLine().c_str());
@@ -214,51 +202,41 @@ void Passthrough::TurnOff(const std::string& why) {
 void Passthrough::CloseBacking(const Backing& b) {
   uint32_t id = static_cast<uint32_t>(b.id);
   if (b.id > 0) ::ioctl(dev_fd_, kBackingClose, &id);
-  if (b.fd >= 0) ::close(b.fd);
 }
 
 Passthrough::OpenMode Passthrough::Open(fuse_ino_t ino, const SourceFiles& files, uint32_t file, int* backing_id,
                                         int* error) {
-  if (!active_) return OpenMode::kCopy;
-  // The copy path's own check first: a source that changed fails the open as it would fail a
-  // read, whichever path would serve it.
+  if (!asked_) return OpenMode::kCopy;
+  // The copy path's own check first (the indexed file, through the daemon's descriptor, and
+  // its path): a source that changed fails the open as it would fail a read.
   if (Status s = files.CheckUnchanged(file); !s.ok()) {
     fuse_log(FUSE_LOG_ERR, "ckptfs: open of a passthrough file failed: %s\n", s.message().c_str());
     *error = s.ToErrno();
     return OpenMode::kFailed;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (copy_only_.count(ino)) return OpenMode::kCopy;
-  if (auto it = backings_.find(ino); it != backings_.end()) {
-    // The inode's opens must share one backing file; the one it has is checked again, since a
-    // change in place keeps its inode.
-    if (!SameFile(it->second.fd, files.identity(file))) {
-      fuse_log(FUSE_LOG_ERR, "ckptfs: open of %s failed: file changed since it was indexed\n", files.path(file).c_str());
-      *error = EIO;
-      return OpenMode::kFailed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (copy_only_.count(ino)) return OpenMode::kCopy;
+    // The inode's opens must share one backing file, also after passthrough was turned off.
+    if (auto it = backings_.find(ino); it != backings_.end()) {
+      ++it->second.opens;
+      *backing_id = it->second.id;
+      return OpenMode::kPassthrough;
     }
-    ++it->second.opens;
-    *backing_id = it->second.id;
-    return OpenMode::kPassthrough;
+    if (!active_) return OpenMode::kCopy;
   }
-  Backing b;
-  b.fd = ::open(files.path(file).c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
-  if (b.fd < 0 || !SameFile(b.fd, files.identity(file))) {
-    if (b.fd >= 0) ::close(b.fd);
-    fuse_log(FUSE_LOG_ERR, "ckptfs: open of %s failed: file was replaced or changed since it was indexed\n",
-             files.path(file).c_str());
-    *error = EIO;
-    return OpenMode::kFailed;
-  }
-  BackingMap map{b.fd, 0, 0};
-  b.id = ::ioctl(dev_fd_, kBackingOpen, &map);
-  if (b.id <= 0) {
-    const int err = errno;
-    ::close(b.fd);
+  // The kernel is given the file the daemon indexed and reads (its descriptor, just checked),
+  // not a new open of the path, which could be another file by now.
+  const int fd = files.file(file).descriptor();
+  BackingMap map{fd, 0, 0};
+  const int id = fd < 0 ? -1 : ::ioctl(dev_fd_, kBackingOpen, &map);
+  const int err = fd < 0 ? EBADF : errno;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (id <= 0) {
     std::string why = "the kernel refused " + files.path(file) + " as a backing file: " + std::strerror(err);
     if (err == ELOOP) why += " (the source is on a stacked file system)";
     copy_only_.insert(ino);
-    if (err == EPERM || err == ENOTTY || err == EINVAL) {
+    if (err == EPERM || err == ENOTTY) {
       // The connection or the privileges, not the file: no other file will do better.
       active_ = false;
       why_ = why;
@@ -268,9 +246,13 @@ Passthrough::OpenMode Passthrough::Open(fuse_ino_t ino, const SourceFiles& files
     fuse_log(FUSE_LOG_WARNING, "ckptfs: passthrough: %s; reading it through ckptfs\n", why.c_str());
     return OpenMode::kCopy;
   }
-  b.opens = 1;
-  *backing_id = b.id;
-  backings_.emplace(ino, b);
+  auto [it, added] = backings_.try_emplace(ino, Backing{id, 0});
+  if (!added) {  // another open of the inode registered it meanwhile: share that one
+    uint32_t ours = static_cast<uint32_t>(id);
+    ::ioctl(dev_fd_, kBackingClose, &ours);
+  }
+  ++it->second.opens;
+  *backing_id = it->second.id;
   if (ever_opened_.insert(ino).second) ++opened_files_;
   return OpenMode::kPassthrough;
 }
@@ -281,9 +263,17 @@ int Passthrough::ReplyOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi, i
   fi->keep_cache = 0;
   fi->direct_io = 0;
   pending_backing_id = backing_id;
+  open_reply_patched = false;
   const int sent = fuse_reply_open(req, fi);
   pending_backing_id = 0;
-  if (sent != 0) Release(ino);  // the open was interrupted: no RELEASE will come for it
+  if (sent != 0) {
+    Release(ino);  // the open was interrupted: no RELEASE will come for it
+  } else if (!open_reply_patched) {
+    // Sent as a cached open (a reply not shaped as libfuse 3.14 shapes it): its RELEASE will
+    // come, but the inode stays on the copy path, whose opens exclude passthrough ones.
+    std::lock_guard<std::mutex> lock(mutex_);
+    copy_only_.insert(ino);
+  }
   return sent;
 }
 

@@ -79,7 +79,6 @@ class Passthrough {
  private:
   struct Backing {
     int id = 0;
-    int fd = -1;
     uint32_t opens = 0;
   };
   static ssize_t ReadHook(int fd, void* buf, size_t len, void* userdata);
@@ -94,7 +93,8 @@ class Passthrough {
   bool ask_ = false;            // Prepare: worth asking the kernel
   bool ask_without_privilege_ = false;
   std::atomic<bool> kernel_offers_{false};  // the INIT request had FUSE_PASSTHROUGH
-  std::atomic<bool> active_{false};         // asked for in the INIT reply
+  std::atomic<bool> asked_{false};          // asked for in the INIT reply
+  std::atomic<bool> active_{false};         // and not turned off since
   mutable std::mutex mutex_;
   std::string why_;  // why none, or why one fell back
   std::unordered_map<fuse_ino_t, Backing> backings_;

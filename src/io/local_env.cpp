@@ -56,6 +56,7 @@ class LocalFile final : public SourceFile {
   const FileIdentity& identity() const override { return identity_; }
   const std::string& local_path() const override { return path_; }
   std::optional<FileAccess> access() const override { return access_; }
+  int descriptor() const override { return fd_; }
 
   Status Read(uint64_t offset, size_t length, void* out) const override {
     size_t done = 0;

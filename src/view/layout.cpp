@@ -109,7 +109,8 @@ void ViewBuilder::FinishFile(View::NodeId id, uint64_t size, int64_t mtime_ns) {
 // and keeps its own header and __metadata__.
 const WholeSafetensorsFile* ViewBuilder::ServedWhole(const ModelComponent& model,
                                                      const std::vector<uint32_t>& members) const {
-  if (!served_.SharesSourceEntries() || members.empty()) return nullptr;
+  // A shard size lays the model out anew, even where a shard would hold one file's tensors.
+  if (!served_.SharesSourceEntries() || members.empty() || options_.shard_size > 0) return nullptr;
   const TensorEntry& first = catalog_.tensors[members.front()];
   if (first.boxes.empty()) return nullptr;
   const size_t key_prefix = model.folder.empty() ? 0 : model.folder.size() + 1;
@@ -119,7 +120,7 @@ const WholeSafetensorsFile* ViewBuilder::ServedWhole(const ModelComponent& model
     for (uint32_t i : members) {
       const TensorEntry& t = catalog_.tensors[i];
       if (i < whole.first_tensor || i - whole.first_tensor >= whole.tensor_count || t.boxes.empty() ||
-          served_[i].converted())
+          t.boxes[0].file != whole.file || served_[i].converted())
         return nullptr;
     }
     return &whole;  // members are distinct: all of the file's tensors

@@ -14,6 +14,7 @@ own reason; everything else runs everywhere."""
 import errno
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -62,12 +63,30 @@ def status(mnt: Path) -> dict:
     return json.loads(os.getxattr(mnt, "user.ckptfs.passthrough"))
 
 
+def kernel_lacks_passthrough() -> str | None:
+    """Why this machine cannot have passthrough at all, or None: not root, a kernel before
+    6.9, or a kernel config that leaves it out."""
+    if os.geteuid() != 0:
+        return "the kernel gives passthrough to CAP_SYS_ADMIN only (run as root)"
+    release = os.uname().release
+    if tuple(int(x) for x in re.findall(r"\d+", release)[:2]) < (6, 9):
+        return f"Linux {release} is older than 6.9"
+    config = Path(f"/boot/config-{release}")
+    if config.is_file() and "CONFIG_FUSE_PASSTHROUGH=y" not in config.read_text():
+        return f"{config} has no CONFIG_FUSE_PASSTHROUGH"
+    return None
+
+
 def require_passthrough(mnt: Path) -> dict:
-    """The mount's passthrough status; skips with its reason where the kernel or the
-    daemon's privileges allow none."""
+    """The mount's passthrough status. Skips where the machine cannot have passthrough at all;
+    elsewhere a mount without it fails the test (so a broken handshake cannot pass as a
+    machine without the feature)."""
     st = status(mnt)
     if not st["active"]:
-        pytest.skip(f"no passthrough on this machine: {st.get('why')}")
+        why = kernel_lacks_passthrough()
+        if why:
+            pytest.skip(f"no passthrough on this machine: {why} ({st.get('why')})")
+        pytest.fail(f"passthrough should be on here but is not: {st}", pytrace=False)
     return st
 
 

@@ -14,6 +14,7 @@
 #include <cctype>
 #include <filesystem>
 #include <random>
+#include <tuple>
 
 #include "format/readers.hpp"
 #include "io/memory_env.hpp"
@@ -30,9 +31,10 @@ using namespace ckptfs_test;
 
 namespace {
 
-// A safetensors file of `n` one-element float32 tensors "w.<i>", with metadata.
+// A safetensors file of `n` one-element float32 tensors "w.<i>", with metadata that says
+// "pt" (so its catalog holds it as a whole file too).
 void WriteSafetensors(const std::string& path, size_t n) {
-  std::string header = "{\"__metadata__\": {\"note\": \"cache test\"}";
+  std::string header = "{\"__metadata__\": {\"format\": \"pt\", \"note\": \"cache test\"}";
   for (size_t i = 0; i < n; ++i)
     header += ", \"w." + std::to_string(i) + "\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [" +
               std::to_string(4 * i) + ", " + std::to_string(4 * i + 4) + "]}";
@@ -74,6 +76,13 @@ void RequireSameCatalog(const Catalog& got, const Catalog& want) {
     BOOST_REQUIRE(got.files->identity(f) == want.files->identity(f));
   }
   BOOST_REQUIRE(got.sibling_files == want.sibling_files);
+  BOOST_REQUIRE_EQUAL(got.whole_safetensors_files.size(), want.whole_safetensors_files.size());
+  for (size_t k = 0; k < want.whole_safetensors_files.size(); ++k) {
+    const ckptfs::WholeSafetensorsFile& a = got.whole_safetensors_files[k];
+    const ckptfs::WholeSafetensorsFile& b = want.whole_safetensors_files[k];
+    BOOST_REQUIRE(std::tie(a.file, a.data_start, a.first_tensor, a.tensor_count, a.key_prefix) ==
+                  std::tie(b.file, b.data_start, b.first_tensor, b.tensor_count, b.key_prefix));
+  }
   BOOST_REQUIRE_EQUAL(got.metadata.dump(), want.metadata.dump());
   BOOST_REQUIRE_EQUAL(got.tensors.size(), want.tensors.size());
   for (size_t i = 0; i < want.tensors.size(); ++i) {
@@ -140,6 +149,8 @@ Catalog MakeCatalog(const std::string& source, size_t n) {
   uint32_t file;
   BOOST_REQUIRE(catalog.files->Add(source, &file).ok());
   catalog.metadata = {{"step", 12}, {"names", {"a", "b"}}};
+  // Any record will do: the cache keeps it as it is.
+  catalog.whole_safetensors_files.push_back(ckptfs::WholeSafetensorsFile{file, 4096, 3, 9, 6});
   std::mt19937 random(5);
   for (size_t i = 0; i < n; ++i) {
     TensorEntry t;
