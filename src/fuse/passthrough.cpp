@@ -253,7 +253,7 @@ Passthrough::OpenMode Passthrough::Open(fuse_ino_t ino, const SourceFiles& files
   }
   ++it->second.opens;
   *backing_id = it->second.id;
-  if (ever_opened_.insert(ino).second) ++opened_files_;
+  ever_opened_.insert(ino);
   return OpenMode::kPassthrough;
 }
 
@@ -293,7 +293,7 @@ std::string Passthrough::StatusJson() const {
                       {"active", active_.load()},
                       {"files", active_ ? eligible_files_ : 0},
                       {"source_files_unchanged", eligible_files_},
-                      {"opened_files", opened_files_}};
+                      {"opened_files", ever_opened_.size()}};
   if (!why_.empty()) j["why"] = why_;
   return j.dump();
 }

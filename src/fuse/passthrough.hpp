@@ -99,8 +99,7 @@ class Passthrough {
   std::string why_;  // why none, or why one fell back
   std::unordered_map<fuse_ino_t, Backing> backings_;
   std::unordered_set<fuse_ino_t> copy_only_;  // fell back once: every later open too
-  uint64_t opened_files_ = 0;                 // files opened in passthrough at least once
-  std::unordered_set<fuse_ino_t> ever_opened_;
+  std::unordered_set<fuse_ino_t> ever_opened_;  // files opened in passthrough at least once
 };
 
 }  // namespace ckptfs::fuse
